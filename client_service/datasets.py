@@ -1,0 +1,50 @@
+"""The Test-Client's named datasets (issue 2, point 6).
+
+A dataset is a file `<name>.csv` or `<name>.parquet` in the client's data directory
+(or an explicit `name=path` mapping). It is read when an audit asks for it, checked
+against the metric's columns, and held only in that session's memory.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from common.errors import InputError
+from common.estimators import RatioMetric
+from common.tables import read_table
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_SUFFIXES = (".csv", ".parquet")
+
+
+class DatasetRegistry:
+    def __init__(self, data_dir: str | Path | None = None, named: dict[str, str | Path] | None = None) -> None:
+        self.data_dir = Path(data_dir) if data_dir else None
+        self.named = {k: Path(v) for k, v in (named or {}).items()}
+
+    def names(self) -> list[str]:
+        found = set(self.named)
+        if self.data_dir and self.data_dir.is_dir():
+            found |= {p.stem for p in self.data_dir.iterdir() if p.suffix in _SUFFIXES}
+        return sorted(found)
+
+    def path(self, name: str) -> Path:
+        if not _NAME.match(name or ""):
+            raise InputError("dataset names are letters, digits, '.', '_' or '-'", parameter="client dataset")
+        if name in self.named:
+            return self.named[name]
+        if self.data_dir:
+            for suffix in _SUFFIXES:
+                candidate = self.data_dir / f"{name}{suffix}"
+                if candidate.is_file():
+                    return candidate
+        raise InputError(f"unknown dataset '{name}' (known: {', '.join(self.names()) or 'none'})",
+                         parameter="client dataset")
+
+    def load(self, name: str, metric: RatioMetric) -> pd.DataFrame:
+        path = self.path(name)
+        frame = read_table(path, metric.columns)
+        metric.validate(frame, str(path))
+        return frame

@@ -1,0 +1,76 @@
+"""The Test-Client's gRPC servicer: moves PeerMessages to and from a `ClientSession`.
+
+It enforces what the session cannot: a maximum session duration (the stream is
+cancelled when it runs out, so a stalled Tester cannot hold it), one clean Abort
+message for any error, and `session.close()` however the stream ends. Logs name the
+session's phase and error class, never data.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+import grpc
+
+from client_service.datasets import DatasetRegistry
+from client_service.protocol import ClientSession, Phase
+from common import channels, paillier
+from common.errors import PPREError
+from proto import ppre_pb2 as pb
+from proto import ppre_pb2_grpc as pb_grpc
+
+log = logging.getLogger("ppre.client")
+
+
+@dataclass
+class ClientConfig:
+    datasets: DatasetRegistry
+    modulus_bits: int = paillier.MIN_MODULUS_BITS
+    allow_insecure: bool = False
+    max_session_s: float = 3600.0
+
+
+class ClientServicer(pb_grpc.ClientServicer):
+    def __init__(self, config: ClientConfig) -> None:
+        self.config = config
+        self.active_sessions = 0
+        self._lock = threading.Lock()
+
+    def Exchange(self, request_iterator, context):
+        cfg = self.config
+        session = ClientSession(cfg.datasets.load, modulus_bits=cfg.modulus_bits,
+                                allow_insecure=cfg.allow_insecure)
+        timer = threading.Timer(cfg.max_session_s, context.cancel)
+        timer.daemon = True
+        timer.start()
+        with self._lock:
+            self.active_sessions += 1
+        try:
+            for request in request_iterator:
+                yield from session.receive(request)
+                if session.phase is Phase.DONE:
+                    log.info("audit session on dataset %r finished", session.dataset)
+                    return
+            if session.phase is not Phase.DONE:
+                log.warning("session ended by the Tester in phase %s", session.phase.value)
+        except PPREError as exc:
+            log.warning("session aborted in phase %s: %s", session.phase.value, type(exc).__name__)
+            yield pb.PeerMessage(abort=pb.Abort(code=exc.code, message=str(exc)))
+        except Exception:  # never crash the server; never echo internals to the peer
+            log.exception("internal error in phase %s", session.phase.value)
+            yield pb.PeerMessage(abort=pb.Abort(code="internal", message="internal error at the Test-Client"))
+        finally:
+            timer.cancel()
+            session.close()
+            with self._lock:
+                self.active_sessions -= 1
+
+
+def serve(config: ClientConfig, port: int, host: str = "0.0.0.0") -> tuple[grpc.Server, int]:
+    server, bound, health_servicer = channels.make_server(port, host)
+    pb_grpc.add_ClientServicer_to_server(ClientServicer(config), server)
+    server.start()
+    channels.set_serving(health_servicer, "ppre.v1.Client")
+    return server, bound
+

@@ -1,0 +1,108 @@
+"""Commutative encryption of member ids on Curve25519 (SPEC.md section 3, steps 1-5).
+
+`RO(x) = hash_to_curve(SHA-256(salt || x))` maps an id to a point of Curve25519 (its
+Montgomery u-coordinate) by rejection sampling; `Com.Enc_k(P) = [k]P` is X25519
+scalar multiplication (Pohlig-Hellman on the curve). Clamped X25519 scalars are
+multiples of the cofactor 8, so `[k1][k2]P = [k2][k1]P` and every encrypted point
+lies in the prime-order subgroup.
+
+Points cross the wire as 32-byte little-endian u-coordinates, packed back to back in
+one `bytes` value per chunk. `validate_points` is the one place where a peer's points
+are checked: canonical encoding, on the curve (not its twist), not of small order.
+"""
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass, field
+
+import gmpy2
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+from common.errors import ProtocolError
+
+P = 2**255 - 19
+A = 486662
+POINT_BYTES = 32
+_MAX_TRIES = 128  # each try succeeds with probability ~1/2: 2^-128 failure
+
+
+def _on_curve(u: int) -> bool:
+    """True when u is the u-coordinate of a point of Curve25519 itself (not the twist)."""
+    rhs = (u * u * u + A * u * u + u) % P
+    return gmpy2.jacobi(rhs, P) == 1
+
+
+def session_salt(tester_share: bytes, client_share: bytes) -> bytes:
+    """The per-session RO salt: both parties contribute 32 random bytes, neither chooses it."""
+    if len(tester_share) != 32 or len(client_share) != 32:
+        raise ProtocolError("salt shares must be 32 bytes each")
+    return hashlib.sha256(b"ppre-ro-salt-v1" + tester_share + client_share).digest()
+
+
+def hash_to_curve(salt: bytes, member_id: str) -> bytes:
+    """RO(id): SHA-256(salt || id), then rejection sampling onto Curve25519 (SPEC 3.1)."""
+    seed = hashlib.sha256(salt + member_id.encode("utf-8")).digest()
+    for counter in range(_MAX_TRIES):
+        digest = hashlib.sha256(seed + counter.to_bytes(2, "little")).digest()
+        u = int.from_bytes(digest, "little") & ((1 << 255) - 1)
+        if u < P and u > 1 and _on_curve(u):
+            return u.to_bytes(32, "little")
+    raise RuntimeError("hash_to_curve: no point found")  # pragma: no cover (prob. 2^-128)
+
+
+def hash_ids(salt: bytes, member_ids: list[str]) -> bytes:
+    """RO over a chunk of ids; returns the points packed back to back."""
+    return b"".join(hash_to_curve(salt, m) for m in member_ids)
+
+
+def split_points(packed: bytes) -> list[bytes]:
+    if len(packed) % POINT_BYTES:
+        raise ProtocolError(f"point table of {len(packed)} bytes is not a multiple of {POINT_BYTES}")
+    return [packed[i:i + POINT_BYTES] for i in range(0, len(packed), POINT_BYTES)]
+
+
+def validate_points(packed: bytes) -> list[bytes]:
+    """Check a peer's packed points: canonical, on the curve, not the identity.
+
+    Small-order points are rejected later by X25519 itself (all-zero output), which
+    `CommutativeKey.encrypt` turns into a ProtocolError.
+    """
+    points = split_points(packed)
+    for i, pt in enumerate(points):
+        u = int.from_bytes(pt, "little")
+        if u >= P:
+            raise ProtocolError(f"point {i} is not canonically encoded")
+        if u < 2 or not _on_curve(u):
+            raise ProtocolError(f"point {i} is not on Curve25519")
+    return points
+
+
+@dataclass
+class CommutativeKey:
+    """A per-session commutative key sk (X25519 scalar). Held in memory only."""
+
+    _key: X25519PrivateKey = field(repr=False)
+
+    @classmethod
+    def generate(cls) -> "CommutativeKey":
+        return cls(X25519PrivateKey.from_private_bytes(secrets.token_bytes(32)))
+
+    def __repr__(self) -> str:  # never print key material
+        return "CommutativeKey(<secret>)"
+
+    def encrypt_points(self, points: list[bytes]) -> bytes:
+        """Com.Enc_sk on already validated points; returns packed points."""
+        out = bytearray()
+        exchange = self._key.exchange
+        from_bytes = X25519PublicKey.from_public_bytes
+        for i, pt in enumerate(points):
+            try:
+                out += exchange(from_bytes(pt))
+            except ValueError as exc:  # small-order point -> all-zero shared value
+                raise ProtocolError(f"point {i} has small order") from exc
+        return bytes(out)
+
+    def encrypt_packed(self, packed: bytes) -> bytes:
+        """Validate a peer's packed points and encrypt them."""
+        return self.encrypt_points(validate_points(packed))

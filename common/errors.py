@@ -1,0 +1,49 @@
+"""Errors every layer raises and the services report (SPEC.md; DEVELOPERS.md "bad input").
+
+* `InputError`: a local input (file, column, row, parameter) is wrong. The message
+  names the place; it never contains a member id, a probability or a test value.
+* `ProtocolError`: the peer sent something the protocol does not allow (wrong phase,
+  garbage bytes, points off the curve, ciphertexts out of range, oversized tables).
+* `EncodingOverflowError`: a fixed-point / signed value does not fit its plaintext
+  slot (SPEC.md section 4: detected and reported, never wrapped).
+"""
+from __future__ import annotations
+
+
+class PPREError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+    code = "error"
+
+
+class InputError(PPREError, ValueError):
+    """A local input is wrong: names the file, column, row or parameter."""
+
+    code = "bad_input"
+
+    def __init__(self, message: str, *, file: str | None = None, column: str | None = None,
+                 row: int | None = None, parameter: str | None = None) -> None:
+        where = []
+        if file is not None:
+            where.append(f"file {file}")
+        if column is not None:
+            where.append(f"column '{column}'")
+        if row is not None:
+            where.append(f"row {row}")
+        if parameter is not None:
+            where.append(f"parameter '{parameter}'")
+        full = f"{', '.join(where)}: {message}" if where else message
+        super().__init__(full)
+        self.file, self.column, self.row, self.parameter = file, column, row, parameter
+
+
+class ProtocolError(PPREError):
+    """The peer broke the protocol; the session is aborted and its state dropped."""
+
+    code = "protocol_error"
+
+
+class EncodingOverflowError(PPREError, OverflowError):
+    """A value does not fit its plaintext range or slot."""
+
+    code = "overflow"

@@ -1,0 +1,64 @@
+"""Where heavy chunk functions run: inline, or on a pool of local processes.
+
+The roadmap's executor seam: protocol code calls `run_chunks(fn, argument_tuples)`
+with top-level functions over raw integers (`common.paillier.*_chunk`), and this
+module decides where they run. Worker processes are started with `spawn` (never
+`fork`: the gRPC server's threads must not be copied); secrets travel to them only
+through in-memory pipes and are not kept there after the call.
+
+`PPRE_WORKERS` sets the pool size (default: the number of CPUs; 1 = inline).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Callable, Sequence
+
+_lock = threading.Lock()
+_pool: ProcessPoolExecutor | None = None
+
+
+def worker_count() -> int:
+    value = os.environ.get("PPRE_WORKERS")
+    if value:
+        return max(1, int(value))
+    return max(1, os.cpu_count() or 1)
+
+
+def _get_pool() -> ProcessPoolExecutor:
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ProcessPoolExecutor(max_workers=worker_count(),
+                                        mp_context=multiprocessing.get_context("spawn"))
+        return _pool
+
+
+def run_chunks(fn: Callable[..., Any], argument_tuples: Sequence[tuple], *, min_parallel: int = 2) -> list[Any]:
+    """[fn(*args) for args in argument_tuples], in order, on the pool when worthwhile."""
+    if worker_count() <= 1 or len(argument_tuples) < min_parallel:
+        return [fn(*args) for args in argument_tuples]
+    pool = _get_pool()
+    return list(pool.map(fn, *zip(*argument_tuples)))
+
+
+def split(seq: Sequence[Any], parts: int) -> list[Sequence[Any]]:
+    """Split into at most `parts` contiguous, near-equal, non-empty slices."""
+    parts = max(1, min(parts, len(seq)))
+    size, extra = divmod(len(seq), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append(seq[start:end])
+        start = end
+    return out
+
+
+def shutdown() -> None:
+    global _pool
+    with _lock:
+        if _pool is not None:
+            _pool.shutdown(cancel_futures=True)
+            _pool = None

@@ -1,0 +1,45 @@
+"""Both services as real gRPC servers on loopback ports, in this process, for one audit.
+
+Used by `ppre audit --local`, `ppre demo`, the benchmark and tests: the Tester and the
+Test-Client still talk only through gRPC, exactly as two containers would.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import pandas as pd
+
+from client_service.datasets import DatasetRegistry
+from client_service.server import ClientConfig
+from client_service.server import serve as serve_client
+from common import paillier
+from common import bootstrap as boot
+from tester_service.server import TesterConfig
+from tester_service.server import serve as serve_tester
+
+
+@dataclass
+class LocalServices:
+    tester_address: str
+    client_address: str
+    tester_config: TesterConfig
+    client_config: ClientConfig
+
+
+@contextlib.contextmanager
+def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: DatasetRegistry, *,
+                   modulus_bits: int = paillier.MIN_MODULUS_BITS, allow_insecure: bool = False,
+                   n_buckets: int = boot.DEFAULT_BUCKETS) -> Iterator[LocalServices]:
+    client_config = ClientConfig(datasets, modulus_bits=modulus_bits, allow_insecure=allow_insecure)
+    client_server, client_port = serve_client(client_config, 0, host="127.0.0.1")
+    client_address = f"127.0.0.1:{client_port}"
+    tester_config = TesterConfig(client_address, load_probabilities, n_buckets=n_buckets,
+                                 min_modulus_bits=min(modulus_bits, paillier.MIN_MODULUS_BITS))
+    tester_server, tester_port = serve_tester(tester_config, 0, host="127.0.0.1")
+    try:
+        yield LocalServices(f"127.0.0.1:{tester_port}", client_address, tester_config, client_config)
+    finally:
+        tester_server.stop(grace=None)
+        client_server.stop(grace=None)

@@ -1,0 +1,246 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Table(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TABLE_UNSPECIFIED: _ClassVar[Table]
+    TESTER_ROWS: _ClassVar[Table]
+    SHUFFLED_ROWS: _ClassVar[Table]
+    CLIENT_ROWS: _ClassVar[Table]
+    AGGREGATES: _ClassVar[Table]
+TABLE_UNSPECIFIED: Table
+TESTER_ROWS: Table
+SHUFFLED_ROWS: Table
+CLIENT_ROWS: Table
+AGGREGATES: Table
+
+class AuditRequest(_message.Message):
+    __slots__ = ("metric", "client_dataset", "bootstrap", "confidence", "has_seed", "seed", "result_recipient", "metric_option", "tau")
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_DATASET_FIELD_NUMBER: _ClassVar[int]
+    BOOTSTRAP_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    HAS_SEED_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    RESULT_RECIPIENT_FIELD_NUMBER: _ClassVar[int]
+    METRIC_OPTION_FIELD_NUMBER: _ClassVar[int]
+    TAU_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    client_dataset: str
+    bootstrap: int
+    confidence: float
+    has_seed: bool
+    seed: int
+    result_recipient: str
+    metric_option: str
+    tau: float
+    def __init__(self, metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., bootstrap: _Optional[int] = ..., confidence: _Optional[float] = ..., has_seed: _Optional[bool] = ..., seed: _Optional[int] = ..., result_recipient: _Optional[str] = ..., metric_option: _Optional[str] = ..., tau: _Optional[float] = ...) -> None: ...
+
+class AuditEvent(_message.Message):
+    __slots__ = ("progress", "result", "error")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    progress: Progress
+    result: AuditResult
+    error: AuditError
+    def __init__(self, progress: _Optional[_Union[Progress, _Mapping]] = ..., result: _Optional[_Union[AuditResult, _Mapping]] = ..., error: _Optional[_Union[AuditError, _Mapping]] = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ("phase", "message", "elapsed_s")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
+    phase: str
+    message: str
+    elapsed_s: float
+    def __init__(self, phase: _Optional[str] = ..., message: _Optional[str] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
+
+class GroupEstimate(_message.Message):
+    __slots__ = ("group", "defined", "estimate", "ci_low", "ci_high")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    DEFINED_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATE_FIELD_NUMBER: _ClassVar[int]
+    CI_LOW_FIELD_NUMBER: _ClassVar[int]
+    CI_HIGH_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    defined: bool
+    estimate: float
+    ci_low: float
+    ci_high: float
+    def __init__(self, group: _Optional[str] = ..., defined: _Optional[bool] = ..., estimate: _Optional[float] = ..., ci_low: _Optional[float] = ..., ci_high: _Optional[float] = ...) -> None: ...
+
+class AuditResult(_message.Message):
+    __slots__ = ("metric", "n_matched", "bootstrap", "confidence", "groups", "result_recipient", "metric_option", "phase_seconds", "tau")
+    class PhaseSecondsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    N_MATCHED_FIELD_NUMBER: _ClassVar[int]
+    BOOTSTRAP_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_RECIPIENT_FIELD_NUMBER: _ClassVar[int]
+    METRIC_OPTION_FIELD_NUMBER: _ClassVar[int]
+    PHASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TAU_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    n_matched: int
+    bootstrap: int
+    confidence: float
+    groups: _containers.RepeatedCompositeFieldContainer[GroupEstimate]
+    result_recipient: str
+    metric_option: str
+    phase_seconds: _containers.ScalarMap[str, float]
+    tau: float
+    def __init__(self, metric: _Optional[str] = ..., n_matched: _Optional[int] = ..., bootstrap: _Optional[int] = ..., confidence: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupEstimate, _Mapping]]] = ..., result_recipient: _Optional[str] = ..., metric_option: _Optional[str] = ..., phase_seconds: _Optional[_Mapping[str, float]] = ..., tau: _Optional[float] = ...) -> None: ...
+
+class AuditError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("protocol_version", "metric", "client_dataset", "metric_option", "salt_share", "probability_bits", "result_recipient", "sealed_width")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_DATASET_FIELD_NUMBER: _ClassVar[int]
+    METRIC_OPTION_FIELD_NUMBER: _ClassVar[int]
+    SALT_SHARE_FIELD_NUMBER: _ClassVar[int]
+    PROBABILITY_BITS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_RECIPIENT_FIELD_NUMBER: _ClassVar[int]
+    SEALED_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    metric: str
+    client_dataset: str
+    metric_option: str
+    salt_share: bytes
+    probability_bits: int
+    result_recipient: str
+    sealed_width: int
+    def __init__(self, protocol_version: _Optional[int] = ..., metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., metric_option: _Optional[str] = ..., salt_share: _Optional[bytes] = ..., probability_bits: _Optional[int] = ..., result_recipient: _Optional[str] = ..., sealed_width: _Optional[int] = ...) -> None: ...
+
+class HelloAck(_message.Message):
+    __slots__ = ("salt_share", "paillier_n", "paillier_h", "slot_bits", "value_bound")
+    SALT_SHARE_FIELD_NUMBER: _ClassVar[int]
+    PAILLIER_N_FIELD_NUMBER: _ClassVar[int]
+    PAILLIER_H_FIELD_NUMBER: _ClassVar[int]
+    SLOT_BITS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_BOUND_FIELD_NUMBER: _ClassVar[int]
+    salt_share: bytes
+    paillier_n: bytes
+    paillier_h: bytes
+    slot_bits: int
+    value_bound: int
+    def __init__(self, salt_share: _Optional[bytes] = ..., paillier_n: _Optional[bytes] = ..., paillier_h: _Optional[bytes] = ..., slot_bits: _Optional[int] = ..., value_bound: _Optional[int] = ...) -> None: ...
+
+class TableChunk(_message.Message):
+    __slots__ = ("table", "rows", "points", "sealed", "ciphertexts")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    POINTS_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
+    CIPHERTEXTS_FIELD_NUMBER: _ClassVar[int]
+    table: Table
+    rows: int
+    points: bytes
+    sealed: bytes
+    ciphertexts: bytes
+    def __init__(self, table: _Optional[_Union[Table, str]] = ..., rows: _Optional[int] = ..., points: _Optional[bytes] = ..., sealed: _Optional[bytes] = ..., ciphertexts: _Optional[bytes] = ...) -> None: ...
+
+class TableEnd(_message.Message):
+    __slots__ = ("table", "rows")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    table: Table
+    rows: int
+    def __init__(self, table: _Optional[_Union[Table, str]] = ..., rows: _Optional[int] = ...) -> None: ...
+
+class AggregatesHeader(_message.Message):
+    __slots__ = ("groups", "replicates", "confidence", "slot_bits", "mask")
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    REPLICATES_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    SLOT_BITS_FIELD_NUMBER: _ClassVar[int]
+    MASK_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    replicates: int
+    confidence: float
+    slot_bits: int
+    mask: str
+    def __init__(self, groups: _Optional[_Iterable[str]] = ..., replicates: _Optional[int] = ..., confidence: _Optional[float] = ..., slot_bits: _Optional[int] = ..., mask: _Optional[str] = ...) -> None: ...
+
+class ClientResult(_message.Message):
+    __slots__ = ("groups", "phase_seconds")
+    class PhaseSecondsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    PHASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[GroupEstimate]
+    phase_seconds: _containers.ScalarMap[str, float]
+    def __init__(self, groups: _Optional[_Iterable[_Union[GroupEstimate, _Mapping]]] = ..., phase_seconds: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class MaskedPlaintexts(_message.Message):
+    __slots__ = ("values", "width", "last", "phase_seconds")
+    class PhaseSecondsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    PHASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    values: bytes
+    width: int
+    last: bool
+    phase_seconds: _containers.ScalarMap[str, float]
+    def __init__(self, values: _Optional[bytes] = ..., width: _Optional[int] = ..., last: _Optional[bool] = ..., phase_seconds: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class Abort(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class PeerMessage(_message.Message):
+    __slots__ = ("hello", "hello_ack", "chunk", "table_end", "aggregates_header", "client_result", "masked_plaintexts", "abort")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    HELLO_ACK_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    TABLE_END_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATES_HEADER_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_RESULT_FIELD_NUMBER: _ClassVar[int]
+    MASKED_PLAINTEXTS_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    hello_ack: HelloAck
+    chunk: TableChunk
+    table_end: TableEnd
+    aggregates_header: AggregatesHeader
+    client_result: ClientResult
+    masked_plaintexts: MaskedPlaintexts
+    abort: Abort
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., hello_ack: _Optional[_Union[HelloAck, _Mapping]] = ..., chunk: _Optional[_Union[TableChunk, _Mapping]] = ..., table_end: _Optional[_Union[TableEnd, _Mapping]] = ..., aggregates_header: _Optional[_Union[AggregatesHeader, _Mapping]] = ..., client_result: _Optional[_Union[ClientResult, _Mapping]] = ..., masked_plaintexts: _Optional[_Union[MaskedPlaintexts, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,63 @@
+"""Shared test helpers: synthetic inputs and an in-process driver for the two sessions."""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pandas as pd
+
+from client_service.protocol import ClientSession
+from common.races import RACES
+from tester_service.protocol import AuditSpec, TesterSession
+
+TEST_BITS = 1024  # tests only: production refuses < 2048
+
+
+def make_inputs(n_tester: int, n_client: int, overlap: int, *, seed: int = 0, one_hot: bool = False):
+    rng = np.random.default_rng(seed)
+    tester_ids = [f"m{i:06d}" for i in range(n_tester)]
+    client_ids = tester_ids[:overlap] + [f"x{i:06d}" for i in range(n_client - overlap)]
+    if one_hot:
+        probs = np.eye(len(RACES))[rng.integers(0, len(RACES), n_tester)]
+    else:
+        probs = rng.dirichlet(np.full(len(RACES), 0.7), n_tester)
+    tester = pd.DataFrame(probs, columns=list(RACES))
+    tester.insert(0, "member_id", tester_ids)
+    y_true = rng.integers(0, 2, n_client)
+    y_pred = rng.integers(0, 2, n_client)
+    client = pd.DataFrame({"member_id": client_ids, "y_true": y_true, "y_pred": y_pred})
+    return tester, client
+
+
+def run_sessions(tester: TesterSession, client: ClientSession, tap=None):
+    """Drive both state machines in one process, as the gRPC layer would."""
+    to_client = deque(tester.start())
+    to_tester: deque = deque()
+    while to_client or to_tester:
+        while to_client:
+            msg = to_client.popleft()
+            if tap:
+                tap("to_client", msg)
+            to_tester.extend(client.receive(msg))
+        while to_tester:
+            msg = to_tester.popleft()
+            if tap:
+                tap("to_tester", msg)
+            to_client.extend(tester.receive(msg))
+    return tester.result
+
+
+def local_audit(tester_df, client_df, *, spec: AuditSpec | None = None, tap=None, n_buckets: int = 128):
+    spec = spec or AuditSpec(metric="ero", client_dataset="d", bootstrap=50, seed=1)
+
+    def loader(name, metric):
+        assert name == spec.client_dataset
+        return client_df
+
+    tester = TesterSession(spec, tester_df, min_modulus_bits=TEST_BITS, n_buckets=n_buckets)
+    client = ClientSession(loader, modulus_bits=TEST_BITS, allow_insecure=True)
+    try:
+        return run_sessions(tester, client, tap), tester, client
+    finally:
+        tester.close()
+        client.close()
