@@ -67,10 +67,12 @@ class ClientServicer(pb_grpc.ClientServicer):
                 self.active_sessions -= 1
 
 
-def serve(config: ClientConfig, port: int, host: str = "0.0.0.0") -> tuple[grpc.Server, int]:
-    server, bound, health_servicer = channels.make_server(port, host)
-    pb_grpc.add_ClientServicer_to_server(ClientServicer(config), server)
+def serve(config: ClientConfig, port: int, host: str = "0.0.0.0",
+          interceptors: tuple = ()) -> tuple[grpc.Server, int, ClientServicer]:
+    server, bound, health_servicer = channels.make_server(port, host, interceptors=interceptors)
+    servicer = ClientServicer(config)
+    pb_grpc.add_ClientServicer_to_server(servicer, server)
     server.start()
     channels.set_serving(health_servicer, "ppre.v1.Client")
-    return server, bound
+    return server, bound, servicer
 

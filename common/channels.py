@@ -19,8 +19,10 @@ _OPTIONS = [
 ]
 
 
-def make_server(port: int, host: str = "0.0.0.0", workers: int = 8) -> tuple[grpc.Server, int, health.HealthServicer]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=_OPTIONS)
+def make_server(port: int, host: str = "0.0.0.0", workers: int = 8,
+                interceptors: tuple = ()) -> tuple[grpc.Server, int, health.HealthServicer]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=_OPTIONS,
+                         interceptors=list(interceptors))
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     bound = server.add_insecure_port(f"{host}:{port}")

@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 import pandas as pd
 
 from client_service.datasets import DatasetRegistry
-from client_service.server import ClientConfig
+from client_service.server import ClientConfig, ClientServicer
 from client_service.server import serve as serve_client
 from common import paillier
 from common import bootstrap as boot
@@ -26,20 +26,24 @@ class LocalServices:
     client_address: str
     tester_config: TesterConfig
     client_config: ClientConfig
+    client_servicer: ClientServicer
 
 
 @contextlib.contextmanager
 def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: DatasetRegistry, *,
                    modulus_bits: int = paillier.MIN_MODULUS_BITS, allow_insecure: bool = False,
-                   n_buckets: int = boot.DEFAULT_BUCKETS) -> Iterator[LocalServices]:
+                   n_buckets: int = boot.DEFAULT_BUCKETS,
+                   client_interceptors: tuple = ()) -> Iterator[LocalServices]:
     client_config = ClientConfig(datasets, modulus_bits=modulus_bits, allow_insecure=allow_insecure)
-    client_server, client_port = serve_client(client_config, 0, host="127.0.0.1")
+    client_server, client_port, client_servicer = serve_client(client_config, 0, host="127.0.0.1",
+                                                               interceptors=client_interceptors)
     client_address = f"127.0.0.1:{client_port}"
     tester_config = TesterConfig(client_address, load_probabilities, n_buckets=n_buckets,
                                  min_modulus_bits=min(modulus_bits, paillier.MIN_MODULUS_BITS))
-    tester_server, tester_port = serve_tester(tester_config, 0, host="127.0.0.1")
+    tester_server, tester_port, _ = serve_tester(tester_config, 0, host="127.0.0.1")
     try:
-        yield LocalServices(f"127.0.0.1:{tester_port}", client_address, tester_config, client_config)
+        yield LocalServices(f"127.0.0.1:{tester_port}", client_address, tester_config, client_config,
+                            client_servicer)
     finally:
         tester_server.stop(grace=None)
         client_server.stop(grace=None)

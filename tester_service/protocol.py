@@ -93,6 +93,8 @@ ProgressFn = Callable[[str, str], None]
 
 
 class TesterSession:
+    __test__ = False  # not a pytest class
+
     def __init__(self, spec: AuditSpec, probabilities: pd.DataFrame, *,
                  min_modulus_bits: int = paillier.MIN_MODULUS_BITS,
                  n_buckets: int = boot.DEFAULT_BUCKETS,

@@ -148,12 +148,13 @@ def _put_nowait(q: queue.Queue, item) -> None:
         pass
 
 
-def serve(config: TesterConfig, port: int, host: str = "0.0.0.0") -> tuple[grpc.Server, int]:
+def serve(config: TesterConfig, port: int, host: str = "0.0.0.0") -> tuple[grpc.Server, int, TesterServicer]:
     server, bound, health_servicer = channels.make_server(port, host)
-    pb_grpc.add_TesterServicer_to_server(TesterServicer(config), server)
+    servicer = TesterServicer(config)
+    pb_grpc.add_TesterServicer_to_server(servicer, server)
     server.start()
     channels.set_serving(health_servicer, "ppre.v1.Tester")
-    return server, bound
+    return server, bound, servicer
 
 
 def run_audit(address: str, request: pb.AuditRequest, *, timeout: float | None = None,

@@ -35,6 +35,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     registry = DatasetRegistry(args.data_dir, _named(args.dataset))
-    server, port = serve(ClientConfig(registry), args.port, args.host)
+    server, port, _ = serve(ClientConfig(registry), args.port, args.host)
     print(f"client serving on {args.host}:{port}; datasets: {', '.join(registry.names()) or 'none'}", flush=True)
     return serve_forever(server)

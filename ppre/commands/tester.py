@@ -26,6 +26,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.probabilities:
         raise SystemExit("ppre tester serve: --probabilities (or PPRE_TESTER_PROBABILITIES) is required")
     config = TesterConfig.from_probability_file(args.client, args.probabilities, n_buckets=args.buckets)
-    server, port = serve(config, args.port, args.host)
+    server, port, _ = serve(config, args.port, args.host)
     print(f"tester serving on {args.host}:{port}; Test-Client at {args.client}", flush=True)
     return serve_forever(server)
