@@ -130,7 +130,7 @@ class TesterServicer(pb_grpc.TesterServicer):
             log.exception("internal error during an audit")
             yield _error("internal", "internal error at the Tester")
         finally:
-            _put_nowait(outgoing, _DONE)
+            _close_queue(outgoing)
             if session is not None:
                 session.close()
                 if session in cfg.sessions:
@@ -139,6 +139,19 @@ class TesterServicer(pb_grpc.TesterServicer):
                 responses.cancel()
             if channel is not None:
                 channel.close()
+
+
+def _close_queue(q: queue.Queue) -> None:
+    """End the request stream even when the queue is full (never leave its reader blocked)."""
+    while True:
+        try:
+            q.put_nowait(_DONE)
+            return
+        except queue.Full:
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                pass
 
 
 def _put_nowait(q: queue.Queue, item) -> None:

@@ -1,0 +1,289 @@
+"""Both services over real gRPC: the operator RPC, bad inputs, a misbehaving peer, leaks."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from client_service.datasets import DatasetRegistry
+from common import channels, commutative, paillier
+from common.races import RACES
+from common.symmetric import RowSealer
+from ppre.cli import main as ppre_main
+from ppre.local import local_services
+from proto import ppre_pb2 as pb
+from tester_service.inputs import read_probability_table
+from tester_service.server import run_audit
+from tests.helpers import TEST_BITS, make_inputs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Recorder(grpc.ServerInterceptor):
+    """Records every message of every peer stream, both directions, as serialised bytes."""
+
+    def __init__(self) -> None:
+        self.messages: list[bytes] = []
+
+    def intercept_service(self, continuation, details):
+        handler = continuation(details)
+        if handler is None or handler.stream_stream is None:
+            return handler
+        inner = handler.stream_stream
+
+        def behaviour(request_iterator, context):
+            def requests():
+                for r in request_iterator:
+                    self.messages.append(r.SerializeToString())
+                    yield r
+            for response in inner(requests(), context):
+                self.messages.append(response.SerializeToString())
+                yield response
+
+        return grpc.stream_stream_rpc_method_handler(behaviour, request_deserializer=handler.request_deserializer,
+                                                     response_serializer=handler.response_serializer)
+
+
+@pytest.fixture()
+def inputs(tmp_path):
+    tester, client = make_inputs(150, 150, 100, seed=12)
+    tp, cp = tmp_path / "probabilities.csv", tmp_path / "ero.csv"
+    tester.to_csv(tp, index=False)
+    client.to_csv(cp, index=False)
+    return tester, client, tp, cp
+
+
+def wait_until(condition, timeout: float = 10.0) -> bool:
+    """Teardown runs when gRPC closes the stream, a moment after the last message."""
+    deadline = time.time() + timeout
+    while not condition():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _request(dataset="ero", **kw):
+    return pb.AuditRequest(metric=kw.pop("metric", "ero"), client_dataset=dataset, bootstrap=kw.pop("bootstrap", 20),
+                           has_seed=True, seed=1, **kw)
+
+
+def _services(tp, registry, **kw):
+    holder = {"path": tp}
+    ctx = local_services(lambda: read_probability_table(holder["path"]), registry, modulus_bits=TEST_BITS,
+                         allow_insecure=True, **kw)
+    return holder, ctx
+
+
+def test_grpc_audit_records_no_plaintext_and_no_key(inputs, monkeypatch):
+    tester, client, tp, cp = inputs
+    keys: list[bytes] = []
+    orig_com, orig_seal, orig_pai = (commutative.CommutativeKey.generate, RowSealer.generate,
+                                     paillier.generate_keypair)
+
+    def com():
+        k = orig_com()
+        keys.append(k._key.private_bytes_raw())
+        return k
+
+    def seal():
+        s = orig_seal()
+        keys.append(s._aead._key if hasattr(s._aead, "_key") else b"")
+        return s
+
+    def pai(*a, **kw):
+        k = orig_pai(*a, **kw)
+        keys.extend(x.to_bytes((x.bit_length() + 7) // 8, "big") for x in (k.p, k.q))
+        return k
+
+    monkeypatch.setattr(commutative.CommutativeKey, "generate", staticmethod(com))
+    monkeypatch.setattr(RowSealer, "generate", staticmethod(seal))
+    monkeypatch.setattr(paillier, "generate_keypair", pai)
+    recorder = Recorder()
+    _, ctx = _services(tp, DatasetRegistry(named={"ero": cp}), client_interceptors=(recorder,))
+    with ctx as svc:
+        event = run_audit(svc.tester_address, _request())
+        assert event.WhichOneof("event") == "result", event
+        assert wait_until(lambda: svc.client_servicer.active_sessions == 0 and svc.tester_config.sessions == [])
+    assert len(recorder.messages) > 6 and len([k for k in keys if k]) >= 4
+    wire = b"".join(recorder.messages)
+    for member in list(tester.member_id) + list(client.member_id):
+        assert member.encode() not in wire
+    for value in tester[list(RACES)].to_numpy().ravel():
+        assert np.float64(value).tobytes() not in wire
+    for key in keys:
+        if key:
+            assert key not in wire
+
+
+def test_bad_inputs_reach_the_operator_and_services_stay_healthy(inputs, tmp_path):
+    tester, client, tp, cp = inputs
+    registry = DatasetRegistry(data_dir=tmp_path, named={"ero": cp})
+    holder, ctx = _services(tp, registry)
+
+    def write(name, frame):
+        path = tmp_path / name
+        frame.to_csv(path, index=False)
+        return path
+
+    cases = []
+    bad = tester.copy()
+    bad.loc[4, "black"] += 0.3
+    cases.append(("tester", write("sum.csv", bad), "ero", "row 5", "sum to 1"))
+    bad = tester.copy()
+    bad.loc[2, "white"] = -0.1
+    cases.append(("tester", write("neg.csv", bad), "ero", "column 'white', row 3", "negative"))
+    cases.append(("tester", write("misspelt.csv", tester.rename(columns={"hispanic": "hispnic"})), "ero",
+                  "column 'hispanic'", "misspelt"))
+    bad = tester.copy()
+    bad.loc[7, "member_id"] = bad.loc[3, "member_id"]
+    cases.append(("tester", write("dup.csv", bad), "ero", "row 8", "duplicate member id"))
+    cases.append(("tester", tmp_path / "missing.csv", "ero", "missing.csv", "file not found"))
+    bad = client.copy()
+    bad.loc[9, "y_pred"] = 2
+    write("labels.csv", bad)
+    cases.append(("client", tp, "labels", "column 'y_pred', row 10", "0 or 1"))
+    write("nolabel.csv", client.drop(columns=["y_true"]))
+    cases.append(("client", tp, "nolabel", "column 'y_true'", "missing"))
+    bad = client.copy()
+    bad.loc[5, "member_id"] = bad.loc[1, "member_id"]
+    write("dupclient.csv", bad)
+    cases.append(("client", tp, "dupclient", "row 6", "duplicate"))
+    cases.append(("client", tp, "nosuchdataset", "unknown dataset 'nosuchdataset'", "client dataset"))
+    write("disjoint.csv", client.assign(member_id=[f"zz{i}" for i in range(len(client))]))
+    cases.append(("client", tp, "disjoint", "empty intersection", ""))
+
+    with ctx as svc:
+        for side, prob_path, dataset, where, what in cases:
+            holder["path"] = prob_path
+            event = run_audit(svc.tester_address, _request(dataset))
+            assert event.WhichOneof("event") == "error", (dataset, prob_path)
+            assert where in event.error.message and what in event.error.message, event.error.message
+            assert event.error.code == "bad_input"
+            for member in tester.member_id[:20]:
+                assert member not in event.error.message
+            assert channels.check_health(svc.tester_address) and channels.check_health(svc.client_address)
+            assert wait_until(lambda: svc.client_servicer.active_sessions == 0 and svc.tester_config.sessions == [])
+        event = run_audit(svc.tester_address, _request(metric="nonsense"))
+        assert event.error.code == "bad_input" and "unknown metric 'nonsense'" in event.error.message
+        holder["path"] = tp
+        event = run_audit(svc.tester_address, _request())
+        assert event.WhichOneof("event") == "result"  # still healthy for the next audit
+
+
+def test_misbehaving_peer_gets_a_clean_error_over_grpc(inputs):
+    _, _, tp, cp = inputs
+    _, ctx = _services(tp, DatasetRegistry(named={"ero": cp}))
+    with ctx as svc, grpc.insecure_channel(svc.client_address) as channel:
+        raw = channel.stream_stream("/ppre.v1.Client/Exchange", request_serializer=lambda b: b,
+                                    response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError):  # garbage bytes: not a PeerMessage
+            list(raw(iter([b"\xff\xfe garbage \x00" * 10]), timeout=10))
+        typed = channel.stream_stream("/ppre.v1.Client/Exchange",
+                                      request_serializer=pb.PeerMessage.SerializeToString,
+                                      response_deserializer=pb.PeerMessage.FromString)
+        wrong_phase = [pb.PeerMessage(table_end=pb.TableEnd(table=pb.AGGREGATES))]
+        replies = list(typed(iter(wrong_phase), timeout=10))
+        assert replies[-1].abort.code == "protocol_error" and "phase" in replies[-1].abort.message
+        with pytest.raises(grpc.RpcError) as info:  # an oversized message
+            list(typed(iter([pb.PeerMessage(chunk=pb.TableChunk(points=b"\x00" * (9 << 20)))]), timeout=10))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # a stream that stops half-way (missing messages) ends the session cleanly
+        hello = pb.PeerMessage(hello=pb.Hello(protocol_version=1, metric="ero", client_dataset="ero",
+                                              salt_share=b"\x01" * 32, probability_bits=32,
+                                              result_recipient="client", sealed_width=76))
+        replies = list(typed(iter([hello]), timeout=20))
+        assert replies[0].HasField("hello_ack")
+        assert wait_until(lambda: svc.client_servicer.active_sessions == 0)
+        assert channels.check_health(svc.client_address)
+        event = run_audit(svc.tester_address, _request())
+        assert event.WhichOneof("event") == "result"
+
+
+def test_cli_local_audit_prints_one_json_object(inputs, capsys):
+    tester, client, tp, cp = inputs
+    code = ppre_main(["audit", "--local", "--metric", "ero", "--tester-probabilities", str(tp),
+                      "--client-data", str(cp), "--bootstrap", "30", "--seed", "4", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    report = json.loads(out)  # exactly one JSON object
+    assert report["metric"] == "ero" and report["n_matched"] == 100 and report["bootstrap"] == 30
+    assert report["confidence"] == 0.95
+    assert [g["group"] for g in report["groups"]] == list(RACES)
+    for g in report["groups"]:
+        assert set(g) >= {"group", "estimate", "ci_low", "ci_high"}
+        assert g["ci_low"] <= g["estimate"] <= g["ci_high"]
+    code = ppre_main(["audit", "--local", "--metric", "ero", "--tester-probabilities", str(tp),
+                      "--client-data", str(cp), "--bootstrap", "10"])
+    out = capsys.readouterr().out
+    assert code == 0 and "white" in out and "ci_low" in out and "verdict" in out
+
+
+def test_cli_reports_bad_input_with_exit_code_2(inputs, capsys):
+    _, _, tp, cp = inputs
+    code = ppre_main(["audit", "--local", "--metric", "ero", "--tester-probabilities", str(tp) + ".nope",
+                      "--client-data", str(cp), "--json"])
+    assert code == 2 and "file not found" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_services_as_processes_write_no_files_and_log_no_member_data(inputs, tmp_path):
+    tester, client, tp, cp = inputs
+    run_dir = tmp_path / "run"
+    (run_dir / "tmp").mkdir(parents=True)
+    env = {**os.environ, "TMPDIR": str(run_dir / "tmp"), "HOME": str(run_dir), "PYTHONPATH": str(REPO)}
+    ports = []
+    for _ in range(2):
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    cmd = [sys.executable, "-m", "ppre.cli", "-v"]
+    client_p = subprocess.Popen(cmd + ["client", "serve", "--host", "127.0.0.1", "--port", str(ports[1]),
+                                       "--dataset", f"ero={cp}"], cwd=run_dir, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    tester_p = subprocess.Popen(cmd + ["tester", "serve", "--host", "127.0.0.1", "--port", str(ports[0]),
+                                       "--client", f"127.0.0.1:{ports[1]}", "--probabilities", str(tp)],
+                                cwd=run_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 60
+        while not (channels.check_health(f"127.0.0.1:{ports[0]}", 1) and channels.check_health(f"127.0.0.1:{ports[1]}", 1)):
+            assert time.time() < deadline, "services did not become healthy"
+            time.sleep(0.3)
+        event = run_audit(f"127.0.0.1:{ports[0]}", _request(bootstrap=20))
+        assert event.WhichOneof("event") == "result", event
+    finally:
+        for p in (tester_p, client_p):
+            p.terminate()
+        logs = b"".join(p.communicate(timeout=30)[0] for p in (tester_p, client_p))
+    written = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert written == [], written
+    assert logs, "the services logged nothing at -v"
+    for member in list(tester.member_id) + list(client.member_id):
+        assert member.encode() not in logs
+
+
+def test_unreachable_client_is_reported_not_hung(inputs):
+    import socket
+
+    from tester_service.server import TesterConfig
+    from tester_service.server import serve as serve_tester
+    _, _, tp, _ = inputs
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    config = TesterConfig(dead, lambda: read_probability_table(tp), min_modulus_bits=TEST_BITS, deadline_s=20)
+    server, port, _ = serve_tester(config, 0, host="127.0.0.1")
+    try:
+        event = run_audit(f"127.0.0.1:{port}", _request(), timeout=60)
+        assert event.error.code == "unavailable" and dead in event.error.message
+        assert channels.check_health(f"127.0.0.1:{port}")
+    finally:
+        server.stop(None)
