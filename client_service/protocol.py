@@ -14,13 +14,13 @@ from __future__ import annotations
 import enum
 import random
 import secrets
-import time
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pandas as pd
 
 from common import bootstrap, commutative, encoding, paillier, parallel
+from common.session import PhaseClock, expect_phase
 from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.estimators import RatioMetric, get_metric
 from common.masking import masked_ratio
@@ -59,9 +59,9 @@ class ClientSession:
         self._modulus_bits = modulus_bits
         self._allow_insecure = allow_insecure
         self.phase = Phase.WAIT_HELLO
-        self.phase_seconds: dict[str, float] = {}
+        self._clock = PhaseClock()
+        self.phase_seconds = self._clock.seconds
         self.dataset = ""
-        self._mark = time.perf_counter()
         self._hello: pb.Hello | None = None
         self._com_key: commutative.CommutativeKey | None = None
         self._paillier: paillier.PrivateKey | None = None
@@ -75,13 +75,10 @@ class ClientSession:
         self._aggregates: list[int] = []
 
     def _lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + now - self._mark
-        self._mark = now
+        self._clock.lap(name)
 
     def _expect(self, *phases: Phase) -> None:
-        if self.phase not in phases:
-            raise ProtocolError(f"message not allowed in phase {self.phase.value}")
+        expect_phase(self.phase, *phases)
 
     def close(self) -> None:
         """Drop keys and all member-level data, however the session ended."""

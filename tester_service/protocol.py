@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import enum
 import secrets
-import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -25,6 +24,7 @@ import pandas as pd
 
 from common import aggregation, commutative, encoding, paillier, parallel
 from common import bootstrap as boot
+from common.session import PhaseClock, expect_phase
 from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.estimators import get_metric
 from common.masking import AdditiveMask, RatioMask
@@ -109,7 +109,8 @@ class TesterSession:
         self._n_buckets = n_buckets
         self._progress = progress or (lambda phase, message: None)
         self.phase = Phase.START
-        self.phase_seconds: dict[str, float] = {}
+        self._clock = PhaseClock()
+        self.phase_seconds = self._clock.seconds
         self.result: AuditReport | None = None
         self.n_matched = 0
         # per-session secrets: memory only, dropped by close()
@@ -126,18 +127,13 @@ class TesterSession:
         self._pads: list[list[int]] | None = None
         self._masked_values: list[int] = []
         self._n_sent = 0
-        self._t0 = time.perf_counter()
-        self._mark = self._t0
 
     # ------------------------------------------------------------------ helpers
     def _lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + now - self._mark
-        self._mark = now
+        self._clock.lap(name)
 
     def _expect(self, *phases: Phase) -> None:
-        if self.phase not in phases:
-            raise ProtocolError(f"message not allowed in phase {self.phase.value}")
+        expect_phase(self.phase, *phases)
 
     def close(self) -> None:
         """Drop every key and every member-level table (runs however the session ends)."""
@@ -317,7 +313,7 @@ class TesterSession:
         self._lap("wait_for_client_result")
         seconds = dict(self.phase_seconds)
         seconds.update({f"client_{k}": v for k, v in client_seconds.items()})
-        seconds["total"] = time.perf_counter() - self._t0
+        seconds["total"] = self._clock.total()
         self.result = AuditReport(self.spec.metric, self.n_matched, self.spec.bootstrap, self.spec.confidence,
                                   groups, self.spec.result_recipient, self.spec.metric_option, self.spec.tau,
                                   seconds)

@@ -1,0 +1,31 @@
+"""What both parties' session state machines share: phase checks and phase timings.
+
+A `PhaseClock` records wall time per named phase (reported with the result; it holds
+no data). `expect_phase` is the one check that a message arrives in a phase that
+allows it (SPEC.md section 3; a wrong-phase message is a ProtocolError).
+"""
+from __future__ import annotations
+
+import enum
+import time
+
+from common.errors import ProtocolError
+
+
+class PhaseClock:
+    def __init__(self) -> None:
+        self.start = self._mark = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._mark
+        self._mark = now
+
+    def total(self) -> float:
+        return time.perf_counter() - self.start
+
+
+def expect_phase(current: enum.Enum, *allowed: enum.Enum) -> None:
+    if current not in allowed:
+        raise ProtocolError(f"message not allowed in phase {current.value}")
