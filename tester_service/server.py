@@ -24,6 +24,7 @@ from common.errors import PPREError, ProtocolError
 from proto import ppre_pb2 as pb
 from proto import ppre_pb2_grpc as pb_grpc
 from tester_service.inputs import read_probability_table
+from tester_service.preparation import PreparationConfig, load_members, load_self_id, prepare
 from tester_service.protocol import AuditSpec, PeerAborted, Phase, TesterSession
 
 log = logging.getLogger("ppre.tester")
@@ -43,7 +44,22 @@ class TesterConfig:
 
     @classmethod
     def from_probability_file(cls, client_address: str, path: str | Path, **kw) -> "TesterConfig":
+        """Issue 2's input: a prepared probability table, used as given."""
         return cls(client_address, lambda: read_probability_table(path), **kw)
+
+    @classmethod
+    def from_members(cls, client_address: str, members: str | Path, self_id: str | Path | None,
+                     preparation: PreparationConfig, **kw) -> "TesterConfig":
+        """SPEC section 2: BISG, privatised Self-ID and clipping, run inside each audit."""
+        return cls(client_address, lambda: prepare_from_files(members, self_id, preparation), **kw)
+
+
+def prepare_from_files(members: str | Path, self_id: str | Path | None,
+                       preparation: PreparationConfig) -> pd.DataFrame:
+    """Read the members (and Self-ID) files and prepare this audit's probabilities in memory."""
+    member_frame = load_members(members, preparation.opt_out_column)
+    survey = load_self_id(self_id, member_frame["member_id"]) if self_id else None
+    return prepare(member_frame, survey, preparation)
 
 
 def _error(code: str, message: str) -> pb.AuditEvent:

@@ -188,9 +188,20 @@ def write_data(base: Path, compose: dict, *, seed: int = 0) -> dict[str, Path]:
                            "y_pred": rng.integers(0, 2, N_EACH_SIDE)})
 
     env = {k: str(v) for svc in services(compose).values() for k, v in (svc.get("environment") or {}).items()}
-    prob_file = to_host(env["PPRE_TESTER_PROBABILITIES"])
     data_file = to_host(env["PPRE_CLIENT_DATA_DIR"]) / f"{DATASET}.csv"
-    for path, frame in ((prob_file, tester), (data_file, client)):
+    files = [(data_file, client)]
+    if "PPRE_TESTER_MEMBERS" in env:  # the Tester prepares BISG probabilities itself, per audit
+        from ppre.synth import SynthConfig, synthesize
+        synth = synthesize(SynthConfig(members=N_EACH_SIDE, seed=seed))
+        members = synth.members.assign(member_id=tester_ids)
+        files.append((to_host(env["PPRE_TESTER_MEMBERS"]), members))
+        if "PPRE_TESTER_SELF_ID" in env:
+            rename = dict(zip(synth.members.member_id, tester_ids))
+            files.append((to_host(env["PPRE_TESTER_SELF_ID"]),
+                          synth.self_id.assign(member_id=synth.self_id.member_id.map(rename))))
+    else:
+        files.append((to_host(env["PPRE_TESTER_PROBABILITIES"]), tester))
+    for path, frame in files:
         path.parent.mkdir(parents=True, exist_ok=True)
         frame.to_csv(path, index=False)
         path.chmod(0o644)

@@ -11,14 +11,12 @@ import argparse
 import json
 import sys
 
-from client_service.datasets import DatasetRegistry
-from common import bootstrap as boot
 from common.errors import InputError
-from common.report import DEFAULT_TAU, AuditReport
-from ppre.local import local_services
-from proto import ppre_pb2 as pb
-from tester_service.inputs import read_probability_table
-from tester_service.server import run_audit
+from ppre.commands.tester import add_preparation_arguments, preparation_config
+
+DEFAULT_REPLICATES = 1000  # common.bootstrap.DEFAULT_REPLICATES (kept import-light)
+DEFAULT_CONFIDENCE = 0.95
+DEFAULT_TAU = 0.05
 
 LOCAL_DATASET = "local"
 
@@ -30,8 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--metric", required=True, help="metric to audit (ero)")
     s.add_argument("--metric-option", "--ero-form", dest="metric_option", default="",
                    help="ERO: fpr (default) or unconditional (paper eq. 6)")
-    s.add_argument("--bootstrap", type=int, default=boot.DEFAULT_REPLICATES, help="replicates B (default 1000)")
-    s.add_argument("--confidence", type=float, default=boot.DEFAULT_CONFIDENCE, help="CI level (default 0.95)")
+    s.add_argument("--bootstrap", type=int, default=DEFAULT_REPLICATES, help="replicates B (default 1000)")
+    s.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE, help="CI level (default 0.95)")
     s.add_argument("--seed", type=int, help="seed of the bootstrap resampling (not of any key or mask)")
     s.add_argument("--tau", type=float, default=DEFAULT_TAU, help="disparity threshold of the verdict")
     s.add_argument("--result-recipient", choices=("client", "tester"), default="client",
@@ -40,11 +38,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--local", action="store_true", help="start both services on loopback for this audit")
     s.add_argument("--tester-probabilities", help="--local: the Tester's probability table")
     s.add_argument("--client-data", help="--local: the Test-Client's dataset file")
+    s.add_argument("--tester-members", help="--local: members file (BISG + Self-ID + clipping per audit), "
+                                            "instead of --tester-probabilities")
+    add_preparation_arguments(s, prefix="tester-")
     s.add_argument("--timeout", type=float, default=3600.0)
     s.set_defaults(func=run)
 
 
-def build_request(args: argparse.Namespace, dataset: str) -> pb.AuditRequest:
+def build_request(args: argparse.Namespace, dataset: str):
+    from proto import ppre_pb2 as pb
+
     if args.bootstrap < 1:
         raise InputError("must be at least 1", parameter="--bootstrap")
     if not 0 < args.confidence < 1:
@@ -61,14 +64,26 @@ def _progress(args):
 
 
 def run(args: argparse.Namespace) -> int:
+    from client_service.datasets import DatasetRegistry
+    from ppre.local import local_services
+    from tester_service.inputs import read_probability_table
+    from tester_service.server import run_audit
+
     if args.local:
-        if not args.tester_probabilities or not args.client_data:
-            raise InputError("--local needs --tester-probabilities and --client-data", parameter="--local")
-        path = args.tester_probabilities
-        read_probability_table(path)  # fail fast, before any service starts
+        if bool(args.tester_probabilities) == bool(args.tester_members) or not args.client_data:
+            raise InputError("--local needs --client-data and one of --tester-probabilities, --tester-members",
+                             parameter="--local")
+        if args.tester_probabilities:
+            path = args.tester_probabilities
+            load = lambda: read_probability_table(path)  # noqa: E731
+        else:
+            from tester_service.server import prepare_from_files
+            members, self_id, preparation = args.tester_members, args.self_id, preparation_config(args)
+            load = lambda: prepare_from_files(members, self_id, preparation)  # noqa: E731
+        load()  # fail fast, before any service starts
         registry = DatasetRegistry(named={LOCAL_DATASET: args.client_data})
         request = build_request(args, LOCAL_DATASET)
-        with local_services(lambda: read_probability_table(path), registry) as services:
+        with local_services(load, registry) as services:
             event = run_audit(services.tester_address, request, timeout=args.timeout, on_progress=_progress(args))
     else:
         if not args.tester or not args.client_dataset:
@@ -78,7 +93,9 @@ def run(args: argparse.Namespace) -> int:
     return print_event(event, as_json=args.json)
 
 
-def print_event(event: pb.AuditEvent, *, as_json: bool) -> int:
+def print_event(event, *, as_json: bool) -> int:
+    from common.report import AuditReport
+
     if event.WhichOneof("event") == "error":
         if as_json:
             print(json.dumps({"error": {"code": event.error.code, "message": event.error.message}}))

@@ -4,10 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from client_service.datasets import DatasetRegistry
-from client_service.server import ClientConfig, serve
 from common.errors import InputError
-from ppre.commands import serve_forever
 
 
 def _named(values: list[str]) -> dict[str, str]:
@@ -34,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from client_service.datasets import DatasetRegistry
+    from client_service.server import ClientConfig, serve
+    from ppre.commands import serve_forever
     registry = DatasetRegistry(args.data_dir, _named(args.dataset))
     server, port, _ = serve(ClientConfig(registry), args.port, args.host)
     print(f"client serving on {args.host}:{port}; datasets: {', '.join(registry.names()) or 'none'}", flush=True)

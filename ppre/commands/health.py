@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 
-from common.channels import check_health
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,6 +13,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from common.channels import check_health
     ok = check_health(args.address, args.timeout)
     print("SERVING" if ok else "NOT SERVING")
     return 0 if ok else 1

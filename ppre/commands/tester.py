@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from ppre.commands import serve_forever
-from tester_service.server import TesterConfig, serve
+from common.errors import InputError
+
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,14 +18,56 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="HOST:PORT of the Test-Client service (env PPRE_CLIENT_ADDRESS)")
     s.add_argument("--probabilities", default=os.environ.get("PPRE_TESTER_PROBABILITIES"),
                    help="prepared probability table, CSV or Parquet (env PPRE_TESTER_PROBABILITIES)")
+    s.add_argument("--members", default=os.environ.get("PPRE_TESTER_MEMBERS"),
+                   help="members file (member_id, surname, zip[, first_name, tract, state, country, opt_out]): "
+                        "BISG + Self-ID + clipping run inside each audit (env PPRE_TESTER_MEMBERS)")
+    add_preparation_arguments(s)
     s.add_argument("--buckets", type=int, default=int(os.environ.get("PPRE_BOOTSTRAP_BUCKETS", "128")))
     s.set_defaults(func=run)
 
 
+def add_preparation_arguments(s: argparse.ArgumentParser, prefix: str = "") -> None:
+    """The Tester's demographic preparation options (SPEC section 2), shared with `ppre audit --local`."""
+    env = os.environ.get
+    s.add_argument(f"--{prefix}self-id", dest="self_id", default=env("PPRE_TESTER_SELF_ID"),
+                   help="Self-ID survey file (member_id, race) (env PPRE_TESTER_SELF_ID)")
+    s.add_argument("--epsilon", type=float, default=env("PPRE_EPSILON", "4.5"),
+                   help="randomized-response epsilon for Self-ID (default 4.5)")
+    s.add_argument("--threshold", type=float, default=env("PPRE_CLIP_THRESHOLD"),
+                   help="clipping threshold T (default: the 90%%-of-largest-BISG-probabilities rule)")
+    s.add_argument("--excluded-states", default=env("PPRE_EXCLUDED_STATES", ""),
+                   help="comma-separated state codes whose members are not measured")
+    s.add_argument("--geo", choices=("zcta", "tract"), default=env("PPRE_GEO", "zcta"))
+    s.add_argument("--first-names", action="store_true", default=env("PPRE_FIRST_NAMES", "") == "1",
+                   help="BIFSG: use the members' first names")
+    s.add_argument("--group-mapping", default=env("PPRE_GROUP_MAPPING", ""),
+                   help="coarsened groups, e.g. 'hsm=black+hispanic+aian,non_hsm=white+api+multiple'")
+    s.add_argument("--opt-out-column", default=env("PPRE_OPT_OUT_COLUMN", "opt_out"))
+
+
+def preparation_config(args: argparse.Namespace):
+    from common.races import GroupMapping
+    from tester_service.preparation import PreparationConfig
+
+    states = tuple(x.strip() for x in args.excluded_states.split(",") if x.strip())
+    mapping = GroupMapping.parse(args.group_mapping) if args.group_mapping else None
+    return PreparationConfig(epsilon=args.epsilon, threshold=args.threshold, excluded_states=states, geo=args.geo,
+                             first_names=args.first_names, group_mapping=mapping,
+                             opt_out_column=args.opt_out_column)
+
+
 def run(args: argparse.Namespace) -> int:
-    if not args.probabilities:
-        raise SystemExit("ppre tester serve: --probabilities (or PPRE_TESTER_PROBABILITIES) is required")
-    config = TesterConfig.from_probability_file(args.client, args.probabilities, n_buckets=args.buckets)
+    from ppre.commands import serve_forever
+    from tester_service.server import TesterConfig, serve
+    if bool(args.probabilities) == bool(args.members):
+        raise InputError("give exactly one of --probabilities (a prepared table) and --members",
+                         parameter="--probabilities/--members")
+    if args.probabilities:
+        config = TesterConfig.from_probability_file(args.client, args.probabilities, n_buckets=args.buckets)
+    else:
+        config = TesterConfig.from_members(args.client, args.members, args.self_id, preparation_config(args),
+                                           n_buckets=args.buckets)
+        config.load_probabilities()  # check the files and parameters now, not at the first audit
     server, port, _ = serve(config, args.port, args.host)
     print(f"tester serving on {args.host}:{port}; Test-Client at {args.client}", flush=True)
     return serve_forever(server)
