@@ -648,7 +648,12 @@ def _parse(argv: list[str], env: dict[str, str], monkeypatch) -> argparse.Namesp
 
 
 def _sentinel(value: str) -> str:
-    return str(int(value) + 1) if value.isdigit() else f"{value}-sentinel"
+    if value.isdigit():
+        return str(int(value) + 1)
+    try:
+        return repr(float(value) / 2)  # a different number that still parses
+    except ValueError:
+        return f"{value}-sentinel"
 
 
 @pytest.mark.slow
