@@ -184,6 +184,7 @@ class ClientSession:
         pub = self._paillier.public
         own_points = self._com_key.encrypt_points(commutative.split_points(commutative.hash_ids(self._salt, ids)))
         del ids
+        self._com_key = None  # SPEC 7: no longer needed once both tables are encrypted
         self._lap("psi_encrypt_own_ids")
         step = rows_per_chunk(pub.ciphertext_bytes)
         tasks = [(pub.n, pub.h, values[i:i + step]) for i in range(0, len(values), step)]

@@ -237,8 +237,10 @@ class TesterSession:
             self._reader = TableReader(pb.CLIENT_ROWS, point_width=commutative.POINT_BYTES,
                                        ciphertext_width=self._pub.ciphertext_bytes)
             return []
-        # step 5: the join is complete; every id (and the unmatched rows) is deleted
+        # step 5: the join is complete; every id (and the unmatched rows) is deleted, and
+        # the commutative key is no longer needed (SPEC 7: keys deleted as soon as possible)
         self._shuffled = None
+        self._com_key = None
         self.n_matched = len(self._matched_cts)
         self._lap("client_encrypt_and_join")
         self._progress("join", f"{self.n_matched} members matched")
