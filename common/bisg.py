@@ -72,6 +72,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import unicodedata
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -414,6 +415,30 @@ def _lookup_surnames(uniques: pa.Array, table: NameTable) -> np.ndarray:
     return idx
 
 
+def _geography_rows(n: int, zips: object, tracts: object, geo: str) -> tuple[np.ndarray, np.ndarray]:
+    """Row in the ZCTA / tract table per member (-1: none) and which table (0 zcta, 1 tract)."""
+    g_idx = np.full(n, -1, dtype=np.int64)
+    g_which = np.zeros(n, dtype=np.int8)  # 0 zcta, 1 tract
+
+    def locate(values: object, which: str, normalizer) -> np.ndarray:
+        arr = _column(values)
+        if len(arr) != n:
+            raise InputError(f"has {len(arr)} values but there are {n} surnames",
+                             parameter="zips" if which == "zcta" else "tracts")
+        keys = geo_table(which).keys
+        return _lookup_column(arr, keys, lambda a: a, lambda u: _index_in(normalizer(u), keys))
+
+    if geo == "tract":
+        g_idx = locate(tracts, "tract", normalize_tracts)
+        g_which[:] = 1
+    if zips is not None:
+        z_idx = locate(zips, "zcta", normalize_zips)
+        take = (g_idx < 0) & (z_idx >= 0)
+        g_idx[take] = z_idx[take]
+        g_which[take] = 0
+    return g_idx, g_which
+
+
 @dataclass(frozen=True)
 class BisgResult:
     """BISG output, one row per input row, input order and duplicates preserved."""
@@ -455,40 +480,33 @@ def bisg(surnames: Sequence[object] | np.ndarray | pd.Series,
     sur_arr = _column(surnames)
     n = len(sur_arr)
 
+    def surname_rows() -> np.ndarray:
+        stab = surname_table()
+        return _lookup_column(sur_arr, stab.keys, pc.utf8_upper, lambda u: _lookup_surnames(u, stab))
+
+    # The surname lookup (Arrow kernels, which release the GIL) runs beside the geography one.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        s_future = pool.submit(surname_rows)
+        try:
+            g_idx, g_which = _geography_rows(n, zips, tracts, geo)
+        finally:
+            s_idx = s_future.result()
     stab = surname_table()
-    s_idx = _lookup_column(sur_arr, stab.keys, pc.utf8_upper, lambda u: _lookup_surnames(u, stab))
     s_found = s_idx >= 0
     num = np.take(stab.probs_with_other, np.where(s_found, s_idx, len(stab.probs)), axis=0)  # Pr(r|s)
-
-    g_idx = np.full(n, -1, dtype=np.int64)
-    g_which = np.zeros(n, dtype=np.int8)  # 0 zcta, 1 tract
-
-    def locate(values: object, which: str, normalizer) -> np.ndarray:
-        arr = _column(values)
-        if len(arr) != n:
-            raise InputError(f"has {len(arr)} values but there are {n} surnames",
-                             parameter="zips" if which == "zcta" else "tracts")
-        keys = geo_table(which).keys
-        return _lookup_column(arr, keys, lambda a: a, lambda u: _index_in(normalizer(u), keys))
-
-    if geo == "tract":
-        g_idx = locate(tracts, "tract", normalize_tracts)
-        g_which[:] = 1
-    if zips is not None:
-        z_idx = locate(zips, "zcta", normalize_zips)
-        take = (g_idx < 0) & (z_idx >= 0)
-        g_idx[take] = z_idx[take]
-        g_which[take] = 0
     g_found = g_idx >= 0
-    g_probs = np.ones((n, K))
-    for which, code in (("zcta", 0), ("tract", 1)):
-        rows = g_found & (g_which == code)
-        if rows.all():
-            g_probs = np.take(geo_table(which).probs, g_idx, axis=0)
-        elif rows.any():
-            g_probs[rows] = geo_table(which).probs[g_idx[rows]]
+    if not (g_which == 1).any():  # ZCTAs only: one gather, with a row of ones for "no geography"
+        zt = geo_table("zcta")
+        g_probs = np.take(np.vstack([zt.probs, np.ones((1, K))]), np.where(g_found, g_idx, len(zt.probs)), axis=0)
+    else:
+        g_probs = np.ones((n, K))
+        for which, code in (("zcta", 0), ("tract", 1)):
+            rows = g_found & (g_which == code)
+            if rows.any():
+                g_probs[rows] = geo_table(which).probs[g_idx[rows]]
 
-    prod = num * g_probs
+    prod = np.multiply(num, g_probs, out=g_probs)
+    del g_probs
     if first_names is not None:
         ftab = first_name_table()
         f_arr = _column(first_names)
@@ -514,7 +532,7 @@ def bisg(surnames: Sequence[object] | np.ndarray | pd.Series,
     if fallback.any():
         prod[fallback] = num[fallback]
         den[fallback] = num[fallback].sum(axis=1)
-    probs = prod / den[:, None]
+    probs = np.divide(prod, den[:, None], out=prod)
 
     src = np.full(n, _SRC_PRIOR, dtype=np.int8)
     src[s_found & geo_used] = _SRC_BOTH

@@ -40,8 +40,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parser_for(argv: list[str] | None) -> argparse.ArgumentParser:
+    """The parser with only the invoked sub-command's module imported (startup time);
+    the full `build_parser()` for help, errors or anything unusual."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    rest = [a for a in args if a not in ("-v", "--verbose")]
+    module = f"ppre.commands.{rest[0]}" if rest else None
+    if module not in COMMAND_MODULES or any(a in ("-h", "--help") for a in args[:len(args) - len(rest) + 1]):
+        return build_parser()
+    parser = argparse.ArgumentParser(prog="ppre", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+    importlib.import_module(module).register(sub)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = _parser_for(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")

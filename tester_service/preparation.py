@@ -241,11 +241,25 @@ def _blank(arr: pa.Array) -> np.ndarray:
             | pc.utf8_is_space(arr).to_numpy(zero_copy_only=False))
 
 
+def _all_distinct(values: pd.Series) -> bool:
+    """True when no two cells are equal (Arrow hashing, which releases the GIL); False
+    means "maybe not" and the caller checks with pandas."""
+    try:
+        arr = _text(values) if values.dtype != object else None
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return False
+    if arr is None or len(arr) != len(values) or values.isna().any():
+        return False
+    return len(pc.unique(arr)) == len(arr)
+
+
 def _check_ids(df: pd.DataFrame, label: str) -> None:
     empty = _blank(_text(df["member_id"]))
     if empty.any():
         raise InputError("is empty", file=label, column="member_id", row=_first_row(empty))
     ids = df["member_id"]
+    if _all_distinct(ids):
+        return
     if not ids.is_unique:
         dup = ids.duplicated(keep=False).to_numpy()
         rows = np.flatnonzero(dup)
@@ -300,11 +314,17 @@ def load_members(path: str | Path, opt_out_column: str = "opt_out") -> pd.DataFr
     or misspelt columns, non-UTF-8 bytes, empty ids, duplicate ids, empty surnames or
     surnames without letters, and bad opt-out values.
     """
+    df = read_members(path, opt_out_column)
+    validate_members(df, str(path), opt_out_column)
+    return df
+
+
+def read_members(path: str | Path, opt_out_column: str = "opt_out") -> pd.DataFrame:
+    """`load_members` without `validate_members` (the caller validates, e.g. in a thread)."""
     optional = tuple(dict.fromkeys((*MEMBER_OPTIONAL, opt_out_column.strip().lower())))
     df = _read_any(path, MEMBER_REQUIRED, optional)
     if opt_out_column != opt_out_column.strip().lower() and opt_out_column.strip().lower() in df.columns:
         df = df.rename(columns={opt_out_column.strip().lower(): opt_out_column})
-    validate_members(df, str(path), opt_out_column)
     return df
 
 
