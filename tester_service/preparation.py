@@ -27,19 +27,22 @@ import io
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from common import bisg as bisg_mod
+from common.bisg import arrow_to_numpy, fill_empty, string_scalar, strings_to_arrow
 from common import clipping, randomized_response
 from common.errors import InputError
 from common.races import RACES, GroupMapping, race_label_to_index
+
+if TYPE_CHECKING:  # pandas is imported where it is needed (startup time of ``ppre bisg``)
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +107,11 @@ class PreparationStats:
 # --------------------------------------------------------------------------------------
 # Reading and validating files
 # --------------------------------------------------------------------------------------
-def _text(values: pd.Series) -> pa.Array:
-    """A pandas column as one Arrow string array ('' for missing)."""
-    if values.dtype == object:
+def _text(values: pd.Series | pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A pandas or Arrow column as one Arrow string array ('' for missing)."""
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        arr = values
+    elif values.dtype == object:
         arr = pa.array(values.to_numpy(dtype=object), from_pandas=True)
     else:
         arr = pa.array(values, from_pandas=True)
@@ -114,7 +119,7 @@ def _text(values: pd.Series) -> pa.Array:
         arr = arr.combine_chunks()
     if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
         arr = arr.cast(pa.string())
-    return arr.fill_null("")
+    return fill_empty(arr)
 
 
 def _suggest(name: str, present: Iterable[str]) -> str:
@@ -174,7 +179,7 @@ def _read_parquet_text(path: Path) -> tuple[pa.Table, set[str]]:
         t = col.type
         if (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)
                 or pa.types.is_boolean(t) or pa.types.is_null(t)):
-            cols[name] = col.cast(pa.string()).fill_null("")
+            cols[name] = fill_empty(col.cast(pa.string()).combine_chunks())
         elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
             out = []
             for i, v in enumerate(col.to_pylist()):
@@ -182,17 +187,22 @@ def _read_parquet_text(path: Path) -> tuple[pa.Table, set[str]]:
                     out.append("" if v is None else v.decode("utf-8"))
                 except UnicodeDecodeError:
                     raise InputError("is not valid UTF-8 text", file=label, column=name, row=i + 1) from None
-            cols[name] = pa.array(out, type=pa.string())
+            cols[name] = strings_to_arrow(out)
         elif pa.types.is_floating(t):  # e.g. ZIPs written as floats: 2134.0 -> "2134"
-            cols[name] = pa.array(["" if v is None or v != v else (str(int(v)) if float(v).is_integer() else repr(v))
-                                   for v in col.to_pylist()], type=pa.string())
+            cols[name] = strings_to_arrow(["" if v is None or v != v else (str(int(v)) if float(v).is_integer()
+                                                                           else repr(v)) for v in col.to_pylist()])
         else:
             bad_type.add(name.strip().lower())
             cols[name] = pa.nulls(table.num_rows, pa.string())
-    return pa.table(cols), bad_type
+    return pa.Table.from_arrays(list(cols.values()), names=list(cols)), bad_type
 
 
 def _read_any(path: str | Path, required: tuple[str, ...], optional: tuple[str, ...]) -> pd.DataFrame:
+    return _read_any_table(path, required, optional).to_pandas()
+
+
+def _read_any_table(path: str | Path, required: tuple[str, ...], optional: tuple[str, ...]) -> pa.Table:
+    """`_read_any` as an Arrow table (every column text, no nulls)."""
     p = Path(path)
     label = str(path)
     if not p.exists():
@@ -225,10 +235,10 @@ def _read_any(path: str | Path, required: tuple[str, ...], optional: tuple[str, 
     for col in bad_type & known:
         raise InputError("must hold text or whole numbers", file=label, column=col)
     keep = [c for c in present if c in known]
-    df = table.select(keep).to_pandas()
-    if len(df) == 0:
+    table = table.select(keep)
+    if table.num_rows == 0:
         raise InputError("has no data rows", file=label)
-    return df
+    return table
 
 
 def _first_row(mask: np.ndarray) -> int:
@@ -237,8 +247,8 @@ def _first_row(mask: np.ndarray) -> int:
 
 def _blank(arr: pa.Array) -> np.ndarray:
     """Empty or whitespace-only cells."""
-    return (pc.equal(arr, "").to_numpy(zero_copy_only=False)
-            | pc.utf8_is_space(arr).to_numpy(zero_copy_only=False))
+    return (arrow_to_numpy(pc.equal(arr, string_scalar("")), null=False)
+            | arrow_to_numpy(pc.utf8_is_space(arr), null=False))
 
 
 def _all_distinct(values: pd.Series) -> bool:
@@ -253,11 +263,14 @@ def _all_distinct(values: pd.Series) -> bool:
     return len(pc.unique(arr)) == len(arr)
 
 
-def _check_ids(df: pd.DataFrame, label: str) -> None:
+def _check_ids(df: pd.DataFrame | pa.Table, label: str) -> None:
     empty = _blank(_text(df["member_id"]))
     if empty.any():
         raise InputError("is empty", file=label, column="member_id", row=_first_row(empty))
     ids = df["member_id"]
+    if isinstance(ids, (pa.Array, pa.ChunkedArray)):
+        _check_ids_arrow(ids, label)
+        return
     if _all_distinct(ids):
         return
     if not ids.is_unique:
@@ -268,38 +281,77 @@ def _check_ids(df: pd.DataFrame, label: str) -> None:
                          file=label, column="member_id")
 
 
-def validate_members(df: pd.DataFrame, label: str = "members", opt_out_column: str = "opt_out") -> None:
-    """Check a members table (columns as text); raise `InputError` naming the first bad row."""
+def _check_ids_arrow(ids: pa.Array | pa.ChunkedArray, label: str) -> None:
+    """`_check_ids` for an Arrow column without empty cells (same message as with pandas)."""
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.combine_chunks()
+    if len(ids) > 1:  # sorting is faster than hashing: equal ids are then neighbours
+        ordered = ids.take(pc.array_sort_indices(ids))
+        if not arrow_to_numpy(pc.equal(ordered.slice(1), ordered.slice(0, len(ids) - 1)), null=True).any():
+            return
+    enc = pc.dictionary_encode(ids)
+    if len(enc.dictionary) == len(ids):
+        return
+    codes = arrow_to_numpy(enc.indices)
+    dup = np.bincount(codes, minlength=len(enc.dictionary))[codes] > 1
+    first = int(np.flatnonzero(dup)[0])
+    same = np.flatnonzero(codes == codes[first])
+    raise InputError(f"rows {same[0] + 1} and {same[1] + 1} have the same member id",
+                     file=label, column="member_id")
+
+
+def _columns(df: pd.DataFrame | pa.Table) -> list[str]:
+    return df.column_names if isinstance(df, pa.Table) else list(df.columns)
+
+
+def validate_members(df: pd.DataFrame | pa.Table, label: str = "members", opt_out_column: str = "opt_out") -> None:
+    """Check a members table (columns as text; a DataFrame or an Arrow table); raise
+    `InputError` naming the first bad row."""
+    columns = _columns(df)
     for col in MEMBER_REQUIRED:
-        if col not in df.columns:
-            raise InputError(f"is missing column '{col}'{_suggest(col, df.columns)}", file=label)
+        if col not in columns:
+            raise InputError(f"is missing column '{col}'{_suggest(col, columns)}", file=label)
     _check_ids(df, label)
+    if isinstance(df, pa.Table):
+        t = df.schema.field("surname").type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)):
+            raise InputError("must hold text", file=label, column="surname")
+    else:
+        _check_surname_cells(df, label)
+    surnames = _text(df["surname"])
+    # A surname is usable when it has at least one letter (in any script).
+    no_letter = ~arrow_to_numpy(pc.match_substring_regex(surnames, r"\pL"), null=False)
+    if no_letter.any():
+        row = _first_row(no_letter)
+        what = "is empty" if _blank(surnames.slice(row - 1, 1))[0] else "has no letters"
+        raise InputError(what, file=label, column="surname", row=row)
+    if opt_out_column in columns:
+        parse_opt_out(df[opt_out_column], label, opt_out_column)
+
+
+def _check_surname_cells(df: pd.DataFrame, label: str) -> None:
+    import pandas as pd
     if not (pd.api.types.is_string_dtype(df["surname"]) or df["surname"].dtype == object):
         raise InputError("must hold text", file=label, column="surname")
     non_str = df["surname"].map(lambda v: not isinstance(v, str) and not pd.isna(v)).to_numpy(dtype=bool) \
         if df["surname"].dtype == object else np.zeros(len(df), dtype=bool)
     if non_str.any():
         raise InputError("must be text", file=label, column="surname", row=_first_row(non_str))
-    surnames = _text(df["surname"])
-    # A surname is usable when it has at least one letter (in any script).
-    no_letter = ~pc.match_substring_regex(surnames, r"\pL").to_numpy(zero_copy_only=False)
-    if no_letter.any():
-        row = _first_row(no_letter)
-        what = "is empty" if _blank(surnames.slice(row - 1, 1))[0] else "has no letters"
-        raise InputError(what, file=label, column="surname", row=row)
-    if opt_out_column in df.columns:
-        parse_opt_out(df[opt_out_column], label, opt_out_column)
 
 
-def parse_opt_out(values: pd.Series, label: str = "members", column: str = "opt_out") -> np.ndarray:
+def parse_opt_out(values: pd.Series | pa.Array | pa.ChunkedArray, label: str = "members",
+                  column: str = "opt_out") -> np.ndarray:
     """Opt-out flags: 1/true/yes/y/t opt out; blank/0/false/no/n/f do not (case-insensitive)."""
-    if values.dtype == bool:
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        if pa.types.is_boolean(values.type) and values.null_count == 0:
+            return arrow_to_numpy(values)
+    elif values.dtype == bool:
         return values.to_numpy(dtype=bool)
     enc = pc.dictionary_encode(pc.utf8_lower(pc.utf8_trim_whitespace(_text(values))))
     uniq = enc.dictionary.to_pylist()
     flags = np.array([u in _TRUE for u in uniq], dtype=bool)
     unknown = np.array([u not in _TRUE and u not in _FALSE for u in uniq], dtype=bool)
-    codes = enc.indices.to_numpy(zero_copy_only=False)
+    codes = arrow_to_numpy(enc.indices)
     if unknown.any():
         raise InputError("must be blank, 0/1, true/false or yes/no", file=label, column=column,
                          row=_first_row(unknown[codes]))
@@ -321,11 +373,17 @@ def load_members(path: str | Path, opt_out_column: str = "opt_out") -> pd.DataFr
 
 def read_members(path: str | Path, opt_out_column: str = "opt_out") -> pd.DataFrame:
     """`load_members` without `validate_members` (the caller validates, e.g. in a thread)."""
+    return read_members_table(path, opt_out_column).to_pandas()
+
+
+def read_members_table(path: str | Path, opt_out_column: str = "opt_out") -> pa.Table:
+    """`read_members` as an Arrow table of text columns (no pandas; `validate_members` takes it)."""
     optional = tuple(dict.fromkeys((*MEMBER_OPTIONAL, opt_out_column.strip().lower())))
-    df = _read_any(path, MEMBER_REQUIRED, optional)
-    if opt_out_column != opt_out_column.strip().lower() and opt_out_column.strip().lower() in df.columns:
-        df = df.rename(columns={opt_out_column.strip().lower(): opt_out_column})
-    return df
+    table = _read_any_table(path, MEMBER_REQUIRED, optional)
+    lower = opt_out_column.strip().lower()
+    if opt_out_column != lower and lower in table.column_names:
+        table = table.rename_columns([opt_out_column if c == lower else c for c in table.column_names])
+    return table
 
 
 def self_id_categories(df: pd.DataFrame, label: str = "self-id") -> np.ndarray:
@@ -357,6 +415,7 @@ def validate_self_id(df: pd.DataFrame, label: str = "self-id",
 def member_positions(self_ids: pd.Series, member_ids: Iterable[str] | pd.Series,
                      label: str = "self-id") -> np.ndarray:
     """Row of each Self-ID id among ``member_ids``; an id not among them is an `InputError`."""
+    import pandas as pd
     members = member_ids if isinstance(member_ids, pd.Series) else pd.Series(list(member_ids), dtype=object)
     pos = pc.index_in(_text(self_ids), value_set=_text(members)).fill_null(-1)
     pos = pos.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
@@ -413,6 +472,7 @@ def prepare(members: pd.DataFrame, self_id: pd.DataFrame | None = None,
 
     ``df.attrs["preparation"]`` holds a `PreparationStats` (counts only).
     """
+    import pandas as pd
     cfg = config or PreparationConfig()
     rng = cfg.rng()
     validate_members(members, "members", cfg.opt_out_column)
