@@ -16,6 +16,8 @@ import threading
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Sequence
 
+from common.errors import InputError
+
 _lock = threading.Lock()
 _pool: ProcessPoolExecutor | None = None
 
@@ -23,6 +25,8 @@ _pool: ProcessPoolExecutor | None = None
 def worker_count() -> int:
     value = os.environ.get("PPRE_WORKERS")
     if value:
+        if not value.strip().isdigit():
+            raise InputError(f"must be a whole number of processes, got '{value}'", parameter="PPRE_WORKERS")
         return max(1, int(value))
     return max(1, os.cpu_count() or 1)
 

@@ -51,3 +51,18 @@ def test_dataset_names_are_checked(tmp_path):
         registry.path("../etc/passwd")
     with pytest.raises(InputError, match="unknown dataset 'nope'"):
         registry.path("nope")
+
+
+def test_cli_flags_with_bad_values_are_named(capsys, monkeypatch):
+    from ppre.cli import main as ppre_main
+
+    assert ppre_main(["client", "serve", "--port", "0", "--dataset", "no-equals-sign"]) == 2
+    assert "--dataset" in capsys.readouterr().err
+    assert ppre_main(["audit", "--metric", "ero"]) == 2
+    assert "--tester" in capsys.readouterr().err
+    assert ppre_main(["audit", "--local", "--metric", "ero", "--client-data", "x.csv"]) == 2
+    assert "--tester-probabilities" in capsys.readouterr().err
+    monkeypatch.setenv("PPRE_WORKERS", "many")
+    from common import parallel
+    with pytest.raises(InputError, match="PPRE_WORKERS"):
+        parallel.worker_count()
