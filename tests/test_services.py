@@ -287,3 +287,17 @@ def test_unreachable_client_is_reported_not_hung(inputs):
         assert channels.check_health(f"127.0.0.1:{port}")
     finally:
         server.stop(None)
+
+
+def test_two_concurrent_audits_both_succeed(inputs):
+    from concurrent.futures import ThreadPoolExecutor
+
+    tester, client, tp, cp = inputs
+    _, ctx = _services(tp, DatasetRegistry(named={"ero": cp}))
+    with ctx as svc, ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(run_audit, svc.tester_address, _request(bootstrap=15)) for _ in range(2)]
+        events = [f.result(timeout=120) for f in futures]
+        assert all(e.WhichOneof("event") == "result" for e in events), events
+        estimates = [[g.estimate for g in e.result.groups] for e in events]
+        assert np.allclose(estimates[0], estimates[1], atol=1e-9)  # same data, same answer
+        assert wait_until(lambda: svc.client_servicer.active_sessions == 0 and svc.tester_config.sessions == [])
