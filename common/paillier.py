@@ -145,11 +145,6 @@ def _randomizer_table(n: int, h: int) -> FixedBase:
     return FixedBase(h, n * n)
 
 
-def random_nth_residue(n: int, h: int) -> mpz:
-    """A fresh DJN randomizer h^alpha mod n^2."""
-    return _randomizer_table(n, h).pow(secrets.randbits(RANDOMIZER_BITS))
-
-
 def encrypt_chunk(n: int, h: int, plaintexts: Sequence[int]) -> list[int]:
     """Enc(m) = (1 + m*n) * h^alpha mod n^2 for each m (already reduced mod n)."""
     n_ = mpz(n)
@@ -233,21 +228,6 @@ def multi_exp(bases: Sequence[int], exponents: Sequence[int], modulus: int) -> i
         if acc is not None:
             result = result * acc % m
     return int(result)
-
-
-def grouped_multi_exp(n: int, ciphertexts: Sequence[int], weight_columns: Sequence[Sequence[int]],
-                      groups_of_rows: Sequence[Sequence[int]]) -> list[list[int]]:
-    """For each row group g and weight column j: prod_{i in g} c_i^(w_ij) mod n^2.
-
-    A chunk function on raw integers: `groups_of_rows` lists row indices per bucket.
-    Returns out[g][j].
-    """
-    n2 = n * n
-    out = []
-    for rows in groups_of_rows:
-        cts = [ciphertexts[i] for i in rows]
-        out.append([multi_exp(cts, [col[i] for i in rows], n2) for col in weight_columns])
-    return out
 
 
 def ciphertexts_to_bytes(ciphertexts: Iterable[int], width: int) -> bytes:
