@@ -45,15 +45,15 @@ def read_table(path: str | Path, required: Sequence[str], *, id_column: str = "m
     ids = frame[id_column]
     missing = ids.isna() | (ids.astype(str).str.strip() == "")
     if missing.any():
-        raise InputError("empty member id", file=name, column=id_column, row=_row(missing))
+        raise InputError("empty member id", file=name, column=id_column, row=first_row(missing))
     frame[id_column] = ids.astype(str).str.strip()
     dup = frame[id_column].duplicated()
     if dup.any():
-        raise InputError("duplicate member id", file=name, column=id_column, row=_row(dup))
+        raise InputError("duplicate member id", file=name, column=id_column, row=first_row(dup))
     return frame.reset_index(drop=True)
 
 
-def _row(mask: pd.Series | np.ndarray) -> int:
+def first_row(mask: pd.Series | np.ndarray) -> int:
     """1-based data row number of the first True (the header is row 0)."""
     return int(np.flatnonzero(np.asarray(mask))[0]) + 1
 
@@ -62,7 +62,7 @@ def numeric_column(frame: pd.DataFrame, column: str, file: str) -> np.ndarray:
     values = pd.to_numeric(frame[column], errors="coerce")
     bad = values.isna()
     if bad.any():
-        raise InputError("not a number", file=file, column=column, row=_row(bad))
+        raise InputError("not a number", file=file, column=column, row=first_row(bad))
     return values.to_numpy(dtype=np.float64)
 
 
@@ -70,5 +70,5 @@ def binary_column(frame: pd.DataFrame, column: str, file: str) -> np.ndarray:
     values = numeric_column(frame, column, file)
     bad = ~np.isin(values, (0.0, 1.0))
     if bad.any():
-        raise InputError("label must be 0 or 1", file=file, column=column, row=_row(bad))
+        raise InputError("label must be 0 or 1", file=file, column=column, row=first_row(bad))
     return values.astype(np.int64)

@@ -12,7 +12,7 @@ import pandas as pd
 
 from common.errors import InputError
 from common.races import RACES
-from common.tables import _row, numeric_column, read_table
+from common.tables import first_row, numeric_column, read_table
 
 SUM_TOLERANCE = 1e-6
 
@@ -22,10 +22,10 @@ def validate_probabilities(frame: pd.DataFrame, file: str, columns: tuple[str, .
     for j, column in enumerate(columns):
         bad = (matrix[:, j] < 0) | ~np.isfinite(matrix[:, j])
         if bad.any():
-            raise InputError("probability is negative or not finite", file=file, column=column, row=_row(bad))
+            raise InputError("probability is negative or not finite", file=file, column=column, row=first_row(bad))
     off = np.abs(matrix.sum(axis=1) - 1.0) > SUM_TOLERANCE
     if off.any():
-        raise InputError(f"probabilities do not sum to 1 (tolerance {SUM_TOLERANCE:g})", file=file, row=_row(off))
+        raise InputError(f"probabilities do not sum to 1 (tolerance {SUM_TOLERANCE:g})", file=file, row=first_row(off))
     out = pd.DataFrame(matrix, columns=list(columns))
     out.insert(0, "member_id", frame["member_id"].to_numpy())
     return out

@@ -21,6 +21,7 @@ import pandas as pd
 from common import bootstrap as boot_defaults
 from common import channels, paillier
 from common.errors import PPREError, ProtocolError
+from common.report import DEFAULT_TAU
 from proto import ppre_pb2 as pb
 from proto import ppre_pb2_grpc as pb_grpc
 from tester_service.inputs import read_probability_table
@@ -94,7 +95,7 @@ class TesterServicer(pb_grpc.TesterServicer):
                 confidence=request.confidence or boot_defaults.DEFAULT_CONFIDENCE,
                 seed=request.seed if request.has_seed else None,
                 result_recipient=request.result_recipient or "client",
-                metric_option=request.metric_option, tau=request.tau or 0.05).validated()
+                metric_option=request.metric_option, tau=request.tau or DEFAULT_TAU).validated()
             progress("inputs", "reading the Tester's inputs")
             yield from drain()
             probabilities = cfg.load_probabilities()

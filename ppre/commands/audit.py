@@ -11,12 +11,11 @@ import argparse
 import json
 import sys
 
+from common.bootstrap import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES
 from common.errors import InputError
+from common.report import DEFAULT_TAU
 from ppre.commands.tester import add_preparation_arguments, preparation_config
 
-DEFAULT_REPLICATES = 1000  # common.bootstrap.DEFAULT_REPLICATES (kept import-light)
-DEFAULT_CONFIDENCE = 0.95
-DEFAULT_TAU = 0.05
 
 LOCAL_DATASET = "local"
 

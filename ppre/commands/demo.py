@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from common.bootstrap import DEFAULT_REPLICATES
+
 #: the paper's production clipping threshold; the 90% rule is the service default
 DEMO_THRESHOLD = 0.825
 
@@ -23,7 +25,7 @@ DEMO_THRESHOLD = 0.825
 def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("demo", help="run a demo audit on a synthetic population")
     s.add_argument("--members", type=int, default=6000)
-    s.add_argument("--bootstrap", type=int, default=1000)
+    s.add_argument("--bootstrap", type=int, default=DEFAULT_REPLICATES)
     s.add_argument("--disparity", type=float, default=0.10, help="extra FPR injected for black members")
     s.add_argument("--seed", type=int, default=4)
     s.add_argument("--write-data", metavar="DIR", help="write the compose example data and exit")
