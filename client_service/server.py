@@ -15,7 +15,7 @@ import grpc
 
 from client_service.datasets import DatasetRegistry
 from client_service.protocol import ClientSession, Phase
-from common import channels, paillier
+from common import channels, paillier, wire
 from common.errors import PPREError
 from proto import ppre_pb2 as pb
 from proto import ppre_pb2_grpc as pb_grpc
@@ -47,13 +47,18 @@ class ClientServicer(pb_grpc.ClientServicer):
         with self._lock:
             self.active_sessions += 1
         try:
-            for request in request_iterator:
-                yield from session.receive(request)
+            for data in _requests(request_iterator):
+                yield from session.receive(wire.parse_peer_message(data))
                 if session.phase is Phase.DONE:
                     log.info("audit session on dataset %r finished", session.dataset)
                     return
             if session.phase is not Phase.DONE:
                 log.warning("session ended by the Tester in phase %s", session.phase.value)
+        except _CallEnded:
+            # The call is already over (the Tester cancelled, or gRPC could not parse a
+            # message and failed the call): nothing can be sent, and yielding into a dead
+            # call can wedge the server's shutdown, so just clean up.
+            log.warning("call ended by gRPC in phase %s", session.phase.value)
         except PPREError as exc:
             log.warning("session aborted in phase %s: %s", session.phase.value, type(exc).__name__)
             yield pb.PeerMessage(abort=pb.Abort(code=exc.code, message=str(exc)))
@@ -67,11 +72,28 @@ class ClientServicer(pb_grpc.ClientServicer):
                 self.active_sessions -= 1
 
 
+class _CallEnded(Exception):
+    """The request stream failed at the gRPC layer; the call cannot carry a reply."""
+
+
+def _requests(request_iterator):
+    try:
+        yield from request_iterator
+    except grpc.RpcError as exc:
+        raise _CallEnded() from exc
+
+
 def serve(config: ClientConfig, port: int, host: str = "0.0.0.0",
           interceptors: tuple = ()) -> tuple[grpc.Server, int, ClientServicer]:
     server, bound, health_servicer = channels.make_server(port, host, interceptors=interceptors)
     servicer = ClientServicer(config)
-    pb_grpc.add_ClientServicer_to_server(servicer, server)
+    # Requests arrive as raw bytes and are decoded by the servicer (wire.parse_peer_message),
+    # so a peer's garbage gets a clean protocol_error Abort rather than a failed call.
+    exchange = grpc.stream_stream_rpc_method_handler(
+        servicer.Exchange, request_deserializer=None,
+        response_serializer=pb.PeerMessage.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("ppre.v1.Client",
+                                                                          {"Exchange": exchange}),))
     server.start()
     channels.set_serving(health_servicer, "ppre.v1.Client")
     return server, bound, servicer

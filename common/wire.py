@@ -24,6 +24,21 @@ TABLE_NAMES = {pb.TESTER_ROWS: "tester rows", pb.SHUFFLED_ROWS: "shuffled rows",
                pb.CLIENT_ROWS: "client rows", pb.AGGREGATES: "aggregates"}
 
 
+def parse_peer_message(data: bytes) -> pb.PeerMessage:
+    """Decode one PeerMessage ourselves, so that bytes which are not one become a
+    clean ProtocolError the session can answer with an Abort (gRPC's own decoder would
+    fail the whole call with INTERNAL instead, and in grpcio 1.85 a server whose call
+    failed that way can hang in `stop()`)."""
+    message = pb.PeerMessage()
+    try:
+        message.ParseFromString(data)
+    except Exception as exc:  # protobuf raises DecodeError, or others on odd bytes
+        raise ProtocolError("the peer sent bytes that are not a PeerMessage") from exc
+    if message.WhichOneof("body") is None:
+        raise ProtocolError("the peer sent an empty PeerMessage")
+    return message
+
+
 def rows_per_chunk(row_bytes: int) -> int:
     return max(1, CHUNK_BYTES // max(1, row_bytes))
 

@@ -20,6 +20,9 @@ from tester_service.server import TesterConfig
 from tester_service.server import serve as serve_tester
 
 
+STOP_WAIT_S = 10.0
+
+
 @dataclass
 class LocalServices:
     tester_address: str
@@ -45,5 +48,7 @@ def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: Dat
         yield LocalServices(f"127.0.0.1:{tester_port}", client_address, tester_config, client_config,
                             client_servicer)
     finally:
-        tester_server.stop(grace=None)
-        client_server.stop(grace=None)
+        # A bounded stop: cancel what is still running, and never wait forever on a
+        # call that gRPC failed to finish (the process exits anyway).
+        for server in (tester_server, client_server):
+            server.stop(grace=0).wait(STOP_WAIT_S)

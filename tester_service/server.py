@@ -19,7 +19,7 @@ import grpc
 import pandas as pd
 
 from common import bootstrap as boot_defaults
-from common import channels, paillier
+from common import channels, paillier, wire
 from common.errors import PPREError, ProtocolError
 from common.report import DEFAULT_TAU
 from proto import ppre_pb2 as pb
@@ -31,6 +31,8 @@ from tester_service.protocol import AuditSpec, PeerAborted, Phase, TesterSession
 log = logging.getLogger("ppre.tester")
 
 _DONE = object()
+#: the Test-Client's one RPC (proto/ppre.proto, service ppre.v1.Client)
+EXCHANGE_METHOD = "/ppre.v1.Client/Exchange"
 
 
 @dataclass
@@ -112,13 +114,17 @@ class TesterServicer(pb_grpc.TesterServicer):
                     yield item
 
             channel = channels.make_channel(cfg.client_address)
-            stub = pb_grpc.ClientStub(channel)
+            # Replies are decoded by us (wire.parse_peer_message): a Test-Client that sends
+            # garbage gets a protocol_error, not an opaque gRPC INTERNAL.
+            exchange = channel.stream_stream(EXCHANGE_METHOD,
+                                             request_serializer=pb.PeerMessage.SerializeToString,
+                                             response_deserializer=None)
             for msg in session.start():
                 outgoing.put(msg)
-            responses = stub.Exchange(requests(), timeout=cfg.deadline_s)
+            responses = exchange(requests(), timeout=cfg.deadline_s)
             yield from drain()
-            for response in responses:
-                for msg in session.receive(response):
+            for data in responses:
+                for msg in session.receive(wire.parse_peer_message(data)):
                     outgoing.put(msg)
                     yield from drain()
                 yield from drain()

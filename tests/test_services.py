@@ -40,8 +40,8 @@ class Recorder(grpc.ServerInterceptor):
 
         def behaviour(request_iterator, context):
             def requests():
-                for r in request_iterator:
-                    self.messages.append(r.SerializeToString())
+                for r in request_iterator:  # raw bytes: the servicer decodes them itself
+                    self.messages.append(r if isinstance(r, bytes) else r.SerializeToString())
                     yield r
             for response in inner(requests(), context):
                 self.messages.append(response.SerializeToString())
@@ -183,8 +183,10 @@ def test_misbehaving_peer_gets_a_clean_error_over_grpc(inputs):
     with ctx as svc, grpc.insecure_channel(svc.client_address) as channel:
         raw = channel.stream_stream("/ppre.v1.Client/Exchange", request_serializer=lambda b: b,
                                     response_deserializer=lambda b: b)
-        with pytest.raises(grpc.RpcError):  # garbage bytes: not a PeerMessage
-            list(raw(iter([b"\xff\xfe garbage \x00" * 10]), timeout=10))
+        for garbage in (b"\xff\xfe garbage \x00" * 10, b""):  # not a PeerMessage / an empty one
+            replies = [pb.PeerMessage.FromString(b) for b in raw(iter([garbage]), timeout=10)]
+            assert len(replies) == 1 and replies[0].abort.code == "protocol_error", replies
+            assert "PeerMessage" in replies[0].abort.message
         typed = channel.stream_stream("/ppre.v1.Client/Exchange",
                                       request_serializer=pb.PeerMessage.SerializeToString,
                                       response_deserializer=pb.PeerMessage.FromString)
@@ -285,7 +287,38 @@ def test_unreachable_client_is_reported_not_hung(inputs):
         assert event.error.code == "unavailable" and dead in event.error.message
         assert channels.check_health(f"127.0.0.1:{port}")
     finally:
-        server.stop(None)
+        server.stop(0).wait(10)
+
+
+def test_garbage_from_the_test_client_is_a_protocol_error_at_the_tester(inputs):
+    """A Test-Client that answers with bytes that are not a PeerMessage."""
+    from concurrent import futures
+
+    from tester_service.server import TesterConfig
+    from tester_service.server import serve as serve_tester
+    _, _, tp, _ = inputs
+
+    def exchange(request_iterator, context):
+        next(request_iterator)  # the Tester's Hello
+        yield b"\x0a\xff\xff\xff garbage"
+
+    fake = grpc.server(futures.ThreadPoolExecutor(2))
+    handler = grpc.stream_stream_rpc_method_handler(exchange)
+    fake.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("ppre.v1.Client",
+                                                                       {"Exchange": handler}),))
+    fake_port = fake.add_insecure_port("127.0.0.1:0")
+    fake.start()
+    config = TesterConfig(f"127.0.0.1:{fake_port}", lambda: read_probability_table(tp),
+                          min_modulus_bits=TEST_BITS, deadline_s=20)
+    server, port, _ = serve_tester(config, 0, host="127.0.0.1")
+    try:
+        event = run_audit(f"127.0.0.1:{port}", _request(), timeout=60)
+        assert event.error.code == "protocol_error" and "PeerMessage" in event.error.message, event
+        assert wait_until(lambda: config.sessions == [])
+        assert channels.check_health(f"127.0.0.1:{port}")
+    finally:
+        server.stop(0).wait(10)
+        fake.stop(0).wait(10)
 
 
 def test_two_concurrent_audits_both_succeed(inputs):

@@ -11,5 +11,5 @@ def serve_forever(server) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    server.stop(grace=5).wait()
+    server.stop(grace=5).wait(15)  # bounded: never hang on a call gRPC failed to finish
     return 0
