@@ -321,6 +321,28 @@ def test_garbage_from_the_test_client_is_a_protocol_error_at_the_tester(inputs):
         fake.stop(0).wait(10)
 
 
+@pytest.mark.parametrize("stop_after", ["handshake", "join"])
+def test_operator_cancelling_mid_audit_drops_both_sessions(inputs, stop_after):
+    """The operator goes away (Ctrl-C) part-way: both parties drop their session state."""
+    from proto import ppre_pb2_grpc as pb_grpc
+    _, _, tp, cp = inputs
+    _, ctx = _services(tp, DatasetRegistry(named={"ero": cp}))
+    with ctx as svc, channels.make_channel(svc.tester_address) as channel:
+        call = pb_grpc.TesterStub(channel).RunAudit(_request(bootstrap=3000), timeout=120)
+        seen = []
+        for event in call:
+            seen.append(event.progress.phase)
+            if event.progress.phase == stop_after:
+                break
+        assert seen[-1] == stop_after, seen
+        call.cancel()
+        assert wait_until(lambda: svc.tester_config.sessions == [] and svc.client_servicer.active_sessions == 0,
+                          timeout=60), (svc.tester_config.sessions, svc.client_servicer.active_sessions)
+        assert channels.check_health(svc.tester_address) and channels.check_health(svc.client_address)
+        event = run_audit(svc.tester_address, _request())
+        assert event.WhichOneof("event") == "result", event
+
+
 def test_two_concurrent_audits_both_succeed(inputs):
     from concurrent.futures import ThreadPoolExecutor
 
