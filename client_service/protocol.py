@@ -39,6 +39,8 @@ def slot_bits(modulus_bits: int) -> int:
     return min(MAX_SLOT_BITS, (modulus_bits // 2 - 8) // 2)
 MAX_GROUPS = 64
 MAX_REPLICATES = 100_000
+#: decryption is cut into at least this many chunks (checkpoints between them)
+DECRYPT_CHUNKS = 16
 
 DatasetLoader = Callable[[str, RatioMetric], pd.DataFrame]
 
@@ -54,8 +56,11 @@ class Phase(enum.Enum):
 
 class ClientSession:
     def __init__(self, load_dataset: DatasetLoader, *, modulus_bits: int = paillier.MIN_MODULUS_BITS,
-                 allow_insecure: bool = False) -> None:
+                 allow_insecure: bool = False, checkpoint: Callable[[], None] | None = None) -> None:
+        """`checkpoint()` runs between chunks of the long steps (encryption, decryption);
+        whatever it raises ends the session (the servicer stops work for a Tester that left)."""
         self._load_dataset = load_dataset
+        self._checkpoint = checkpoint
         self._modulus_bits = modulus_bits
         self._allow_insecure = allow_insecure
         self.phase = Phase.WAIT_HELLO
@@ -190,7 +195,8 @@ class ClientSession:
         tasks = [(pub.n, pub.h, values[i:i + step]) for i in range(0, len(values), step)]
         if len(tasks) < 2 * parallel.worker_count():
             tasks = [(pub.n, pub.h, part) for part in parallel.split(values, 2 * parallel.worker_count())]
-        cts = [c for part in parallel.run_chunks(paillier.encrypt_chunk, tasks) for c in part]
+        cts = [c for part in parallel.run_chunks(paillier.encrypt_chunk, tasks,
+                                                                 checkpoint=self._checkpoint) for c in part]
         del values
         self._lap("he_encrypt_values")
         self.phase = Phase.WAIT_AGGREGATES_HEADER
@@ -223,8 +229,10 @@ class ClientSession:
         if len(self._aggregates) != expected:
             raise ProtocolError(f"{len(self._aggregates)} aggregates received, {expected} expected")
         key = self._paillier
-        tasks = [(key.p, key.q, part) for part in parallel.split(self._aggregates, 2 * parallel.worker_count())]
-        plain = [m for part in parallel.run_chunks(paillier.decrypt_mod_p_chunk, tasks) for m in part]
+        parts = parallel.split(self._aggregates, max(DECRYPT_CHUNKS, 2 * parallel.worker_count()))
+        tasks = [(key.p, key.q, part) for part in parts]
+        plain = [m for part in parallel.run_chunks(paillier.decrypt_mod_p_chunk, tasks,
+                                                   checkpoint=self._checkpoint) for m in part]
         signed = [encoding.decode_signed(m, key.p) for m in plain]
         self._aggregates = []
         self._lap("decrypt")

@@ -39,8 +39,12 @@ class ClientServicer(pb_grpc.ClientServicer):
 
     def Exchange(self, request_iterator, context):
         cfg = self.config
+        def checkpoint() -> None:
+            if not context.is_active():  # the Tester cancelled, or the deadline passed
+                raise _CallEnded()
+
         session = ClientSession(cfg.datasets.load, modulus_bits=cfg.modulus_bits,
-                                allow_insecure=cfg.allow_insecure)
+                                allow_insecure=cfg.allow_insecure, checkpoint=checkpoint)
         timer = threading.Timer(cfg.max_session_s, context.cancel)
         timer.daemon = True
         timer.start()

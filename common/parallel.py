@@ -40,12 +40,26 @@ def _get_pool() -> ProcessPoolExecutor:
         return _pool
 
 
-def run_chunks(fn: Callable[..., Any], argument_tuples: Sequence[tuple], *, min_parallel: int = 2) -> list[Any]:
-    """[fn(*args) for args in argument_tuples], in order, on the pool when worthwhile."""
+def run_chunks(fn: Callable[..., Any], argument_tuples: Sequence[tuple], *, min_parallel: int = 2,
+               checkpoint: Callable[[], None] | None = None) -> list[Any]:
+    """[fn(*args) for args in argument_tuples], in order, on the pool when worthwhile.
+
+    `checkpoint()` runs after each chunk; whatever it raises stops the call (chunks not
+    yet started are cancelled), which is how a session abandons work nobody awaits.
+    """
     if worker_count() <= 1 or len(argument_tuples) < min_parallel:
-        return [fn(*args) for args in argument_tuples]
-    pool = _get_pool()
-    return list(pool.map(fn, *zip(*argument_tuples)))
+        results = []
+        for args in argument_tuples:
+            results.append(fn(*args))
+            if checkpoint is not None:
+                checkpoint()
+        return results
+    results = []
+    for result in _get_pool().map(fn, *zip(*argument_tuples)):
+        results.append(result)
+        if checkpoint is not None:
+            checkpoint()
+    return results
 
 
 def split(seq: Sequence[Any], parts: int) -> list[Sequence[Any]]:

@@ -36,6 +36,8 @@ from proto import ppre_pb2 as pb
 PROTOCOL_VERSION = 1
 MAX_REPLICATES = 100_000
 RECIPIENTS = ("client", "tester")
+#: the bootstrap is cut into at least this many chunks (checkpoints between them)
+BOOTSTRAP_CHUNKS = 16
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,11 @@ class TesterSession:
     def __init__(self, spec: AuditSpec, probabilities: pd.DataFrame, *,
                  min_modulus_bits: int = paillier.MIN_MODULUS_BITS,
                  n_buckets: int = boot.DEFAULT_BUCKETS,
-                 progress: ProgressFn | None = None) -> None:
+                 progress: ProgressFn | None = None,
+                 checkpoint: Callable[[], None] | None = None) -> None:
+        """`progress(phase, message)` reports each finished phase; `checkpoint()` runs
+        between chunks of the long steps, and whatever either raises ends the session
+        (the servicer uses this to stop an audit whose operator went away)."""
         self.spec = spec.validated()
         self.groups: tuple[str, ...] = tuple(c for c in probabilities.columns if c != "member_id")
         if not self.groups:
@@ -108,6 +114,7 @@ class TesterSession:
         self._min_bits = min_modulus_bits
         self._n_buckets = n_buckets
         self._progress = progress or (lambda phase, message: None)
+        self._checkpoint = checkpoint
         self.phase = Phase.START
         self._clock = PhaseClock()
         self.phase_seconds = self._clock.seconds
@@ -278,7 +285,8 @@ class TesterSession:
         tasks = [(n, [([cts[i] for i in idx], [q[idx, j].tolist() for j in range(k)]) for idx in part])
                  for part in parallel.split(buckets, 2 * parallel.worker_count())]
         self._matched_cts = []
-        bucket_sums = [s for part in parallel.run_chunks(aggregation.bucket_sums_chunk, tasks) for s in part]
+        bucket_sums = [s for part in parallel.run_chunks(aggregation.bucket_sums_chunk, tasks,
+                                                                 checkpoint=self._checkpoint) for s in part]
         self._lap("aggregation")
         self._progress("aggregation", f"aggregated {self.n_matched} rows into {m} buckets x {k} groups")
 
@@ -295,11 +303,13 @@ class TesterSession:
             pads = [[d.pads[0] + (d.pads[1] << shift) for d in row] for row in draws]
             ratio = None
         tasks = []
-        for part in parallel.split(list(range(len(rows))), 2 * parallel.worker_count()):
+        # at least BOOTSTRAP_CHUNKS chunks, so that a cancelled audit stops within seconds
+        for part in parallel.split(list(range(len(rows))), max(BOOTSTRAP_CHUNKS, 2 * parallel.worker_count())):
             tasks.append((n, h, bucket_sums, [rows[b] for b in part],
                           [ratio[b] for b in part] if ratio else None,
                           [pads[b] for b in part] if pads else None))
-        out = [c for part in parallel.run_chunks(aggregation.replicate_chunk, tasks) for c in part]
+        out = [c for part in parallel.run_chunks(aggregation.replicate_chunk, tasks,
+                                                                   checkpoint=self._checkpoint) for c in part]
         self._lap("bootstrap_and_mask")
         self._progress("bootstrap", f"{self.spec.bootstrap} replicates masked; sending to the Test-Client")
         self.phase = Phase.WAIT_RESULT

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,26 +70,57 @@ def _error(code: str, message: str) -> pb.AuditEvent:
     return pb.AuditEvent(error=pb.AuditError(code=code, message=message))
 
 
-class TesterServicer(pb_grpc.TesterServicer):
-    def __init__(self, config: TesterConfig) -> None:
+class _Cancelled(Exception):
+    """The operator's call ended (cancelled, deadline passed, disconnected) before the audit."""
+
+
+class _AuditRun:
+    """One audit on its own thread (the servicer only relays `events`).
+
+    Running the session off the gRPC handler's thread lets progress reach the operator
+    as each phase ends, not batched behind the next long step, and lets an operator who
+    goes away stop the audit: `cancel()` (wired to the call's termination) cancels the
+    peer stream, and the session's next progress report raises `_Cancelled`.
+    """
+
+    def __init__(self, config: TesterConfig, request: pb.AuditRequest) -> None:
         self.config = config
+        self.request = request
+        self.events: "queue.Queue" = queue.Queue()  # AuditEvents, then _DONE
+        self._cancelled = threading.Event()
+        self._lock = threading.Lock()
+        self._responses = None  # the call to the Test-Client, once open
+        self._t0 = time.perf_counter()
 
-    def RunAudit(self, request: pb.AuditRequest, context):
-        cfg = self.config
-        events: "queue.Queue[pb.AuditEvent]" = queue.Queue()
-        t0 = time.perf_counter()
+    def cancel(self) -> None:
+        """Idempotent; also called when the operator's call ends normally."""
+        self._cancelled.set()
+        with self._lock:
+            responses = self._responses
+        if responses is not None:
+            responses.cancel()
 
-        def progress(phase: str, message: str) -> None:
-            events.put(pb.AuditEvent(progress=pb.Progress(phase=phase, message=message,
-                                                          elapsed_s=time.perf_counter() - t0)))
+    def _check(self) -> None:
+        if self._cancelled.is_set():
+            raise _Cancelled()
 
-        def drain():
-            while not events.empty():
-                yield events.get_nowait()
+    def _progress(self, phase: str, message: str) -> None:
+        self._check()
+        self.events.put(pb.AuditEvent(progress=pb.Progress(phase=phase, message=message,
+                                                           elapsed_s=time.perf_counter() - self._t0)))
 
+    def run(self) -> None:
+        try:
+            final = self._audit()
+            if final is not None:
+                self.events.put(final)
+        finally:
+            self.events.put(_DONE)
+
+    def _audit(self) -> pb.AuditEvent | None:
+        cfg, request = self.config, self.request
         session = None
         outgoing: "queue.Queue" = queue.Queue(maxsize=32)
-        responses = None
         channel = None
         try:
             spec = AuditSpec(
@@ -98,11 +130,11 @@ class TesterServicer(pb_grpc.TesterServicer):
                 seed=request.seed if request.has_seed else None,
                 result_recipient=request.result_recipient or "client",
                 metric_option=request.metric_option, tau=request.tau or DEFAULT_TAU).validated()
-            progress("inputs", "reading the Tester's inputs")
-            yield from drain()
+            self._progress("inputs", "reading the Tester's inputs")
             probabilities = cfg.load_probabilities()
             session = TesterSession(spec, probabilities, min_modulus_bits=cfg.min_modulus_bits,
-                                    n_buckets=cfg.n_buckets, progress=progress)
+                                    n_buckets=cfg.n_buckets, progress=self._progress,
+                                    checkpoint=self._check)
             del probabilities
             cfg.sessions.append(session)
 
@@ -121,47 +153,66 @@ class TesterServicer(pb_grpc.TesterServicer):
                                              response_deserializer=None)
             for msg in session.start():
                 outgoing.put(msg)
-            responses = exchange(requests(), timeout=cfg.deadline_s)
-            yield from drain()
-            for data in responses:
+            with self._lock:
+                self._check()
+                self._responses = exchange(requests(), timeout=cfg.deadline_s)
+            for data in self._responses:
                 for msg in session.receive(wire.parse_peer_message(data)):
                     outgoing.put(msg)
-                    yield from drain()
-                yield from drain()
                 if session.phase is Phase.DONE:
                     break
-            yield from drain()
+            self._check()
             if session.result is None:
-                yield _error("protocol_error", f"the Test-Client ended the session in phase {session.phase.value}")
-                return
-            yield pb.AuditEvent(result=session.result.to_proto())
+                return _error("protocol_error", f"the Test-Client ended the session in phase {session.phase.value}")
+            return pb.AuditEvent(result=session.result.to_proto())
+        except _Cancelled:
+            log.warning("audit cancelled by the operator in phase %s",
+                        session.phase.value if session is not None else "inputs")
+            return None
         except PeerAborted as exc:
-            yield from drain()
-            yield _error(exc.code, f"Test-Client: {exc}")
+            return _error(exc.code, f"Test-Client: {exc}")
         except PPREError as exc:
-            yield from drain()
             log.warning("audit failed: %s", type(exc).__name__)
             if session is not None:
                 _put_nowait(outgoing, pb.PeerMessage(abort=pb.Abort(code=exc.code, message=str(exc))))
-            yield _error(exc.code, str(exc))
+            return _error(exc.code, str(exc))
         except grpc.RpcError as exc:
-            yield from drain()
+            if self._cancelled.is_set():  # we cancelled the peer call because the operator left
+                log.warning("audit cancelled by the operator")
+                return None
             code = exc.code() if hasattr(exc, "code") else None
-            yield _error("unavailable" if code == grpc.StatusCode.UNAVAILABLE else "peer_error",
-                         f"Test-Client at {cfg.client_address}: {code.name if code else 'error'}")
+            return _error("unavailable" if code == grpc.StatusCode.UNAVAILABLE else "peer_error",
+                          f"Test-Client at {cfg.client_address}: {code.name if code else 'error'}")
         except Exception:
             log.exception("internal error during an audit")
-            yield _error("internal", "internal error at the Tester")
+            return _error("internal", "internal error at the Tester")
         finally:
             _close_queue(outgoing)
             if session is not None:
                 session.close()
                 if session in cfg.sessions:
                     cfg.sessions.remove(session)
+            with self._lock:
+                responses, self._responses = self._responses, None
             if responses is not None:
                 responses.cancel()
             if channel is not None:
                 channel.close()
+
+
+class TesterServicer(pb_grpc.TesterServicer):
+    def __init__(self, config: TesterConfig) -> None:
+        self.config = config
+
+    def RunAudit(self, request: pb.AuditRequest, context):
+        run = _AuditRun(self.config, request)
+        context.add_callback(run.cancel)  # runs when the call ends, however it ends
+        threading.Thread(target=run.run, name="ppre-audit", daemon=True).start()
+        try:
+            while (event := run.events.get()) is not _DONE:
+                yield event
+        finally:
+            run.cancel()  # the operator stopped reading: stop the audit too
 
 
 def _close_queue(q: queue.Queue) -> None:

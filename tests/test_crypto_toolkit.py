@@ -208,3 +208,23 @@ def test_sealed_rows_round_trip_and_tampering_is_detected():
         sealer.open_rows(bytes(tampered), 6)
     with pytest.raises(ProtocolError):
         RowSealer.generate().open_rows(blob, 6)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_run_chunks_keeps_order_and_stops_at_a_failing_checkpoint(monkeypatch, workers):
+    """common.parallel: results in order, inline and on the pool; a checkpoint that
+    raises (a cancelled session) ends the call after the chunk it follows."""
+    from common import parallel
+    monkeypatch.setenv("PPRE_WORKERS", workers)
+    tasks = [(3, e) for e in range(12)]
+    assert parallel.run_chunks(pow, tasks) == [3 ** e for e in range(12)]
+    calls = []
+
+    def checkpoint():
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("cancelled")
+
+    with pytest.raises(RuntimeError, match="cancelled"):
+        parallel.run_chunks(pow, tasks, checkpoint=checkpoint)
+    assert len(calls) == 2

@@ -321,14 +321,18 @@ def test_garbage_from_the_test_client_is_a_protocol_error_at_the_tester(inputs):
         fake.stop(0).wait(10)
 
 
-@pytest.mark.parametrize("stop_after", ["handshake", "join"])
-def test_operator_cancelling_mid_audit_drops_both_sessions(inputs, stop_after):
-    """The operator goes away (Ctrl-C) part-way: both parties drop their session state."""
+@pytest.mark.parametrize("stop_after", ["handshake", "join", "bootstrap"])
+def test_operator_cancelling_mid_audit_stops_and_drops_both_sessions(inputs, stop_after):
+    """The operator goes away (Ctrl-C) part-way: progress has arrived phase by phase, the
+    audit stops at its next checkpoint (no aggregates are computed for nobody), and both
+    parties drop their session state."""
     from proto import ppre_pb2_grpc as pb_grpc
     _, _, tp, cp = inputs
-    _, ctx = _services(tp, DatasetRegistry(named={"ero": cp}))
+    recorder = Recorder()
+    _, ctx = _services(tp, DatasetRegistry(named={"ero": cp}), client_interceptors=(recorder,))
     with ctx as svc, channels.make_channel(svc.tester_address) as channel:
-        call = pb_grpc.TesterStub(channel).RunAudit(_request(bootstrap=3000), timeout=120)
+        bootstrap = 3000 if stop_after == "join" else 1000  # join: a bootstrap long enough to interrupt
+        call = pb_grpc.TesterStub(channel).RunAudit(_request(bootstrap=bootstrap), timeout=120)
         seen = []
         for event in call:
             seen.append(event.progress.phase)
@@ -338,7 +342,12 @@ def test_operator_cancelling_mid_audit_drops_both_sessions(inputs, stop_after):
         call.cancel()
         assert wait_until(lambda: svc.tester_config.sessions == [] and svc.client_servicer.active_sessions == 0,
                           timeout=60), (svc.tester_config.sessions, svc.client_servicer.active_sessions)
+        sent = [pb.PeerMessage.FromString(m).WhichOneof("body") for m in recorder.messages]
+        assert "client_result" not in sent and "masked_plaintexts" not in sent
+        if stop_after != "bootstrap":  # cancelled before the (long) bootstrap could finish
+            assert "aggregates_header" not in sent
         assert channels.check_health(svc.tester_address) and channels.check_health(svc.client_address)
+        recorder.messages.clear()
         event = run_audit(svc.tester_address, _request())
         assert event.WhichOneof("event") == "result", event
 
