@@ -242,6 +242,7 @@ def _read_any_table(path: str | Path, required: tuple[str, ...], optional: tuple
 
 
 def _first_row(mask: np.ndarray) -> int:
+    """common.tables.first_row without importing pandas (the `ppre bisg` path avoids it)."""
     return int(np.flatnonzero(mask)[0]) + 1
 
 
