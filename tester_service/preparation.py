@@ -431,9 +431,14 @@ def load_self_id(path: str | Path, member_ids: Iterable[str] | pd.Series | None 
 
     With ``member_ids`` (e.g. ``members["member_id"]``) every Self-ID id must be among them.
     """
-    df = _read_any(path, SELF_ID_REQUIRED, ())
+    df = read_self_id(path)
     validate_self_id(df, str(path), member_ids)
     return df
+
+
+def read_self_id(path: str | Path) -> pd.DataFrame:
+    """`load_self_id` without `validate_self_id` (`prepare` validates)."""
+    return _read_any(path, SELF_ID_REQUIRED, ())
 
 
 # --------------------------------------------------------------------------------------
@@ -467,20 +472,23 @@ def drop_out_of_scope(members: pd.DataFrame, config: PreparationConfig,
 
 
 def prepare(members: pd.DataFrame, self_id: pd.DataFrame | None = None,
-            config: PreparationConfig | None = None) -> pd.DataFrame:
+            config: PreparationConfig | None = None, *,
+            labels: tuple[str, str] = ("members", "self-id")) -> pd.DataFrame:
     """SPEC.md section 2, steps 1–4: returns ``member_id`` (str) + six race columns
     (or the group mapping's columns), one row per kept member, input order.
 
-    ``df.attrs["preparation"]`` holds a `PreparationStats` (counts only).
+    Both tables are validated here (errors name ``labels``: the members' and the
+    Self-ID's file). ``df.attrs["preparation"]`` holds a `PreparationStats` (counts only).
     """
     import pandas as pd
     cfg = config or PreparationConfig()
     rng = cfg.rng()
-    validate_members(members, "members", cfg.opt_out_column)
+    members_label, self_id_label = labels
+    validate_members(members, members_label, cfg.opt_out_column)
     cats_all = pos_all = None
     if self_id is not None:
-        cats_all = validate_self_id(self_id, "self-id")
-        pos_all = member_positions(self_id["member_id"], members["member_id"], "self-id")
+        cats_all = validate_self_id(self_id, self_id_label)
+        pos_all = member_positions(self_id["member_id"], members["member_id"], self_id_label)
 
     keep, counts = drop_out_of_scope(members, cfg)
     kept = members.loc[keep]

@@ -26,7 +26,7 @@ from common.report import DEFAULT_TAU
 from proto import ppre_pb2 as pb
 from proto import ppre_pb2_grpc as pb_grpc
 from tester_service.inputs import read_probability_table
-from tester_service.preparation import PreparationConfig, load_members, load_self_id, prepare
+from tester_service.preparation import PreparationConfig, prepare, read_members, read_self_id
 from tester_service.protocol import AuditSpec, PeerAborted, Phase, TesterSession
 
 log = logging.getLogger("ppre.tester")
@@ -60,10 +60,11 @@ class TesterConfig:
 
 def prepare_from_files(members: str | Path, self_id: str | Path | None,
                        preparation: PreparationConfig) -> pd.DataFrame:
-    """Read the members (and Self-ID) files and prepare this audit's probabilities in memory."""
-    member_frame = load_members(members, preparation.opt_out_column)
-    survey = load_self_id(self_id, member_frame["member_id"]) if self_id else None
-    return prepare(member_frame, survey, preparation)
+    """Read the members (and Self-ID) files and prepare this audit's probabilities in
+    memory; `prepare` validates both, once, naming the files in its errors."""
+    member_frame = read_members(members, preparation.opt_out_column)
+    survey = read_self_id(self_id) if self_id else None
+    return prepare(member_frame, survey, preparation, labels=(str(members), str(self_id)))
 
 
 def _error(code: str, message: str) -> pb.AuditEvent:
