@@ -39,8 +39,6 @@ def slot_bits(modulus_bits: int) -> int:
     return min(MAX_SLOT_BITS, (modulus_bits // 2 - 8) // 2)
 MAX_GROUPS = 64
 MAX_REPLICATES = 100_000
-#: decryption is cut into at least this many chunks (checkpoints between them)
-DECRYPT_CHUNKS = 16
 
 DatasetLoader = Callable[[str, RatioMetric], pd.DataFrame]
 
@@ -193,10 +191,10 @@ class ClientSession:
         self._lap("psi_encrypt_own_ids")
         step = rows_per_chunk(pub.ciphertext_bytes)
         tasks = [(pub.n, pub.h, values[i:i + step]) for i in range(0, len(values), step)]
-        if len(tasks) < 2 * parallel.worker_count():
-            tasks = [(pub.n, pub.h, part) for part in parallel.split(values, 2 * parallel.worker_count())]
+        if len(tasks) < parallel.chunk_count():
+            tasks = [(pub.n, pub.h, part) for part in parallel.split(values, parallel.chunk_count())]
         cts = [c for part in parallel.run_chunks(paillier.encrypt_chunk, tasks,
-                                                                 checkpoint=self._checkpoint) for c in part]
+                                                 checkpoint=self._checkpoint) for c in part]
         del values
         self._lap("he_encrypt_values")
         self.phase = Phase.WAIT_AGGREGATES_HEADER
@@ -229,7 +227,7 @@ class ClientSession:
         if len(self._aggregates) != expected:
             raise ProtocolError(f"{len(self._aggregates)} aggregates received, {expected} expected")
         key = self._paillier
-        parts = parallel.split(self._aggregates, max(DECRYPT_CHUNKS, 2 * parallel.worker_count()))
+        parts = parallel.split(self._aggregates, parallel.chunk_count(parallel.CHECKPOINT_CHUNKS))
         tasks = [(key.p, key.q, part) for part in parts]
         plain = [m for part in parallel.run_chunks(paillier.decrypt_mod_p_chunk, tasks,
                                                    checkpoint=self._checkpoint) for m in part]

@@ -39,6 +39,7 @@ class ClientServicer(pb_grpc.ClientServicer):
 
     def Exchange(self, request_iterator, context):
         cfg = self.config
+
         def checkpoint() -> None:
             if not context.is_active():  # the Tester cancelled, or the deadline passed
                 raise _CallEnded()

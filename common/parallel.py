@@ -18,6 +18,9 @@ from typing import Any, Callable, Sequence
 
 from common.errors import InputError
 
+#: the long steps (bootstrap, decryption) are cut into at least this many chunks
+CHECKPOINT_CHUNKS = 16
+
 _lock = threading.Lock()
 _pool: ProcessPoolExecutor | None = None
 
@@ -48,18 +51,21 @@ def run_chunks(fn: Callable[..., Any], argument_tuples: Sequence[tuple], *, min_
     yet started are cancelled), which is how a session abandons work nobody awaits.
     """
     if worker_count() <= 1 or len(argument_tuples) < min_parallel:
-        results = []
-        for args in argument_tuples:
-            results.append(fn(*args))
-            if checkpoint is not None:
-                checkpoint()
-        return results
+        results_in_order = (fn(*args) for args in argument_tuples)
+    else:
+        results_in_order = _get_pool().map(fn, *zip(*argument_tuples))
     results = []
-    for result in _get_pool().map(fn, *zip(*argument_tuples)):
+    for result in results_in_order:
         results.append(result)
         if checkpoint is not None:
             checkpoint()
     return results
+
+
+def chunk_count(minimum: int = 1) -> int:
+    """How many chunks to cut a step into: two per worker (load balance), and at least
+    `minimum` (`CHECKPOINT_CHUNKS` for the long steps, so checkpoints come every few seconds)."""
+    return max(minimum, 2 * worker_count())
 
 
 def split(seq: Sequence[Any], parts: int) -> list[Sequence[Any]]:

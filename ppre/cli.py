@@ -25,18 +25,17 @@ COMMAND_MODULES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _base_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     parser = argparse.ArgumentParser(prog="ppre", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
-    sub = parser.add_subparsers(dest="command", required=True)
+    return parser, parser.add_subparsers(dest="command", required=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser with every sub-command."""
+    parser, sub = _base_parser()
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # a command whose module is not written yet
-            if exc.name == name:
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 
@@ -48,9 +47,7 @@ def _parser_for(argv: list[str] | None) -> argparse.ArgumentParser:
     module = f"ppre.commands.{rest[0]}" if rest else None
     if module not in COMMAND_MODULES or any(a in ("-h", "--help") for a in args[:len(args) - len(rest) + 1]):
         return build_parser()
-    parser = argparse.ArgumentParser(prog="ppre", description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser, sub = _base_parser()
     importlib.import_module(module).register(sub)
     return parser
 

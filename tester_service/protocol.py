@@ -36,8 +36,6 @@ from proto import ppre_pb2 as pb
 PROTOCOL_VERSION = 1
 MAX_REPLICATES = 100_000
 RECIPIENTS = ("client", "tester")
-#: the bootstrap is cut into at least this many chunks (checkpoints between them)
-BOOTSTRAP_CHUNKS = 16
 
 
 @dataclass(frozen=True)
@@ -283,10 +281,10 @@ class TesterSession:
         n, h = self._pub.n, self._pub.h
         cts = self._matched_cts
         tasks = [(n, [([cts[i] for i in idx], [q[idx, j].tolist() for j in range(k)]) for idx in part])
-                 for part in parallel.split(buckets, 2 * parallel.worker_count())]
+                 for part in parallel.split(buckets, parallel.chunk_count())]
         self._matched_cts = []
         bucket_sums = [s for part in parallel.run_chunks(aggregation.bucket_sums_chunk, tasks,
-                                                                 checkpoint=self._checkpoint) for s in part]
+                                                         checkpoint=self._checkpoint) for s in part]
         self._lap("aggregation")
         self._progress("aggregation", f"aggregated {self.n_matched} rows into {m} buckets x {k} groups")
 
@@ -303,13 +301,12 @@ class TesterSession:
             pads = [[d.pads[0] + (d.pads[1] << shift) for d in row] for row in draws]
             ratio = None
         tasks = []
-        # at least BOOTSTRAP_CHUNKS chunks, so that a cancelled audit stops within seconds
-        for part in parallel.split(list(range(len(rows))), max(BOOTSTRAP_CHUNKS, 2 * parallel.worker_count())):
+        for part in parallel.split(list(range(len(rows))), parallel.chunk_count(parallel.CHECKPOINT_CHUNKS)):
             tasks.append((n, h, bucket_sums, [rows[b] for b in part],
                           [ratio[b] for b in part] if ratio else None,
                           [pads[b] for b in part] if pads else None))
         out = [c for part in parallel.run_chunks(aggregation.replicate_chunk, tasks,
-                                                                   checkpoint=self._checkpoint) for c in part]
+                                                 checkpoint=self._checkpoint) for c in part]
         self._lap("bootstrap_and_mask")
         self._progress("bootstrap", f"{self.spec.bootstrap} replicates masked; sending to the Test-Client")
         self.phase = Phase.WAIT_RESULT

@@ -1,6 +1,7 @@
 """Shared test helpers: synthetic inputs and an in-process driver for the two sessions."""
 from __future__ import annotations
 
+import socket
 from collections import deque
 
 import numpy as np
@@ -11,6 +12,13 @@ from common.races import RACES
 from tester_service.protocol import AuditSpec, TesterSession
 
 TEST_BITS = 1024  # tests only: production refuses < 2048
+
+
+def free_loopback_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (at the time of the call)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def make_inputs(n_tester: int, n_client: int, overlap: int, *, seed: int = 0, one_hot: bool = False):

@@ -41,7 +41,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -52,6 +51,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+
+from tests.helpers import free_loopback_port
 
 log = logging.getLogger("test_compose")
 
@@ -353,12 +354,6 @@ def netns_usable() -> tuple[bool, str]:
     if not shutil.which("ip"):
         return False, "iproute2 `ip` not found"
     return True, ""
-
-
-def free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- the running stack

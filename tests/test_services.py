@@ -21,7 +21,7 @@ from ppre.local import local_services
 from proto import ppre_pb2 as pb
 from tester_service.inputs import read_probability_table
 from tester_service.server import run_audit
-from tests.helpers import TEST_BITS, make_inputs
+from tests.helpers import TEST_BITS, free_loopback_port, make_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -240,12 +240,7 @@ def test_services_as_processes_write_no_files_and_log_no_member_data(inputs, tmp
     run_dir = tmp_path / "run"
     (run_dir / "tmp").mkdir(parents=True)
     env = {**os.environ, "TMPDIR": str(run_dir / "tmp"), "HOME": str(run_dir), "PYTHONPATH": str(REPO)}
-    ports = []
-    for _ in range(2):
-        import socket
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
+    ports = [free_loopback_port(), free_loopback_port()]
     cmd = [sys.executable, "-m", "ppre.cli", "-v"]
     client_p = subprocess.Popen(cmd + ["client", "serve", "--host", "127.0.0.1", "--port", str(ports[1]),
                                        "--dataset", f"ero={cp}"], cwd=run_dir, env=env,
@@ -272,14 +267,10 @@ def test_services_as_processes_write_no_files_and_log_no_member_data(inputs, tmp
 
 
 def test_unreachable_client_is_reported_not_hung(inputs):
-    import socket
-
     from tester_service.server import TesterConfig
     from tester_service.server import serve as serve_tester
     _, _, tp, _ = inputs
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    dead = f"127.0.0.1:{free_loopback_port()}"
     config = TesterConfig(dead, lambda: read_probability_table(tp), min_modulus_bits=TEST_BITS, deadline_s=20)
     server, port, _ = serve_tester(config, 0, host="127.0.0.1")
     try:
