@@ -21,7 +21,7 @@ import pandas as pd
 
 from common import bootstrap, commutative, encoding, paillier, parallel
 from common.session import PhaseClock, expect_phase
-from common.errors import EncodingOverflowError, InputError, ProtocolError
+from common.errors import EncodingOverflowError, InputError, PeerAborted, ProtocolError
 from common.estimators import RatioMetric, get_metric
 from common.masking import masked_ratio
 from common.report import GroupResult
@@ -41,6 +41,8 @@ MAX_GROUPS = 64
 MAX_REPLICATES = 100_000
 
 DatasetLoader = Callable[[str, RatioMetric], pd.DataFrame]
+#: own ids hashed and encrypted per step of step 4 (a checkpoint and a progress report each)
+ID_STEP_ROWS = 32_768
 
 
 class Phase(enum.Enum):
@@ -54,11 +56,15 @@ class Phase(enum.Enum):
 
 class ClientSession:
     def __init__(self, load_dataset: DatasetLoader, *, modulus_bits: int = paillier.MIN_MODULUS_BITS,
-                 allow_insecure: bool = False, checkpoint: Callable[[], None] | None = None) -> None:
+                 allow_insecure: bool = False, checkpoint: Callable[[], None] | None = None,
+                 progress: Callable[[str, int, int], None] | None = None) -> None:
         """`checkpoint()` runs between chunks of the long steps (encryption, decryption);
-        whatever it raises ends the session (the servicer stops work for a Tester that left)."""
+        whatever it raises ends the session (the servicer stops work for a Tester that left,
+        or when it shuts down). `progress(phase, done, total)` reports what the session is
+        busy with (the servicer's heartbeats carry it to the Tester)."""
         self._load_dataset = load_dataset
         self._checkpoint = checkpoint
+        self._progress = progress or (lambda phase, done, total: None)
         self._modulus_bits = modulus_bits
         self._allow_insecure = allow_insecure
         self.phase = Phase.WAIT_HELLO
@@ -79,6 +85,21 @@ class ClientSession:
 
     def _lap(self, name: str) -> None:
         self._clock.lap(name)
+
+    def _tick(self, phase: str, done: int, total: int) -> None:
+        self._progress(phase, done, total)
+        if self._checkpoint is not None:
+            self._checkpoint()
+
+    def _chunk_done(self, phase: str, total: int) -> Callable[[], None]:
+        """The checkpoint of a long step cut into `total` chunks: reports each chunk done."""
+        done = 0
+
+        def tick() -> None:
+            nonlocal done
+            done += 1
+            self._tick(phase, done, total)
+        return tick
 
     def _expect(self, *phases: Phase) -> None:
         expect_phase(self.phase, *phases)
@@ -104,7 +125,7 @@ class ClientSession:
             "aggregates_header": self._on_aggregates_header,
         }.get(kind)
         if kind == "abort":
-            raise ProtocolError(f"the Tester aborted: {msg.abort.message}")
+            raise PeerAborted(msg.abort.code or "peer_error", f"the Tester aborted: {msg.abort.message}")
         if handler is None:
             raise ProtocolError(f"unexpected message '{kind}' from the Tester")
         return handler(getattr(msg, kind))
@@ -123,12 +144,19 @@ class ClientSession:
         if not sealed_width(1) <= hello.sealed_width <= sealed_width(MAX_GROUPS) \
                 or (hello.sealed_width - sealed_width(0)) % 8:
             raise ProtocolError("sealed row width out of range")
-        metric = get_metric(hello.metric)
+        try:
+            metric = get_metric(hello.metric)
+        except InputError:
+            raise ProtocolError("the Tester asked for a metric this Test-Client does not know") from None
         option = hello.metric_option or metric.options[0]
         if option not in metric.options:
-            raise InputError(f"'{option}' is not an option of {metric.name}", parameter="metric option")
+            raise ProtocolError(f"the Tester asked for '{option}', which is not an option of {metric.name}")
         frame = self._load_dataset(hello.client_dataset, metric)
         f, d = metric.values(frame, option)
+        bound = metric.value_bound
+        if len(f) and max(int(np.abs(f).max()), int(np.abs(d).max())) > bound:
+            raise InputError(f"the {metric.name} values computed from the dataset exceed the metric's bound "
+                             f"{bound}", file=hello.client_dataset)
         self.dataset = hello.client_dataset
         self._ids = frame["member_id"].astype(str).tolist()
         self._slot_bits = slot_bits(self._modulus_bits)
@@ -155,6 +183,7 @@ class ClientSession:
             doubled = self._com_key.encrypt_packed(chunk.points)
             self._doubled.append(doubled)
             self._sealed.append(chunk.sealed)
+            self._progress("double_encrypt", self._reader.rows, 0)
         else:
             self._aggregates += paillier.ciphertexts_from_bytes(chunk.ciphertexts, self._paillier.public)
         return []
@@ -167,6 +196,7 @@ class ClientSession:
         return self._finish()
 
     def _send_tables(self) -> Iterator[pb.PeerMessage]:
+        self._progress("shuffle", 0, 0)
         points = commutative.split_points(b"".join(self._doubled))
         width = self._reader.sealed_width
         sealed = b"".join(self._sealed)
@@ -185,8 +215,14 @@ class ClientSession:
         ids, values = self._ids, self._values
         self._ids = self._values = None
         pub = self._paillier.public
-        own_points = self._com_key.encrypt_points(commutative.split_points(commutative.hash_ids(self._salt, ids)))
-        del ids
+        parts = []
+        for start in range(0, len(ids), ID_STEP_ROWS):
+            stop = min(len(ids), start + ID_STEP_ROWS)
+            hashed = commutative.hash_ids(self._salt, ids[start:stop])
+            parts.append(self._com_key.encrypt_points(commutative.split_points(hashed)))
+            self._tick("encrypt_ids", stop, len(ids))
+        own_points = b"".join(parts)
+        del ids, parts
         self._com_key = None  # SPEC 7: no longer needed once both tables are encrypted
         self._lap("psi_encrypt_own_ids")
         step = rows_per_chunk(pub.ciphertext_bytes)
@@ -194,7 +230,8 @@ class ClientSession:
         if len(tasks) < parallel.chunk_count():
             tasks = [(pub.n, pub.h, part) for part in parallel.split(values, parallel.chunk_count())]
         cts = [c for part in parallel.run_chunks(paillier.encrypt_chunk, tasks,
-                                                 checkpoint=self._checkpoint) for c in part]
+                                                 checkpoint=self._chunk_done("he_encrypt", len(tasks)))
+               for c in part]
         del values
         self._lap("he_encrypt_values")
         self.phase = Phase.WAIT_AGGREGATES_HEADER
@@ -230,7 +267,8 @@ class ClientSession:
         parts = parallel.split(self._aggregates, parallel.chunk_count(parallel.CHECKPOINT_CHUNKS))
         tasks = [(key.p, key.q, part) for part in parts]
         plain = [m for part in parallel.run_chunks(paillier.decrypt_mod_p_chunk, tasks,
-                                                   checkpoint=self._checkpoint) for m in part]
+                                                   checkpoint=self._chunk_done("decrypt", len(tasks)))
+                 for m in part]
         signed = [encoding.decode_signed(m, key.p) for m in plain]
         self._aggregates = []
         self._lap("decrypt")

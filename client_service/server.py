@@ -1,26 +1,37 @@
 """The Test-Client's gRPC servicer: moves PeerMessages to and from a `ClientSession`.
 
-It enforces what the session cannot: a maximum session duration (the stream is
-cancelled when it runs out, so a stalled Tester cannot hold it), one clean Abort
-message for any error, and `session.close()` however the stream ends. Logs name the
-session's phase and error class, never data.
+It enforces what the session cannot: the session limit (`--max-sessions`), the peer
+timeout and heartbeats (`common.peer_stream`: a stalled Tester or a cut link ends the
+session, and the Tester hears from a busy Test-Client at least every `heartbeat_s`), a
+maximum session duration, shutdown (running sessions end with a "shutting down"
+Abort), one clean Abort message for any error (never one in answer to the Tester's own
+Abort), and `session.close()` however the stream ends.
+
+Each call runs on three threads: gRPC's handler thread sends what the session's
+`Outbox` holds (and heartbeats), an `Inbox` thread reads the Tester's stream, and a
+worker thread runs the session — so the Test-Client keeps talking while it computes.
+Logs name the session's phase, error class and dataset name, never data.
 """
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import grpc
 
 from client_service.datasets import DatasetRegistry
 from client_service.protocol import ClientSession, Phase
-from common import channels, paillier, wire
-from common.errors import PPREError
+from common import channels, paillier
+from common.errors import InputError, PeerAborted, PPREError, ShuttingDownError
+from common.peer_stream import Inbox, Outbox, ProgressState
 from proto import ppre_pb2 as pb
-from proto import ppre_pb2_grpc as pb_grpc
 
 log = logging.getLogger("ppre.client")
+
+#: how long a finished session waits for its last messages (an Abort) to leave
+ABORT_FLUSH_S = 1.0
 
 
 @dataclass
@@ -28,71 +39,162 @@ class ClientConfig:
     datasets: DatasetRegistry
     modulus_bits: int = paillier.MIN_MODULUS_BITS
     allow_insecure: bool = False
-    max_session_s: float = 3600.0
+    #: longest session; stalls are caught much sooner by the peer timeout
+    max_session_s: float = 6 * 3600.0
+    #: keepalive, heartbeat interval and peer timeout (`--peer-timeout`)
+    settings: channels.LinkSettings = field(default_factory=channels.LinkSettings.from_env)
+    #: most sessions at once (`--max-sessions`); beyond it a Tester gets a resource_exhausted Abort
+    max_sessions: int = 4
 
-
-class ClientServicer(pb_grpc.ClientServicer):
-    def __init__(self, config: ClientConfig) -> None:
-        self.config = config
-        self.active_sessions = 0
-        self._lock = threading.Lock()
-
-    def Exchange(self, request_iterator, context):
-        cfg = self.config
-
-        def checkpoint() -> None:
-            if not context.is_active():  # the Tester cancelled, or the deadline passed
-                raise _CallEnded()
-
-        session = ClientSession(cfg.datasets.load, modulus_bits=cfg.modulus_bits,
-                                allow_insecure=cfg.allow_insecure, checkpoint=checkpoint)
-        timer = threading.Timer(cfg.max_session_s, context.cancel)
-        timer.daemon = True
-        timer.start()
-        with self._lock:
-            self.active_sessions += 1
-        try:
-            for data in _requests(request_iterator):
-                yield from session.receive(wire.parse_peer_message(data))
-                if session.phase is Phase.DONE:
-                    log.info("audit session on dataset %r finished", session.dataset)
-                    return
-            if session.phase is not Phase.DONE:
-                log.warning("session ended by the Tester in phase %s", session.phase.value)
-        except _CallEnded:
-            # The call is already over (the Tester cancelled, or gRPC could not parse a
-            # message and failed the call): nothing can be sent, and yielding into a dead
-            # call can wedge the server's shutdown, so just clean up.
-            log.warning("call ended by gRPC in phase %s", session.phase.value)
-        except PPREError as exc:
-            log.warning("session aborted in phase %s: %s", session.phase.value, type(exc).__name__)
-            yield pb.PeerMessage(abort=pb.Abort(code=exc.code, message=str(exc)))
-        except Exception:  # never crash the server; never echo internals to the peer
-            log.exception("internal error in phase %s", session.phase.value)
-            yield pb.PeerMessage(abort=pb.Abort(code="internal", message="internal error at the Test-Client"))
-        finally:
-            timer.cancel()
-            session.close()
-            with self._lock:
-                self.active_sessions -= 1
+    def __post_init__(self) -> None:
+        if self.max_sessions < 1:
+            raise InputError("must be at least 1", parameter="max sessions")
 
 
 class _CallEnded(Exception):
-    """The request stream failed at the gRPC layer; the call cannot carry a reply."""
+    """The call is over at the gRPC layer (the Tester cancelled or vanished, or the
+    session's time ran out): nothing can be sent any more."""
 
 
-def _requests(request_iterator):
-    try:
-        yield from request_iterator
-    except grpc.RpcError as exc:
-        raise _CallEnded() from exc
+class _Exchange:
+    """One Tester's session: the worker thread's side."""
+
+    def __init__(self, config: ClientConfig, context) -> None:
+        self.config = config
+        self.context = context
+        self.state = ProgressState()
+        self.outbox = Outbox(config.settings, self.state, "Tester")
+        self.stop_error: BaseException | None = None
+        self.handler_done = threading.Event()
+        self.session = ClientSession(config.datasets.load, modulus_bits=config.modulus_bits,
+                                     allow_insecure=config.allow_insecure, checkpoint=self.checkpoint,
+                                     progress=self.state.update)
+
+    def stop(self, error: BaseException) -> None:
+        self.stop_error = error
+
+    def checkpoint(self) -> None:
+        if self.stop_error is not None:
+            raise self.stop_error
+        if not self.context.is_active():  # the Tester cancelled, or the deadline passed
+            raise _CallEnded()
+
+    def run(self, request_iterator) -> None:
+        session, outbox = self.session, self.outbox
+        inbox = Inbox(request_iterator, self.config.settings, "Tester")
+        try:
+            while True:
+                msg = inbox.get(self.checkpoint)
+                if msg is None:
+                    log.warning("session ended by the Tester in phase %s", session.phase.value)
+                    return
+                for out in session.receive(msg):
+                    outbox.put(out, self.checkpoint)
+                if session.phase is Phase.DONE:
+                    log.info("audit session on dataset %r finished", session.dataset)
+                    return
+        except (_CallEnded, grpc.RpcError):
+            # The call is already over: nothing can be sent, and yielding into a dead call
+            # can wedge the server's shutdown, so just clean up.
+            log.warning("call ended by gRPC in phase %s", session.phase.value)
+        except PeerAborted as exc:  # the Tester's own Abort is not answered
+            log.warning("session aborted by the Tester in phase %s (%s)", session.phase.value, exc.code)
+        except PPREError as exc:
+            log.warning("session aborted in phase %s: %s", session.phase.value, type(exc).__name__)
+            outbox.put_nowait(pb.PeerMessage(abort=pb.Abort(code=exc.code, message=str(exc))))
+        except Exception:  # never crash the server; never echo internals to the peer
+            log.exception("internal error in phase %s", session.phase.value)
+            outbox.put_nowait(pb.PeerMessage(abort=pb.Abort(code="internal",
+                                                            message="internal error at the Test-Client")))
+        finally:
+            session.close()
+            inbox.close()
+            outbox.close()
+
+
+class ClientServicer:
+    def __init__(self, config: ClientConfig, health_servicer=None) -> None:
+        self.config = config
+        self._health = health_servicer
+        self._lock = threading.Lock()
+        self._exchanges: set[_Exchange] = set()
+        self._draining = False
+
+    @property
+    def active_sessions(self) -> int:
+        with self._lock:
+            return len(self._exchanges)
+
+    def Exchange(self, request_iterator, context):
+        cfg = self.config
+        exchange = _Exchange(cfg, context)
+        with self._lock:
+            if self._draining:
+                refusal = pb.Abort(code=ShuttingDownError.code, message="the Test-Client is shutting down")
+            elif len(self._exchanges) >= cfg.max_sessions:
+                refusal = pb.Abort(code="resource_exhausted",
+                                   message=f"the Test-Client already runs {len(self._exchanges)} audits, its "
+                                           f"limit (--max-sessions {cfg.max_sessions}); try again when one "
+                                           f"has finished")
+            else:
+                refusal = None
+                self._exchanges.add(exchange)
+                active = len(self._exchanges)
+        if refusal is not None:
+            log.warning("session refused: %s", refusal.message)
+            exchange.session.close()
+            yield pb.PeerMessage(abort=refusal)
+            return
+        log.info("session started; active sessions: %d", active)
+        timer = threading.Timer(cfg.max_session_s, context.cancel)
+        timer.daemon = True
+        timer.start()
+        worker = threading.Thread(target=self._work, args=(exchange, request_iterator), name="ppre-session",
+                                  daemon=True)
+        worker.start()
+        try:
+            yield from exchange.outbox.messages()
+        finally:
+            timer.cancel()
+            exchange.handler_done.set()
+            exchange.stop(_CallEnded())  # the call is over: the worker stops at its next checkpoint
+
+    def _work(self, exchange: _Exchange, request_iterator) -> None:
+        try:
+            exchange.run(request_iterator)
+        finally:
+            with self._lock:
+                self._exchanges.discard(exchange)
+                active = len(self._exchanges)
+            log.info("session closed; active sessions: %d", active)
+            # A Tester that stopped reading leaves gRPC's handler thread blocked in a send:
+            # once a last Abort has had its chance to leave, end the call.
+            finished = exchange.session.phase is Phase.DONE
+            flush_s = self.config.settings.peer_timeout_s if finished else ABORT_FLUSH_S
+            if not exchange.handler_done.wait(flush_s):
+                exchange.context.cancel()
+
+    def shutdown(self, wait_s: float) -> None:
+        """SIGTERM: report NOT_SERVING, refuse new sessions, end running ones with a
+        "shutting down" Abort to the Tester, and wait up to `wait_s` for their teardown."""
+        with self._lock:
+            self._draining = True
+            exchanges = list(self._exchanges)
+        if self._health is not None:
+            channels.set_not_serving(self._health, "ppre.v1.Client")
+        for exchange in exchanges:
+            exchange.stop(ShuttingDownError("the Test-Client is shutting down"))
+        deadline = time.monotonic() + wait_s
+        while self.active_sessions and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def serve(config: ClientConfig, port: int, host: str = "0.0.0.0",
           interceptors: tuple = ()) -> tuple[grpc.Server, int, ClientServicer]:
-    server, bound, health_servicer = channels.make_server(port, host, interceptors=interceptors)
-    servicer = ClientServicer(config)
-    # Requests arrive as raw bytes and are decoded by the servicer (wire.parse_peer_message),
+    server, bound, health_servicer = channels.make_server(port, host, workers=config.max_sessions + 8,
+                                                          interceptors=interceptors, settings=config.settings)
+    servicer = ClientServicer(config, health_servicer)
+    # Requests arrive as raw bytes and are decoded by the session's Inbox (wire.parse_peer_message),
     # so a peer's garbage gets a clean protocol_error Abort rather than a failed call.
     exchange = grpc.stream_stream_rpc_method_handler(
         servicer.Exchange, request_deserializer=None,
@@ -102,4 +204,3 @@ def serve(config: ClientConfig, port: int, host: str = "0.0.0.0",
     server.start()
     channels.set_serving(health_servicer, "ppre.v1.Client")
     return server, bound, servicer
-

@@ -6,6 +6,10 @@
   garbage bytes, points off the curve, ciphertexts out of range, oversized tables).
 * `EncodingOverflowError`: a fixed-point / signed value does not fit its plaintext
   slot (SPEC.md section 4: detected and reported, never wrapped).
+* `PeerTimeoutError`, `ShuttingDownError`, `BusyError`: the audit could not go on
+  (stalled peer or cut link, a service stopping, a full session limit).
+
+Each class's `code` is what the operator sees (`{"error": {"code": ...}}`).
 """
 from __future__ import annotations
 
@@ -43,7 +47,35 @@ class ProtocolError(PPREError):
     code = "protocol_error"
 
 
+class PeerAborted(ProtocolError):
+    """The peer aborted the session with its own Abort message: carries its code and
+    message (never answered with another Abort)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class EncodingOverflowError(PPREError, OverflowError):
     """A value does not fit its plaintext range or slot."""
 
     code = "overflow"
+
+
+class PeerTimeoutError(PPREError):
+    """The peer sent nothing (not even a heartbeat) for longer than the peer timeout, or
+    stopped reading what we send: it is stalled, or the link between the parties is cut."""
+
+    code = "deadline_exceeded"
+
+
+class ShuttingDownError(PPREError):
+    """This service (or its peer) is stopping; running audits end with this error."""
+
+    code = "shutting_down"
+
+
+class BusyError(PPREError):
+    """The service already runs as many audits as its session limit allows."""
+
+    code = "resource_exhausted"

@@ -85,6 +85,9 @@ class AuditReport:
     metric_option: str = ""
     tau: float = DEFAULT_TAU
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    #: the Tester's preparation counts (members read, dropped by opt-out and geography,
+    #: Self-ID rows used, clipping threshold); empty for a prepared probability table
+    preparation: dict[str, float] = field(default_factory=dict)
 
     @property
     def verdict(self) -> Verdict:
@@ -104,6 +107,8 @@ class AuditReport:
             "verdict": {"tau": v.tau, "max_gap": v.max_gap, "flagged": v.flagged, "severity": v.severity,
                         "significant_pairs": [list(p) for p in v.significant_pairs]},
             "phase_seconds": {k: round(s, 4) for k, s in self.phase_seconds.items()},
+            "preparation": {k: (int(v) if float(v).is_integer() and k != "threshold" else v)
+                            for k, v in self.preparation.items()},
         }
 
     def to_json(self) -> str:
@@ -113,13 +118,14 @@ class AuditReport:
         return pb.AuditResult(metric=self.metric, n_matched=self.n_matched, bootstrap=self.bootstrap,
                               confidence=self.confidence, groups=[g.to_proto() for g in self.groups],
                               result_recipient=self.result_recipient, metric_option=self.metric_option,
-                              phase_seconds=self.phase_seconds, tau=self.tau)
+                              phase_seconds=self.phase_seconds, tau=self.tau, preparation=self.preparation)
 
     @classmethod
     def from_proto(cls, r: pb.AuditResult) -> "AuditReport":
-        return cls(r.metric, r.n_matched, r.bootstrap, r.confidence,
-                   [GroupResult.from_proto(g) for g in r.groups], r.result_recipient, r.metric_option,
-                   r.tau, dict(r.phase_seconds))
+        return cls(metric=r.metric, n_matched=r.n_matched, bootstrap=r.bootstrap, confidence=r.confidence,
+                   groups=[GroupResult.from_proto(g) for g in r.groups], result_recipient=r.result_recipient,
+                   metric_option=r.metric_option, tau=r.tau, phase_seconds=dict(r.phase_seconds),
+                   preparation=dict(r.preparation))
 
     def to_table(self) -> str:
         pct = f"{self.confidence:.0%}"
@@ -139,4 +145,9 @@ class AuditReport:
             lines.append(f"verdict: max gap {v.max_gap:.4f} vs tau {v.tau:g} -> "
                          f"{'FLAGGED' if v.flagged else 'not flagged'} (severity {v.severity}); "
                          f"non-overlapping CIs: {pairs}")
+        if self.preparation:
+            p = self.preparation
+            lines.append("preparation: " + ", ".join(
+                f"{name.replace('_', ' ')} {p[name]:.4g}" if name == "threshold" else
+                f"{name.replace('_', ' ')} {int(p[name])}" for name in p))
         return "\n".join(lines)

@@ -15,8 +15,9 @@ from client_service.datasets import DatasetRegistry
 from client_service.server import ClientConfig, ClientServicer
 from client_service.server import serve as serve_client
 from common import paillier
+from common.channels import LinkSettings
 from common import bootstrap as boot
-from tester_service.server import TesterConfig
+from tester_service.server import TesterConfig, TesterServicer
 from tester_service.server import serve as serve_tester
 
 
@@ -30,23 +31,27 @@ class LocalServices:
     tester_config: TesterConfig
     client_config: ClientConfig
     client_servicer: ClientServicer
+    tester_servicer: TesterServicer
 
 
 @contextlib.contextmanager
 def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: DatasetRegistry, *,
                    modulus_bits: int = paillier.MIN_MODULUS_BITS, allow_insecure: bool = False,
                    n_buckets: int = boot.DEFAULT_BUCKETS,
-                   client_interceptors: tuple = ()) -> Iterator[LocalServices]:
-    client_config = ClientConfig(datasets, modulus_bits=modulus_bits, allow_insecure=allow_insecure)
+                   client_interceptors: tuple = (),
+                   settings: LinkSettings | None = None) -> Iterator[LocalServices]:
+    settings = settings or LinkSettings.from_env()
+    client_config = ClientConfig(datasets, modulus_bits=modulus_bits, allow_insecure=allow_insecure,
+                                 settings=settings)
     client_server, client_port, client_servicer = serve_client(client_config, 0, host="127.0.0.1",
                                                                interceptors=client_interceptors)
     client_address = f"127.0.0.1:{client_port}"
     tester_config = TesterConfig(client_address, load_probabilities, n_buckets=n_buckets,
-                                 min_modulus_bits=min(modulus_bits, paillier.MIN_MODULUS_BITS))
-    tester_server, tester_port, _ = serve_tester(tester_config, 0, host="127.0.0.1")
+                                 min_modulus_bits=min(modulus_bits, paillier.MIN_MODULUS_BITS), settings=settings)
+    tester_server, tester_port, tester_servicer = serve_tester(tester_config, 0, host="127.0.0.1")
     try:
         yield LocalServices(f"127.0.0.1:{tester_port}", client_address, tester_config, client_config,
-                            client_servicer)
+                            client_servicer, tester_servicer)
     finally:
         # A bounded stop: cancel what is still running, and never wait forever on a
         # call that gRPC failed to finish (the process exits anyway).

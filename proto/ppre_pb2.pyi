@@ -53,14 +53,18 @@ class AuditEvent(_message.Message):
     def __init__(self, progress: _Optional[_Union[Progress, _Mapping]] = ..., result: _Optional[_Union[AuditResult, _Mapping]] = ..., error: _Optional[_Union[AuditError, _Mapping]] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("phase", "message", "elapsed_s")
+    __slots__ = ("phase", "message", "elapsed_s", "done", "total")
     PHASE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
     phase: str
     message: str
     elapsed_s: float
-    def __init__(self, phase: _Optional[str] = ..., message: _Optional[str] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
+    done: int
+    total: int
+    def __init__(self, phase: _Optional[str] = ..., message: _Optional[str] = ..., elapsed_s: _Optional[float] = ..., done: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
 
 class GroupEstimate(_message.Message):
     __slots__ = ("group", "defined", "estimate", "ci_low", "ci_high")
@@ -77,8 +81,15 @@ class GroupEstimate(_message.Message):
     def __init__(self, group: _Optional[str] = ..., defined: _Optional[bool] = ..., estimate: _Optional[float] = ..., ci_low: _Optional[float] = ..., ci_high: _Optional[float] = ...) -> None: ...
 
 class AuditResult(_message.Message):
-    __slots__ = ("metric", "n_matched", "bootstrap", "confidence", "groups", "result_recipient", "metric_option", "phase_seconds", "tau")
+    __slots__ = ("metric", "n_matched", "bootstrap", "confidence", "groups", "result_recipient", "metric_option", "phase_seconds", "tau", "preparation")
     class PhaseSecondsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class PreparationEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +105,7 @@ class AuditResult(_message.Message):
     METRIC_OPTION_FIELD_NUMBER: _ClassVar[int]
     PHASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TAU_FIELD_NUMBER: _ClassVar[int]
+    PREPARATION_FIELD_NUMBER: _ClassVar[int]
     metric: str
     n_matched: int
     bootstrap: int
@@ -103,7 +115,8 @@ class AuditResult(_message.Message):
     metric_option: str
     phase_seconds: _containers.ScalarMap[str, float]
     tau: float
-    def __init__(self, metric: _Optional[str] = ..., n_matched: _Optional[int] = ..., bootstrap: _Optional[int] = ..., confidence: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupEstimate, _Mapping]]] = ..., result_recipient: _Optional[str] = ..., metric_option: _Optional[str] = ..., phase_seconds: _Optional[_Mapping[str, float]] = ..., tau: _Optional[float] = ...) -> None: ...
+    preparation: _containers.ScalarMap[str, float]
+    def __init__(self, metric: _Optional[str] = ..., n_matched: _Optional[int] = ..., bootstrap: _Optional[int] = ..., confidence: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupEstimate, _Mapping]]] = ..., result_recipient: _Optional[str] = ..., metric_option: _Optional[str] = ..., phase_seconds: _Optional[_Mapping[str, float]] = ..., tau: _Optional[float] = ..., preparation: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class AuditError(_message.Message):
     __slots__ = ("code", "message")
@@ -217,6 +230,16 @@ class MaskedPlaintexts(_message.Message):
     phase_seconds: _containers.ScalarMap[str, float]
     def __init__(self, values: _Optional[bytes] = ..., width: _Optional[int] = ..., last: _Optional[bool] = ..., phase_seconds: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
+class Heartbeat(_message.Message):
+    __slots__ = ("phase", "done", "total")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    phase: str
+    done: int
+    total: int
+    def __init__(self, phase: _Optional[str] = ..., done: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
+
 class Abort(_message.Message):
     __slots__ = ("code", "message")
     CODE_FIELD_NUMBER: _ClassVar[int]
@@ -226,7 +249,7 @@ class Abort(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class PeerMessage(_message.Message):
-    __slots__ = ("hello", "hello_ack", "chunk", "table_end", "aggregates_header", "client_result", "masked_plaintexts", "abort")
+    __slots__ = ("hello", "hello_ack", "chunk", "table_end", "aggregates_header", "client_result", "masked_plaintexts", "abort", "heartbeat")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HELLO_ACK_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +258,7 @@ class PeerMessage(_message.Message):
     CLIENT_RESULT_FIELD_NUMBER: _ClassVar[int]
     MASKED_PLAINTEXTS_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     hello_ack: HelloAck
     chunk: TableChunk
@@ -243,4 +267,5 @@ class PeerMessage(_message.Message):
     client_result: ClientResult
     masked_plaintexts: MaskedPlaintexts
     abort: Abort
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., hello_ack: _Optional[_Union[HelloAck, _Mapping]] = ..., chunk: _Optional[_Union[TableChunk, _Mapping]] = ..., table_end: _Optional[_Union[TableEnd, _Mapping]] = ..., aggregates_header: _Optional[_Union[AggregatesHeader, _Mapping]] = ..., client_result: _Optional[_Union[ClientResult, _Mapping]] = ..., masked_plaintexts: _Optional[_Union[MaskedPlaintexts, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ...) -> None: ...
+    heartbeat: Heartbeat
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., hello_ack: _Optional[_Union[HelloAck, _Mapping]] = ..., chunk: _Optional[_Union[TableChunk, _Mapping]] = ..., table_end: _Optional[_Union[TableEnd, _Mapping]] = ..., aggregates_header: _Optional[_Union[AggregatesHeader, _Mapping]] = ..., client_result: _Optional[_Union[ClientResult, _Mapping]] = ..., masked_plaintexts: _Optional[_Union[MaskedPlaintexts, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...

@@ -14,6 +14,7 @@ or the decrypted masked values (only P1 learns it) and unmask.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import secrets
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ import pandas as pd
 from common import aggregation, commutative, encoding, paillier, parallel
 from common import bootstrap as boot
 from common.session import PhaseClock, expect_phase
-from common.errors import EncodingOverflowError, InputError, ProtocolError
+from common.errors import EncodingOverflowError, InputError, PeerAborted, ProtocolError
 from common.estimators import get_metric
 from common.masking import AdditiveMask, RatioMask
 from common.report import DEFAULT_TAU, AuditReport, GroupResult
@@ -67,8 +68,7 @@ class AuditSpec:
             raise InputError(f"must be one of {', '.join(RECIPIENTS)}", parameter="result recipient")
         if not self.tau > 0:
             raise InputError("must be positive", parameter="tau")
-        return AuditSpec(self.metric, self.client_dataset, self.bootstrap, self.confidence, self.seed,
-                         self.result_recipient, option, self.tau)
+        return dataclasses.replace(self, metric_option=option)
 
 
 class Phase(enum.Enum):
@@ -81,15 +81,12 @@ class Phase(enum.Enum):
     CLOSED = "closed"
 
 
-class PeerAborted(ProtocolError):
-    """The Test-Client aborted the session; carries its code and message."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-ProgressFn = Callable[[str, str], None]
+#: progress(phase, message, done=0, total=0): a phase ended (no counts), or `done` of
+#: `total` rows of a long phase are through
+ProgressFn = Callable[..., None]
+#: rows hashed, encrypted and sealed per step of step 2 (a checkpoint and a progress
+#: report each; about a second of work)
+UPLOAD_STEP_ROWS = 32_768
 
 
 class TesterSession:
@@ -99,10 +96,14 @@ class TesterSession:
                  min_modulus_bits: int = paillier.MIN_MODULUS_BITS,
                  n_buckets: int = boot.DEFAULT_BUCKETS,
                  progress: ProgressFn | None = None,
-                 checkpoint: Callable[[], None] | None = None) -> None:
-        """`progress(phase, message)` reports each finished phase; `checkpoint()` runs
-        between chunks of the long steps, and whatever either raises ends the session
-        (the servicer uses this to stop an audit whose operator went away)."""
+                 checkpoint: Callable[[], None] | None = None,
+                 preparation: dict[str, float] | None = None) -> None:
+        """`progress(phase, message, done, total)` reports each finished phase and the
+        rows done within long ones; `checkpoint()` runs between chunks of the long steps,
+        and whatever either raises ends the session (the servicer uses this to stop an
+        audit whose operator went away, or when it shuts down). `preparation`: the
+        counts of the Tester's demographic preparation (no member-level data), passed
+        through to the result."""
         self.spec = spec.validated()
         self.groups: tuple[str, ...] = tuple(c for c in probabilities.columns if c != "member_id")
         if not self.groups:
@@ -111,8 +112,11 @@ class TesterSession:
         self._probabilities: np.ndarray | None = probabilities[list(self.groups)].to_numpy(np.float64)
         self._min_bits = min_modulus_bits
         self._n_buckets = n_buckets
-        self._progress = progress or (lambda phase, message: None)
+        self._progress = progress or (lambda *args, **kw: None)
         self._checkpoint = checkpoint
+        self._preparation = dict(preparation or {})
+        #: |f|, |d| <= value_bound, from the metric the Tester asked for (never from the peer)
+        self._value_bound = get_metric(self.spec.metric).value_bound
         self.phase = Phase.START
         self._clock = PhaseClock()
         self.phase_seconds = self._clock.seconds
@@ -124,7 +128,6 @@ class TesterSession:
         self._salt_share = secrets.token_bytes(32)
         self._pub: paillier.PublicKey | None = None
         self._slot: encoding.SlotLayout | None = None
-        self._value_bound = 0
         self._shuffled: dict[bytes, bytes] | None = None
         self._matched_sealed: list[bytes] = []
         self._matched_cts: list[int] = []
@@ -136,6 +139,18 @@ class TesterSession:
     # ------------------------------------------------------------------ helpers
     def _lap(self, name: str) -> None:
         self._clock.lap(name)
+
+    def _chunk_done(self, phase: str, total: int) -> Callable[[], None]:
+        """The checkpoint of a long step cut into `total` chunks: reports each chunk done."""
+        done = 0
+
+        def tick() -> None:
+            nonlocal done
+            done += 1
+            self._progress(phase, "", done, total)
+            if self._checkpoint is not None:
+                self._checkpoint()
+        return tick
 
     def _expect(self, *phases: Phase) -> None:
         expect_phase(self.phase, *phases)
@@ -186,24 +201,32 @@ class TesterSession:
         p_bits = self._pub.n.bit_length() // 2
         if not 64 <= ack.slot_bits or 2 * ack.slot_bits + 4 > p_bits:
             raise ProtocolError("slot width does not fit the plaintext space")
-        if not 1 <= ack.value_bound < (1 << 32):
-            raise ProtocolError("value bound out of range")
+        if ack.value_bound != self._value_bound:
+            raise ProtocolError(f"the Test-Client announced value bound {ack.value_bound}; "
+                                f"{self.spec.metric} values are bounded by {self._value_bound}")
         self._slot = encoding.SlotLayout(ack.slot_bits, 2)
-        self._value_bound = ack.value_bound
         salt = commutative.session_salt(self._salt_share, ack.salt_share)
         self._lap("handshake")
 
         ids, probs = self._ids, self._probabilities
         n = len(ids)
-        points = commutative.hash_ids(salt, ids)
-        points = self._com_key.encrypt_points(commutative.split_points(points))
-        sealed = self._sealer.seal_rows(probs)
+        point_parts, sealed_parts = [], []
+        for start in range(0, n, UPLOAD_STEP_ROWS):
+            stop = min(n, start + UPLOAD_STEP_ROWS)
+            hashed = commutative.hash_ids(salt, ids[start:stop])
+            point_parts.append(self._com_key.encrypt_points(commutative.split_points(hashed)))
+            sealed_parts.append(self._sealer.seal_rows(probs[start:stop]))
+            self._progress("psi_upload", "", stop, n)
+            if self._checkpoint is not None:
+                self._checkpoint()
+        points, sealed = b"".join(point_parts), b"".join(sealed_parts)
+        del point_parts, sealed_parts
         # step 2 done: the plaintext table is dropped before anything is sent
         self._ids = self._probabilities = None
         del ids, probs
         self._n_sent = n
         self._lap("psi_tester_encrypt")
-        self._progress("psi", f"sent {n} encrypted member rows")
+        self._progress("psi_upload", f"sending {n} encrypted member rows")
         self.phase = Phase.WAIT_SHUFFLED
         self._reader = TableReader(pb.SHUFFLED_ROWS, point_width=commutative.POINT_BYTES,
                                    sealed_width=sealed_width(len(self.groups)))
@@ -221,6 +244,7 @@ class TesterSession:
                 if pt in self._shuffled:
                     raise ProtocolError("duplicate row in the shuffled table")
                 self._shuffled[pt] = chunk.sealed[i * width:(i + 1) * width]
+            self._progress("psi_shuffled", "", self._reader.rows, self._n_sent)
         else:
             cts = paillier.ciphertexts_from_bytes(chunk.ciphertexts, self._pub)
             doubled = commutative.split_points(self._com_key.encrypt_points(points))
@@ -229,6 +253,7 @@ class TesterSession:
                 if sealed is not None:
                     self._matched_sealed.append(sealed)
                     self._matched_cts.append(ct)
+            self._progress("join", "", self._reader.rows, 0)
         return []
 
     def _on_table_end(self, end: pb.TableEnd) -> Iterable[pb.PeerMessage]:
@@ -281,10 +306,11 @@ class TesterSession:
         n, h = self._pub.n, self._pub.h
         cts = self._matched_cts
         tasks = [(n, [([cts[i] for i in idx], [q[idx, j].tolist() for j in range(k)]) for idx in part])
-                 for part in parallel.split(buckets, parallel.chunk_count())]
+                 for part in parallel.split(buckets, parallel.chunk_count(parallel.CHECKPOINT_CHUNKS))]
         self._matched_cts = []
         bucket_sums = [s for part in parallel.run_chunks(aggregation.bucket_sums_chunk, tasks,
-                                                         checkpoint=self._checkpoint) for s in part]
+                                                         checkpoint=self._chunk_done("aggregation", len(tasks)))
+                       for s in part]
         self._lap("aggregation")
         self._progress("aggregation", f"aggregated {self.n_matched} rows into {m} buckets x {k} groups")
 
@@ -306,7 +332,8 @@ class TesterSession:
                           [ratio[b] for b in part] if ratio else None,
                           [pads[b] for b in part] if pads else None))
         out = [c for part in parallel.run_chunks(aggregation.replicate_chunk, tasks,
-                                                 checkpoint=self._checkpoint) for c in part]
+                                                 checkpoint=self._chunk_done("bootstrap", len(tasks)))
+               for c in part]
         self._lap("bootstrap_and_mask")
         self._progress("bootstrap", f"{self.spec.bootstrap} replicates masked; sending to the Test-Client")
         self.phase = Phase.WAIT_RESULT
@@ -323,9 +350,11 @@ class TesterSession:
         seconds = dict(self.phase_seconds)
         seconds.update({f"client_{k}": v for k, v in client_seconds.items()})
         seconds["total"] = self._clock.total()
-        self.result = AuditReport(self.spec.metric, self.n_matched, self.spec.bootstrap, self.spec.confidence,
-                                  groups, self.spec.result_recipient, self.spec.metric_option, self.spec.tau,
-                                  seconds)
+        self.result = AuditReport(metric=self.spec.metric, n_matched=self.n_matched,
+                                  bootstrap=self.spec.bootstrap, confidence=self.spec.confidence, groups=groups,
+                                  result_recipient=self.spec.result_recipient,
+                                  metric_option=self.spec.metric_option, tau=self.spec.tau,
+                                  phase_seconds=seconds, preparation=self._preparation)
         self.phase = Phase.DONE
         self._progress("done", "result received")
         self.close()

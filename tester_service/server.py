@@ -20,14 +20,15 @@ import grpc
 import pandas as pd
 
 from common import bootstrap as boot_defaults
-from common import channels, paillier, wire
-from common.errors import PPREError, ProtocolError
+from common import channels, paillier
+from common.errors import InputError, PeerAborted, PeerTimeoutError, PPREError, ShuttingDownError
+from common.peer_stream import Inbox, Outbox, ProgressState
 from common.report import DEFAULT_TAU
 from proto import ppre_pb2 as pb
 from proto import ppre_pb2_grpc as pb_grpc
 from tester_service.inputs import read_probability_table
 from tester_service.preparation import PreparationConfig, prepare, read_members, read_self_id
-from tester_service.protocol import AuditSpec, PeerAborted, Phase, TesterSession
+from tester_service.protocol import AuditSpec, Phase, TesterSession
 
 log = logging.getLogger("ppre.tester")
 
@@ -43,8 +44,17 @@ class TesterConfig:
     load_probabilities: Callable[[], pd.DataFrame]
     min_modulus_bits: int = paillier.MIN_MODULUS_BITS
     n_buckets: int = boot_defaults.DEFAULT_BUCKETS
-    deadline_s: float = 3600.0
+    #: keepalive, heartbeat interval and peer timeout (`--peer-timeout`)
+    settings: channels.LinkSettings = field(default_factory=channels.LinkSettings.from_env)
+    #: most audits at once (`--max-sessions`); beyond it RunAudit answers RESOURCE_EXHAUSTED
+    max_sessions: int = 4
+    #: longest audit; stalls are caught much sooner by the peer timeout
+    deadline_s: float = 6 * 3600.0
     sessions: list = field(default_factory=list)  # live sessions, for tests of teardown
+
+    def __post_init__(self) -> None:
+        if self.max_sessions < 1:
+            raise InputError("must be at least 1", parameter="max sessions")
 
     @classmethod
     def from_probability_file(cls, client_address: str, path: str | Path, **kw) -> "TesterConfig":
@@ -71,6 +81,19 @@ def _error(code: str, message: str) -> pb.AuditEvent:
     return pb.AuditEvent(error=pb.AuditError(code=code, message=message))
 
 
+def _grpc_error(exc: grpc.RpcError, who: str) -> pb.AuditEvent:
+    """A failed gRPC call as the operator's error: the status code in lower case
+    ("unavailable", "deadline_exceeded", "resource_exhausted", ...) and its details."""
+    code = exc.code() if callable(getattr(exc, "code", None)) else None
+    details = exc.details() if callable(getattr(exc, "details", None)) else None
+    name = code.name.lower() if code is not None else "unavailable"
+    return _error(name, f"{who}: {details or name}")
+
+
+#: intermediate progress (rows done) reaches the operator at most this often
+PROGRESS_EVERY_S = 1.0
+
+
 class _Cancelled(Exception):
     """The operator's call ended (cancelled, deadline passed, disconnected) before the audit."""
 
@@ -79,9 +102,11 @@ class _AuditRun:
     """One audit on its own thread (the servicer only relays `events`).
 
     Running the session off the gRPC handler's thread lets progress reach the operator
-    as each phase ends, not batched behind the next long step, and lets an operator who
-    goes away stop the audit: `cancel()` (wired to the call's termination) cancels the
-    peer stream, and the session's next progress report raises `_Cancelled`.
+    as it happens, and lets an operator who goes away stop the audit: `cancel()` (wired
+    to the call's termination) makes the session's next checkpoint raise `_Cancelled`;
+    `stop(error)` (shutdown) makes it raise `error`, which is reported to the operator
+    and, as an Abort, to the Test-Client. Peer messages move through `common.peer_stream`
+    (heartbeats both ways, peer deadlines, bounded queues).
     """
 
     def __init__(self, config: TesterConfig, request: pb.AuditRequest) -> None:
@@ -89,26 +114,57 @@ class _AuditRun:
         self.request = request
         self.events: "queue.Queue" = queue.Queue()  # AuditEvents, then _DONE
         self._cancelled = threading.Event()
+        self._stop_error: PPREError | None = None
         self._lock = threading.Lock()
         self._responses = None  # the call to the Test-Client, once open
         self._t0 = time.perf_counter()
+        self.state = ProgressState()  # ours, sent to the Test-Client in heartbeats
+        self._latest = pb.Progress(phase="inputs")  # ours or the Test-Client's, for the operator
+        self._last_emit = 0.0
 
     def cancel(self) -> None:
         """Idempotent; also called when the operator's call ends normally."""
         self._cancelled.set()
-        with self._lock:
-            responses = self._responses
-        if responses is not None:
-            responses.cancel()
+
+    def stop(self, error: PPREError) -> None:
+        """End the audit with `error` at its next checkpoint (within a fraction of a second
+        while it waits for the peer, after the current chunk while it computes)."""
+        self._stop_error = error
 
     def _check(self) -> None:
+        if self._stop_error is not None:
+            raise self._stop_error
         if self._cancelled.is_set():
             raise _Cancelled()
 
-    def _progress(self, phase: str, message: str) -> None:
+    def _emit(self, phase: str, message: str, done: int = 0, total: int = 0) -> None:
+        now = time.perf_counter()
+        with self._lock:
+            self._latest = pb.Progress(phase=phase, message=message, elapsed_s=now - self._t0, done=done,
+                                       total=total)
+            # phase ends always go out; counts within a phase at most every PROGRESS_EVERY_S
+            if done and not (total and done >= total) and now - self._last_emit < PROGRESS_EVERY_S:
+                return
+            self._last_emit = now
+            self.events.put(pb.AuditEvent(progress=self._latest))
+
+    def _progress(self, phase: str, message: str, done: int = 0, total: int = 0) -> None:
         self._check()
-        self.events.put(pb.AuditEvent(progress=pb.Progress(phase=phase, message=message,
-                                                           elapsed_s=time.perf_counter() - self._t0)))
+        self.state.update(phase, done, total)
+        self._emit(phase, message or (f"{done} of {total} rows" if total else f"{done} rows"), done, total)
+
+    def _peer_progress(self, beat: pb.Heartbeat) -> None:
+        if beat.phase:
+            counted = f": {beat.done} of {beat.total} rows" if beat.total else (f": {beat.done} rows" if beat.done else "")
+            self._emit(f"client:{beat.phase}", f"Test-Client busy{counted}", beat.done, beat.total)
+
+    def heartbeat(self) -> pb.AuditEvent:
+        """What the operator gets when nothing else happened for a while: the latest progress."""
+        with self._lock:
+            latest = pb.Progress()
+            latest.CopyFrom(self._latest)
+        latest.elapsed_s = time.perf_counter() - self._t0
+        return pb.AuditEvent(progress=latest)
 
     def run(self) -> None:
         try:
@@ -118,50 +174,56 @@ class _AuditRun:
         finally:
             self.events.put(_DONE)
 
+    def _spec(self) -> AuditSpec:
+        """The operator's request; absent fields get the defaults, present ones are checked
+        (bootstrap 0 or tau 0 is refused, never replaced by a default)."""
+        request = self.request
+        return AuditSpec(
+            metric=request.metric, client_dataset=request.client_dataset,
+            bootstrap=request.bootstrap if request.HasField("bootstrap") else boot_defaults.DEFAULT_REPLICATES,
+            confidence=request.confidence if request.HasField("confidence") else boot_defaults.DEFAULT_CONFIDENCE,
+            seed=request.seed if request.has_seed else None,
+            result_recipient=request.result_recipient or "client",
+            metric_option=request.metric_option,
+            tau=request.tau if request.HasField("tau") else DEFAULT_TAU).validated()
+
     def _audit(self) -> pb.AuditEvent | None:
-        cfg, request = self.config, self.request
+        cfg = self.config
+        settings = cfg.settings
         session = None
-        outgoing: "queue.Queue" = queue.Queue(maxsize=32)
+        outbox = Outbox(settings, self.state, "Test-Client")
+        inbox = None
         channel = None
         try:
-            spec = AuditSpec(
-                metric=request.metric, client_dataset=request.client_dataset,
-                bootstrap=request.bootstrap or boot_defaults.DEFAULT_REPLICATES,
-                confidence=request.confidence or boot_defaults.DEFAULT_CONFIDENCE,
-                seed=request.seed if request.has_seed else None,
-                result_recipient=request.result_recipient or "client",
-                metric_option=request.metric_option, tau=request.tau or DEFAULT_TAU).validated()
+            spec = self._spec()
             self._progress("inputs", "reading the Tester's inputs")
             probabilities = cfg.load_probabilities()
+            preparation = probabilities.attrs.get("preparation")
             session = TesterSession(spec, probabilities, min_modulus_bits=cfg.min_modulus_bits,
                                     n_buckets=cfg.n_buckets, progress=self._progress,
-                                    checkpoint=self._check)
+                                    checkpoint=self._check,
+                                    preparation=preparation.counts() if preparation is not None else None)
             del probabilities
             cfg.sessions.append(session)
 
-            def requests():
-                while True:
-                    item = outgoing.get()
-                    if item is _DONE:
-                        return
-                    yield item
-
-            channel = channels.make_channel(cfg.client_address)
-            # Replies are decoded by us (wire.parse_peer_message): a Test-Client that sends
-            # garbage gets a protocol_error, not an opaque gRPC INTERNAL.
+            channel = channels.make_channel(cfg.client_address, settings)
+            # Replies are decoded by us (wire.parse_peer_message, in the Inbox): a Test-Client
+            # that sends garbage gets a protocol_error, not an opaque gRPC INTERNAL.
             exchange = channel.stream_stream(EXCHANGE_METHOD,
                                              request_serializer=pb.PeerMessage.SerializeToString,
                                              response_deserializer=None)
             for msg in session.start():
-                outgoing.put(msg)
+                outbox.put(msg, self._check)
             with self._lock:
                 self._check()
-                self._responses = exchange(requests(), timeout=cfg.deadline_s)
-            for data in self._responses:
-                for msg in session.receive(wire.parse_peer_message(data)):
-                    outgoing.put(msg)
-                if session.phase is Phase.DONE:
+                self._responses = exchange(outbox.messages(), timeout=cfg.deadline_s)
+            inbox = Inbox(self._responses, settings, "Test-Client", on_heartbeat=self._peer_progress)
+            while session.phase is not Phase.DONE:
+                msg = inbox.get(self._check)
+                if msg is None:
                     break
+                for out in session.receive(msg):
+                    outbox.put(out, self._check)
             self._check()
             if session.result is None:
                 return _error("protocol_error", f"the Test-Client ended the session in phase {session.phase.value}")
@@ -171,24 +233,25 @@ class _AuditRun:
                         session.phase.value if session is not None else "inputs")
             return None
         except PeerAborted as exc:
+            log.warning("audit aborted by the Test-Client (%s)", exc.code)
             return _error(exc.code, f"Test-Client: {exc}")
         except PPREError as exc:
             log.warning("audit failed: %s", type(exc).__name__)
             if session is not None:
-                _put_nowait(outgoing, pb.PeerMessage(abort=pb.Abort(code=exc.code, message=str(exc))))
-            return _error(exc.code, str(exc))
+                outbox.put_nowait(pb.PeerMessage(abort=pb.Abort(code=exc.code, message=str(exc))))
+            who = f"Test-Client at {cfg.client_address}: " if isinstance(exc, PeerTimeoutError) else ""
+            return _error(exc.code, f"{who}{exc}")
         except grpc.RpcError as exc:
             if self._cancelled.is_set():  # we cancelled the peer call because the operator left
                 log.warning("audit cancelled by the operator")
                 return None
-            code = exc.code() if hasattr(exc, "code") else None
-            return _error("unavailable" if code == grpc.StatusCode.UNAVAILABLE else "peer_error",
-                          f"Test-Client at {cfg.client_address}: {code.name if code else 'error'}")
+            log.warning("audit failed: the call to the Test-Client ended (%s)", exc.code())
+            return _grpc_error(exc, f"Test-Client at {cfg.client_address}")
         except Exception:
             log.exception("internal error during an audit")
             return _error("internal", "internal error at the Tester")
         finally:
-            _close_queue(outgoing)
+            outbox.close()  # ends the request stream (an Abort put above still goes first)
             if session is not None:
                 session.close()
                 if session in cfg.sessions:
@@ -196,49 +259,105 @@ class _AuditRun:
             with self._lock:
                 responses, self._responses = self._responses, None
             if responses is not None:
+                # give a queued Abort a moment to leave before the call is torn down
+                if not responses.done():
+                    _wait_done(responses, ABORT_FLUSH_S)
                 responses.cancel()
+            if inbox is not None:
+                inbox.close()
             if channel is not None:
                 channel.close()
 
 
+#: how long a failing audit waits for the Test-Client to take its Abort
+ABORT_FLUSH_S = 1.0
+
+
+def _wait_done(call, seconds: float) -> None:
+    done = threading.Event()
+    call.add_done_callback(lambda _: done.set())
+    done.wait(seconds)
+
+
 class TesterServicer(pb_grpc.TesterServicer):
-    def __init__(self, config: TesterConfig) -> None:
+    """`RunAudit`: admits an audit (session limit, shutdown), runs it on its own thread
+    and relays its events, with a progress event whenever the audit has been quiet for
+    `heartbeat_s` (the operator's stream is never silent)."""
+
+    def __init__(self, config: TesterConfig, health_servicer=None) -> None:
         self.config = config
+        self._health = health_servicer
+        self._lock = threading.Lock()
+        self._runs: set[_AuditRun] = set()
+        self._draining = False
+
+    @property
+    def active_sessions(self) -> int:
+        with self._lock:
+            return len(self._runs)
 
     def RunAudit(self, request: pb.AuditRequest, context):
         run = _AuditRun(self.config, request)
+        with self._lock:
+            if self._draining:
+                refusal = (grpc.StatusCode.UNAVAILABLE, "the Tester is shutting down")
+            elif len(self._runs) >= self.config.max_sessions:
+                refusal = (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"the Tester already runs {len(self._runs)} audits, its limit (--max-sessions "
+                           f"{self.config.max_sessions}); try again when one has finished")
+            else:
+                refusal = None
+                self._runs.add(run)
+                active = len(self._runs)
+        if refusal is not None:
+            log.warning("audit refused: %s", refusal[1])
+            context.abort(*refusal)
+        log.info("audit started (metric %s, dataset %r); active sessions: %d", request.metric,
+                 request.client_dataset, active)
         context.add_callback(run.cancel)  # runs when the call ends, however it ends
-        threading.Thread(target=run.run, name="ppre-audit", daemon=True).start()
+        threading.Thread(target=self._run, args=(run,), name="ppre-audit", daemon=True).start()
         try:
-            while (event := run.events.get()) is not _DONE:
+            while True:
+                try:
+                    event = run.events.get(timeout=self.config.settings.heartbeat_s)
+                except queue.Empty:
+                    yield run.heartbeat()
+                    continue
+                if event is _DONE:
+                    return
                 yield event
         finally:
             run.cancel()  # the operator stopped reading: stop the audit too
 
-
-def _close_queue(q: queue.Queue) -> None:
-    """End the request stream even when the queue is full (never leave its reader blocked)."""
-    while True:
+    def _run(self, run: _AuditRun) -> None:
         try:
-            q.put_nowait(_DONE)
-            return
-        except queue.Full:
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                pass
+            run.run()
+        finally:
+            with self._lock:
+                self._runs.discard(run)
+                active = len(self._runs)
+            log.info("audit ended; active sessions: %d", active)
 
-
-def _put_nowait(q: queue.Queue, item) -> None:
-    try:
-        q.put_nowait(item)
-    except queue.Full:
-        pass
+    def shutdown(self, wait_s: float) -> None:
+        """SIGTERM: report NOT_SERVING, refuse new audits, end running ones with a
+        "shutting down" error to the operator and the Test-Client, and wait up to
+        `wait_s` for them to be torn down."""
+        with self._lock:
+            self._draining = True
+            runs = list(self._runs)
+        if self._health is not None:
+            channels.set_not_serving(self._health, "ppre.v1.Tester")
+        for run in runs:
+            run.stop(ShuttingDownError("the Tester is shutting down"))
+        deadline = time.monotonic() + wait_s
+        while self.active_sessions and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def serve(config: TesterConfig, port: int, host: str = "0.0.0.0") -> tuple[grpc.Server, int, TesterServicer]:
-    server, bound, health_servicer = channels.make_server(port, host)
-    servicer = TesterServicer(config)
+    server, bound, health_servicer = channels.make_server(port, host, workers=config.max_sessions + 8,
+                                                          settings=config.settings)
+    servicer = TesterServicer(config, health_servicer)
     pb_grpc.add_TesterServicer_to_server(servicer, server)
     server.start()
     channels.set_serving(health_servicer, "ppre.v1.Tester")
@@ -246,21 +365,29 @@ def serve(config: TesterConfig, port: int, host: str = "0.0.0.0") -> tuple[grpc.
 
 
 def run_audit(address: str, request: pb.AuditRequest, *, timeout: float | None = None,
-              on_progress: Callable[[pb.Progress], None] | None = None) -> pb.AuditEvent:
-    """Operator side: call RunAudit and return the final event (result or error)."""
-    with channels.make_channel(address) as channel:
+              on_progress: Callable[[pb.Progress], None] | None = None,
+              settings: channels.LinkSettings | None = None) -> pb.AuditEvent:
+    """Operator side: call RunAudit and return the final event (result or error).
+
+    Every way the call can fail comes back as an error event, never an exception: a
+    gRPC status as its lower-case code ("unavailable", "deadline_exceeded",
+    "resource_exhausted", ...), a broken event stream as "protocol_error"."""
+    with channels.make_channel(address, settings) as channel:
         stub = pb_grpc.TesterStub(channel)
         final = None
-        for event in stub.RunAudit(request, timeout=timeout):
-            kind = event.WhichOneof("event")
-            if kind == "progress":
-                if on_progress:
-                    on_progress(event.progress)
-            elif final is None:
-                final = event
-            else:
-                raise ProtocolError("the Tester sent more than one final event")
+        try:
+            for event in stub.RunAudit(request, timeout=timeout):
+                kind = event.WhichOneof("event")
+                if kind == "progress":
+                    if on_progress:
+                        on_progress(event.progress)
+                elif final is None:
+                    final = event
+                else:
+                    return _error("protocol_error", "the Tester sent more than one final event")
+        except grpc.RpcError as exc:
+            return _grpc_error(exc, f"Tester at {address}")
         if final is None:
-            raise ProtocolError("the Tester ended the audit without a result")
+            return _error("protocol_error", "the Tester ended the audit without a result")
         return final
 

@@ -5,6 +5,7 @@ import argparse
 import os
 
 from common.errors import InputError
+from ppre.commands import add_service_arguments, link_settings
 
 
 def _named(values: list[str]) -> dict[str, str]:
@@ -27,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="directory of datasets NAME.csv / NAME.parquet (env PPRE_CLIENT_DATA_DIR)")
     s.add_argument("--dataset", action="append", default=[], metavar="NAME=FILE",
                    help="a named dataset file (repeatable)")
+    add_service_arguments(s)
     s.set_defaults(func=run)
 
 
@@ -35,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from client_service.server import ClientConfig, serve
     from ppre.commands import serve_forever
     registry = DatasetRegistry(args.data_dir, _named(args.dataset))
-    server, port, _ = serve(ClientConfig(registry), args.port, args.host)
+    config = ClientConfig(registry, settings=link_settings(args), max_sessions=args.max_sessions)
+    server, port, servicer = serve(config, args.port, args.host)
     print(f"client serving on {args.host}:{port}; datasets: {', '.join(registry.names()) or 'none'}", flush=True)
-    return serve_forever(server)
+    return serve_forever(server, servicer)

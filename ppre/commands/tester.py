@@ -5,6 +5,7 @@ import argparse
 import os
 
 from common.errors import InputError
+from ppre.commands import add_service_arguments, link_settings
 
 
 
@@ -23,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "BISG + Self-ID + clipping run inside each audit (env PPRE_TESTER_MEMBERS)")
     add_preparation_arguments(s)
     s.add_argument("--buckets", type=int, default=int(os.environ.get("PPRE_BOOTSTRAP_BUCKETS", "128")))
+    add_service_arguments(s)
     s.set_defaults(func=run)
 
 
@@ -62,12 +64,13 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.probabilities) == bool(args.members):
         raise InputError("give exactly one of --probabilities (a prepared table) and --members",
                          parameter="--probabilities/--members")
+    service = dict(n_buckets=args.buckets, settings=link_settings(args), max_sessions=args.max_sessions)
     if args.probabilities:
-        config = TesterConfig.from_probability_file(args.client, args.probabilities, n_buckets=args.buckets)
+        config = TesterConfig.from_probability_file(args.client, args.probabilities, **service)
     else:
         config = TesterConfig.from_members(args.client, args.members, args.self_id, preparation_config(args),
-                                           n_buckets=args.buckets)
+                                           **service)
         config.load_probabilities()  # check the files and parameters now, not at the first audit
-    server, port, _ = serve(config, args.port, args.host)
+    server, port, servicer = serve(config, args.port, args.host)
     print(f"tester serving on {args.host}:{port}; Test-Client at {args.client}", flush=True)
-    return serve_forever(server)
+    return serve_forever(server, servicer)
