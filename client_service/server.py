@@ -84,6 +84,7 @@ class _Exchange:
         inbox = Inbox(request_iterator, self.config.settings, "Tester")
         try:
             while True:
+                self.state.update("")  # idle: heartbeats keep the link alive, carry no news
                 msg = inbox.get(self.checkpoint)
                 if msg is None:
                     log.warning("session ended by the Tester in phase %s", session.phase.value)

@@ -80,9 +80,21 @@ def split(seq: Sequence[Any], parts: int) -> list[Sequence[Any]]:
     return out
 
 
-def shutdown() -> None:
+def shutdown(wait: bool = True) -> None:
+    """Stop the pool. `wait=False` (a service shutting down) does not wait for chunks
+    still running: their worker processes are terminated, so that the service exits
+    within its grace period whatever step it was in."""
     global _pool
     with _lock:
-        if _pool is not None:
-            _pool.shutdown(cancel_futures=True)
-            _pool = None
+        pool, _pool = _pool, None
+    if pool is None:
+        return
+    # ProcessPoolExecutor has no public way to stop busy workers before Python 3.14
+    # (terminate_workers); its process table is the only handle on them.
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=wait, cancel_futures=True)
+    if not wait:
+        for process in workers:
+            process.terminate()
+        for process in workers:
+            process.join(timeout=2)

@@ -14,6 +14,14 @@ from dataclasses import dataclass, field
 from proto import ppre_pb2 as pb
 
 DEFAULT_TAU = 0.05
+#: the preparation counts in the order a reader follows them (others, e.g. BISG sources, after)
+PREPARATION_ORDER = ("members_read", "dropped_opt_out", "dropped_non_us", "dropped_excluded_state",
+                     "self_id_used", "self_id_not_among_kept", "clipped_rows", "threshold")
+
+
+def _ordered(counts: dict[str, float]) -> list[tuple[str, float]]:
+    rank = {name: i for i, name in enumerate(PREPARATION_ORDER)}
+    return sorted(counts.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0]))
 
 
 @dataclass(frozen=True)
@@ -107,8 +115,7 @@ class AuditReport:
             "verdict": {"tau": v.tau, "max_gap": v.max_gap, "flagged": v.flagged, "severity": v.severity,
                         "significant_pairs": [list(p) for p in v.significant_pairs]},
             "phase_seconds": {k: round(s, 4) for k, s in self.phase_seconds.items()},
-            "preparation": {k: (int(v) if float(v).is_integer() and k != "threshold" else v)
-                            for k, v in self.preparation.items()},
+            "preparation": {k: (v if k == "threshold" else int(v)) for k, v in _ordered(self.preparation)},
         }
 
     def to_json(self) -> str:
@@ -146,8 +153,7 @@ class AuditReport:
                          f"{'FLAGGED' if v.flagged else 'not flagged'} (severity {v.severity}); "
                          f"non-overlapping CIs: {pairs}")
         if self.preparation:
-            p = self.preparation
             lines.append("preparation: " + ", ".join(
-                f"{name.replace('_', ' ')} {p[name]:.4g}" if name == "threshold" else
-                f"{name.replace('_', ' ')} {int(p[name])}" for name in p))
+                f"{name.replace('_', ' ')} {value:.4g}" if name == "threshold" else
+                f"{name.replace('_', ' ')} {int(value)}" for name, value in _ordered(self.preparation)))
         return "\n".join(lines)

@@ -216,7 +216,7 @@ class TesterSession:
             hashed = commutative.hash_ids(salt, ids[start:stop])
             point_parts.append(self._com_key.encrypt_points(commutative.split_points(hashed)))
             sealed_parts.append(self._sealer.seal_rows(probs[start:stop]))
-            self._progress("psi_upload", "", stop, n)
+            self._progress("psi_upload", f"{stop} of {n} rows encrypted", stop, n)
             if self._checkpoint is not None:
                 self._checkpoint()
         points, sealed = b"".join(point_parts), b"".join(sealed_parts)

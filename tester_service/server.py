@@ -121,6 +121,7 @@ class _AuditRun:
         self.state = ProgressState()  # ours, sent to the Test-Client in heartbeats
         self._latest = pb.Progress(phase="inputs")  # ours or the Test-Client's, for the operator
         self._last_emit = 0.0
+        self._peer_last: tuple = ()
 
     def cancel(self) -> None:
         """Idempotent; also called when the operator's call ends normally."""
@@ -136,6 +137,11 @@ class _AuditRun:
             raise self._stop_error
         if self._cancelled.is_set():
             raise _Cancelled()
+        responses = self._responses
+        if responses is not None and responses.done() and responses.code() is not grpc.StatusCode.OK:
+            # the Test-Client died or the call broke while we compute: stop now, not at the
+            # next read (the Inbox would report it only after the current step)
+            raise responses
 
     def _emit(self, phase: str, message: str, done: int = 0, total: int = 0) -> None:
         now = time.perf_counter()
@@ -151,12 +157,17 @@ class _AuditRun:
     def _progress(self, phase: str, message: str, done: int = 0, total: int = 0) -> None:
         self._check()
         self.state.update(phase, done, total)
-        self._emit(phase, message or (f"{done} of {total} rows" if total else f"{done} rows"), done, total)
+        self._emit(phase, message or (f"{done} of {total}" if total else f"{done} so far"), done, total)
 
     def _peer_progress(self, beat: pb.Heartbeat) -> None:
-        if beat.phase:
-            counted = f": {beat.done} of {beat.total} rows" if beat.total else (f": {beat.done} rows" if beat.done else "")
-            self._emit(f"client:{beat.phase}", f"Test-Client busy{counted}", beat.done, beat.total)
+        """A Test-Client heartbeat: news (a phase, or more done) reaches the operator;
+        an idle Test-Client's heartbeats (no phase) only keep the link alive."""
+        news = (beat.phase, beat.done, beat.total)
+        if not beat.phase or news == self._peer_last:
+            return
+        self._peer_last = news
+        counted = f": {beat.done} of {beat.total}" if beat.total else (f": {beat.done} so far" if beat.done else "")
+        self._emit(f"client:{beat.phase}", f"Test-Client busy{counted}", beat.done, beat.total)
 
     def heartbeat(self) -> pb.AuditEvent:
         """What the operator gets when nothing else happened for a while: the latest progress."""

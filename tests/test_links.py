@@ -100,16 +100,17 @@ def test_busy_parties_send_progress_at_least_every_heartbeat(inputs):
     heartbeats relayed ("client:..."), with rows done out of the total where known."""
     _, _, tp, cp = inputs
     settings = LinkSettings(keepalive_s=30.0, heartbeat_s=0.5, peer_timeout_s=60.0)
-    load = _slow(lambda: read_probability_table(tp), 2.0)
+    load = _slow(lambda: read_probability_table(tp), 4.0)
     events: list[tuple[float, pb.Progress]] = []
-    with local_services(load, SlowRegistry(2.0, named={"ero": cp}), modulus_bits=TEST_BITS, allow_insecure=True,
+    with local_services(load, SlowRegistry(4.0, named={"ero": cp}), modulus_bits=TEST_BITS, allow_insecure=True,
                         settings=settings) as svc:
         event = run_audit(svc.tester_address, _request(bootstrap=200), timeout=120, settings=settings,
                           on_progress=lambda p: events.append((time.monotonic(), p)))
     assert event.WhichOneof("event") == "result", event
     times = [t for t, _ in events]
     gaps = np.diff(times)
-    assert gaps.max() < 0.5 + 1.0, gaps.max()  # scheduling slack on a loaded 2-core machine
+    # silent for 4 s twice without heartbeats; slack for scheduling on a loaded 2-core machine
+    assert gaps.max() < 2.5, gaps.max()
     phases = [p.phase for _, p in events]
     assert "client:" in " ".join(phases), phases  # the Test-Client's heartbeat during its dataset load
     assert "inputs" in phases and "psi_upload" in phases and "bootstrap" in phases

@@ -32,6 +32,28 @@ def test_local_audit_prepares_bisg_probabilities(files, capsys):
     assert [g["group"] for g in report["groups"]] == ["white", "black", "api", "aian", "multiple", "hispanic"]
 
 
+def test_preparation_counts_reach_the_result(files, capsys):
+    """The Tester's preparation counts (never member data) travel with the result: members
+    read and dropped, Self-ID rows used, the clipping threshold; they add up."""
+    import pandas as pd
+
+    members = pd.read_csv(files["members"], dtype=str)
+    members.loc[:9, "opt_out"] = "1"  # ten members opt out
+    members.to_csv(files["members"], index=False)
+    assert ppre_main(_audit(files, "--threshold", "0.825")) == 0
+    report = json.loads(capsys.readouterr().out)
+    prep = report["preparation"]
+    assert prep["members_read"] == 300 and prep["dropped_opt_out"] == 10
+    kept = prep["members_read"] - prep["dropped_opt_out"] - prep["dropped_non_us"] - prep["dropped_excluded_state"]
+    assert report["n_matched"] == kept
+    survey = pd.read_csv(files["self_id"], dtype=str)
+    assert prep["self_id_used"] + prep["self_id_not_among_kept"] == len(survey)
+    assert prep["threshold"] == 0.825
+    assert sum(v for k, v in prep.items() if k.startswith("bisg_")) == kept
+    assert ppre_main([a for a in _audit(files, "--threshold", "0.825") if a != "--json"]) == 0  # the table too
+    assert "preparation: members read 300, dropped opt out 10" in capsys.readouterr().out
+
+
 def test_group_mapping_coarsens_the_audit(files, capsys):
     assert ppre_main(_audit(files, "--group-mapping", "hsm=black+hispanic+aian,non_hsm=white+api+multiple")) == 0
     report = json.loads(capsys.readouterr().out)

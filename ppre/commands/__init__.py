@@ -37,5 +37,5 @@ def serve_forever(server, servicer) -> int:
     stop.wait()
     servicer.shutdown(SHUTDOWN_SESSIONS_S)
     server.stop(grace=SHUTDOWN_GRACE_S).wait(SHUTDOWN_GRACE_S + 1)  # bounded: never hang on a stuck call
-    parallel.shutdown()
+    parallel.shutdown(wait=False)
     return 0

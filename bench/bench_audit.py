@@ -1,0 +1,184 @@
+"""Benchmark: one ERO audit of a given size over the real services, each its own process.
+
+    .venv/bin/python bench/bench_audit.py --members 1000000 [--overlap 0.5] [--bootstrap 1000]
+                                          [--workers N] [--data DIR] [--json FILE]
+
+Generates (or reuses, under --data) a fractional probability table for the Tester and
+an ERO dataset for the Test-Client (N members each, `overlap` of them shared, shuffled),
+starts `ppre client serve` and `ppre tester serve` as two processes on loopback, runs
+the audit through the operator RPC and prints: wall time, rows per second, every phase
+timing both parties report, and the peak resident memory of each service (the service
+process and its worker processes together, sampled every 0.2 s from /proc).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+
+def make_files(directory: Path, members: int, overlap: float, seed: int = 7) -> tuple[Path, Path]:
+    from common.races import RACES
+
+    tp, cp = directory / f"probabilities-{members}.parquet", directory / f"ero-{members}.parquet"
+    if tp.exists() and cp.exists():
+        return tp, cp
+    rng = np.random.default_rng(seed)
+    n_common = int(members * overlap)
+    tester_ids = np.char.add("T", np.char.zfill(np.arange(members).astype(str), 9))
+    client_ids = np.concatenate([tester_ids[:n_common],
+                                 np.char.add("C", np.char.zfill(np.arange(members - n_common).astype(str), 9))])
+    rng.shuffle(client_ids)
+    probs = rng.dirichlet(np.full(len(RACES), 0.5), members)
+    columns = {"member_id": pa.array(tester_ids.tolist())}
+    columns.update({race: pa.array(probs[:, j]) for j, race in enumerate(RACES)})
+    pq.write_table(pa.table(columns), tp)
+    y = rng.integers(0, 2, members)
+    y_pred = (rng.random(members) < np.where(y == 1, 0.8, 0.15)).astype(np.int64)
+    pq.write_table(pa.table({"member_id": pa.array(client_ids.tolist()), "y_true": pa.array(y),
+                             "y_pred": pa.array(y_pred)}), cp)
+    return tp, cp
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and all its descendants (worker pools)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as fh:
+                for line in fh:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as fh:
+                    todo += [int(c) for c in fh.read().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+class PeakMemory(threading.Thread):
+    def __init__(self, pids: dict[str, int]) -> None:
+        super().__init__(daemon=True)
+        self.pids = pids
+        self.peak = {name: 0 for name in pids}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.2):
+            for name, pid in self.pids.items():
+                self.peak[name] = max(self.peak[name], tree_rss_bytes(pid))
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(address: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    from common.channels import check_health
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"service exited with {proc.returncode}")
+        if check_health(address, timeout=1.0):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{address} not healthy after {timeout} s")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--members", type=int, default=10_000, help="members on each side")
+    ap.add_argument("--overlap", type=float, default=0.5)
+    ap.add_argument("--bootstrap", type=int, default=1000)
+    ap.add_argument("--workers", type=int, default=None, help="PPRE_WORKERS of each service")
+    ap.add_argument("--data", type=Path, default=None, help="keep the generated files here (reused)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the measurements here")
+    args = ap.parse_args()
+
+    from proto import ppre_pb2 as pb
+    from tester_service.server import run_audit
+
+    tmp = tempfile.TemporaryDirectory()
+    data = args.data or Path(tmp.name)
+    data.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    tp, cp = make_files(data, args.members, args.overlap)
+    print(f"data ready in {time.perf_counter() - t0:.1f} s: {tp.name}, {cp.name}", flush=True)
+
+    env = dict(os.environ)
+    if args.workers:
+        env["PPRE_WORKERS"] = str(args.workers)
+    ppre = [sys.executable, "-m", "ppre.cli"]
+    client_port, tester_port = free_port(), free_port()
+    procs = {}
+    try:
+        procs["client"] = subprocess.Popen(ppre + ["client", "serve", "--host", "127.0.0.1", "--port",
+                                                   str(client_port), "--dataset", f"ero={cp}"], env=env, cwd=ROOT)
+        procs["tester"] = subprocess.Popen(ppre + ["tester", "serve", "--host", "127.0.0.1", "--port",
+                                                   str(tester_port), "--client", f"127.0.0.1:{client_port}",
+                                                   "--probabilities", str(tp)], env=env, cwd=ROOT)
+        wait_healthy(f"127.0.0.1:{client_port}", procs["client"])
+        wait_healthy(f"127.0.0.1:{tester_port}", procs["tester"])
+        memory = PeakMemory({name: p.pid for name, p in procs.items()})
+        memory.start()
+        request = pb.AuditRequest(metric="ero", client_dataset="ero", bootstrap=args.bootstrap, confidence=0.95,
+                                  has_seed=True, seed=1)
+        last = {"phase": None}
+
+        def show(p):
+            if p.phase != last["phase"] or (p.total and p.done == p.total):
+                print(f"[{p.elapsed_s:8.1f}s] {p.phase}: {p.message}", flush=True)
+                last["phase"] = p.phase
+
+        t0 = time.perf_counter()
+        event = run_audit(f"127.0.0.1:{tester_port}", request, on_progress=show)
+        wall = time.perf_counter() - t0
+        memory.stop.set()
+        memory.join()
+    finally:
+        for p in procs.values():
+            p.terminate()
+        for p in procs.values():
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        tmp.cleanup()
+    if event.WhichOneof("event") != "result":
+        print("audit failed:", event.error.code, event.error.message)
+        return 1
+    r = event.result
+    out = {
+        "members_each_side": args.members, "overlap": args.overlap, "bootstrap": args.bootstrap,
+        "workers": args.workers or os.cpu_count(), "cpus": os.cpu_count(), "n_matched": r.n_matched,
+        "wall_s": round(wall, 1), "rows_per_s": round(2 * args.members / wall),
+        "peak_rss_mib": {k: round(v / 2**20) for k, v in memory.peak.items()},
+        "phase_seconds": {k: round(v, 1) for k, v in r.phase_seconds.items()},
+        "estimates": {g.group: round(g.estimate, 5) for g in r.groups},
+    }
+    print(json.dumps(out, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
