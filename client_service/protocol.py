@@ -14,13 +14,14 @@ from __future__ import annotations
 import enum
 import random
 import secrets
+from functools import partial
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pandas as pd
 
 from common import bootstrap, commutative, encoding, paillier, parallel
-from common.session import PhaseClock, expect_phase
+from common.session import PhaseClock, chunk_ticks, expect_phase
 from common.errors import EncodingOverflowError, InputError, PeerAborted, ProtocolError
 from common.estimators import RatioMetric, get_metric
 from common.masking import masked_ratio
@@ -91,16 +92,6 @@ class ClientSession:
         if self._checkpoint is not None:
             self._checkpoint()
 
-    def _chunk_done(self, phase: str, total: int) -> Callable[[], None]:
-        """The checkpoint of a long step cut into `total` chunks: reports each chunk done."""
-        done = 0
-
-        def tick() -> None:
-            nonlocal done
-            done += 1
-            self._tick(phase, done, total)
-        return tick
-
     def _expect(self, *phases: Phase) -> None:
         expect_phase(self.phase, *phases)
 
@@ -151,6 +142,7 @@ class ClientSession:
         option = hello.metric_option or metric.options[0]
         if option not in metric.options:
             raise ProtocolError(f"the Tester asked for '{option}', which is not an option of {metric.name}")
+        self._progress("load_dataset", 0, 0)
         frame = self._load_dataset(hello.client_dataset, metric)
         f, d = metric.values(frame, option)
         bound = metric.value_bound
@@ -163,6 +155,7 @@ class ClientSession:
         self._values = [int(a) + (int(b) << self._slot_bits) for a, b in zip(f.tolist(), d.tolist())]
         del frame, f, d
         self._hello = hello
+        self._progress("keygen", 0, 0)
         self._com_key = commutative.CommutativeKey.generate()
         self._paillier = paillier.generate_keypair(self._modulus_bits, allow_insecure=self._allow_insecure)
         share = secrets.token_bytes(32)
@@ -229,9 +222,8 @@ class ClientSession:
         tasks = [(pub.n, pub.h, values[i:i + step]) for i in range(0, len(values), step)]
         if len(tasks) < parallel.chunk_count():
             tasks = [(pub.n, pub.h, part) for part in parallel.split(values, parallel.chunk_count())]
-        cts = [c for part in parallel.run_chunks(paillier.encrypt_chunk, tasks,
-                                                 checkpoint=self._chunk_done("he_encrypt", len(tasks)))
-               for c in part]
+        ticks = chunk_ticks(len(tasks), partial(self._tick, "he_encrypt"))
+        cts = [c for part in parallel.run_chunks(paillier.encrypt_chunk, tasks, checkpoint=ticks) for c in part]
         del values
         self._lap("he_encrypt_values")
         self.phase = Phase.WAIT_AGGREGATES_HEADER
@@ -266,8 +258,8 @@ class ClientSession:
         key = self._paillier
         parts = parallel.split(self._aggregates, parallel.chunk_count(parallel.CHECKPOINT_CHUNKS))
         tasks = [(key.p, key.q, part) for part in parts]
-        plain = [m for part in parallel.run_chunks(paillier.decrypt_mod_p_chunk, tasks,
-                                                   checkpoint=self._chunk_done("decrypt", len(tasks)))
+        ticks = chunk_ticks(len(tasks), partial(self._tick, "decrypt"))
+        plain = [m for part in parallel.run_chunks(paillier.decrypt_mod_p_chunk, tasks, checkpoint=ticks)
                  for m in part]
         signed = [encoding.decode_signed(m, key.p) for m in plain]
         self._aggregates = []

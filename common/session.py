@@ -1,13 +1,15 @@
-"""What both parties' session state machines share: phase checks and phase timings.
+"""What both parties' session state machines share: phase checks, timings, progress.
 
 A `PhaseClock` records wall time per named phase (reported with the result; it holds
 no data). `expect_phase` is the one check that a message arrives in a phase that
-allows it (SPEC.md section 3; a wrong-phase message is a ProtocolError).
+allows it (SPEC.md section 3; a wrong-phase message is a ProtocolError). `chunk_ticks`
+is the checkpoint of a long step cut into chunks: it reports each chunk done.
 """
 from __future__ import annotations
 
 import enum
 import time
+from typing import Callable
 
 from common.errors import ProtocolError
 
@@ -29,3 +31,15 @@ class PhaseClock:
 def expect_phase(current: enum.Enum, *allowed: enum.Enum) -> None:
     if current not in allowed:
         raise ProtocolError(f"message not allowed in phase {current.value}")
+
+
+def chunk_ticks(total: int, tick: Callable[[int, int], None]) -> Callable[[], None]:
+    """A checkpoint for `parallel.run_chunks` over `total` chunks: calls `tick(done, total)`
+    after each chunk (a session's progress report and its own checkpoint)."""
+    done = 0
+
+    def checkpoint() -> None:
+        nonlocal done
+        done += 1
+        tick(done, total)
+    return checkpoint

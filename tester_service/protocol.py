@@ -18,6 +18,7 @@ import dataclasses
 import enum
 import secrets
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -25,7 +26,7 @@ import pandas as pd
 
 from common import aggregation, commutative, encoding, paillier, parallel
 from common import bootstrap as boot
-from common.session import PhaseClock, expect_phase
+from common.session import PhaseClock, chunk_ticks, expect_phase
 from common.errors import EncodingOverflowError, InputError, PeerAborted, ProtocolError
 from common.estimators import get_metric
 from common.masking import AdditiveMask, RatioMask
@@ -140,17 +141,11 @@ class TesterSession:
     def _lap(self, name: str) -> None:
         self._clock.lap(name)
 
-    def _chunk_done(self, phase: str, total: int) -> Callable[[], None]:
-        """The checkpoint of a long step cut into `total` chunks: reports each chunk done."""
-        done = 0
-
-        def tick() -> None:
-            nonlocal done
-            done += 1
-            self._progress(phase, "", done, total)
-            if self._checkpoint is not None:
-                self._checkpoint()
-        return tick
+    def _tick(self, phase: str, done: int, total: int, message: str = "") -> None:
+        """Progress within a long step, then the checkpoint."""
+        self._progress(phase, message, done, total)
+        if self._checkpoint is not None:
+            self._checkpoint()
 
     def _expect(self, *phases: Phase) -> None:
         expect_phase(self.phase, *phases)
@@ -216,9 +211,7 @@ class TesterSession:
             hashed = commutative.hash_ids(salt, ids[start:stop])
             point_parts.append(self._com_key.encrypt_points(commutative.split_points(hashed)))
             sealed_parts.append(self._sealer.seal_rows(probs[start:stop]))
-            self._progress("psi_upload", f"{stop} of {n} rows encrypted", stop, n)
-            if self._checkpoint is not None:
-                self._checkpoint()
+            self._tick("psi_upload", stop, n, f"{stop} of {n} rows encrypted")
         points, sealed = b"".join(point_parts), b"".join(sealed_parts)
         del point_parts, sealed_parts
         # step 2 done: the plaintext table is dropped before anything is sent
@@ -308,8 +301,8 @@ class TesterSession:
         tasks = [(n, [([cts[i] for i in idx], [q[idx, j].tolist() for j in range(k)]) for idx in part])
                  for part in parallel.split(buckets, parallel.chunk_count(parallel.CHECKPOINT_CHUNKS))]
         self._matched_cts = []
-        bucket_sums = [s for part in parallel.run_chunks(aggregation.bucket_sums_chunk, tasks,
-                                                         checkpoint=self._chunk_done("aggregation", len(tasks)))
+        ticks = chunk_ticks(len(tasks), partial(self._tick, "aggregation"))
+        bucket_sums = [s for part in parallel.run_chunks(aggregation.bucket_sums_chunk, tasks, checkpoint=ticks)
                        for s in part]
         self._lap("aggregation")
         self._progress("aggregation", f"aggregated {self.n_matched} rows into {m} buckets x {k} groups")
@@ -331,9 +324,8 @@ class TesterSession:
             tasks.append((n, h, bucket_sums, [rows[b] for b in part],
                           [ratio[b] for b in part] if ratio else None,
                           [pads[b] for b in part] if pads else None))
-        out = [c for part in parallel.run_chunks(aggregation.replicate_chunk, tasks,
-                                                 checkpoint=self._chunk_done("bootstrap", len(tasks)))
-               for c in part]
+        ticks = chunk_ticks(len(tasks), partial(self._tick, "bootstrap"))
+        out = [c for part in parallel.run_chunks(aggregation.replicate_chunk, tasks, checkpoint=ticks) for c in part]
         self._lap("bootstrap_and_mask")
         self._progress("bootstrap", f"{self.spec.bootstrap} replicates masked; sending to the Test-Client")
         self.phase = Phase.WAIT_RESULT
