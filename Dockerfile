@@ -4,14 +4,35 @@
 #   docker run --rm ppre                       # ppre --help
 #   docker compose up -d                       # see docker-compose.yml
 #
-# The project is installed with pip from pyproject.toml; the generated gRPC stubs
-# (proto/*_pb2*.py) are committed, so no protoc/grpcio-tools is needed at build time.
-FROM python:3.11-slim
+# The project is installed with pip from pyproject.toml into a virtual environment at
+# /opt/ppre; the generated gRPC stubs (proto/*_pb2*.py) are committed, so no
+# protoc/grpcio-tools is needed at build time.
+#
+# Build arguments (both optional; the defaults are what users want):
+#   BASE_IMAGE  the base image. Anything Debian-based works: where it has no python3
+#               (a bare Debian, as CI makes with debootstrap where nothing can be
+#               pulled), Debian's python3 is installed with apt.
+#   WHEELS      a folder in the build context holding wheels of ppre and all of its
+#               dependencies (`pip wheel --wheel-dir build/wheels .`): they are installed
+#               without a package index, for builds that cannot reach one.
+#   e.g. docker build --build-arg BASE_IMAGE=ppre-ci-base:bookworm --build-arg WHEELS=build/wheels .
+ARG BASE_IMAGE=python:3.11-slim
+
+# ---- runtime: Python, the unprivileged user, an empty venv --------------------------
+FROM ${BASE_IMAGE} AS runtime
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/ppre/bin:$PATH
+
+RUN if ! command -v python3 >/dev/null 2>&1; then \
+        apt-get update \
+     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv \
+     && rm -rf /var/lib/apt/lists/*; \
+    fi \
+ && python3 -m venv /opt/ppre
 
 # Unprivileged runtime user; data is mounted read-only under /data.
 RUN groupadd --system --gid 10001 ppre \
@@ -19,16 +40,21 @@ RUN groupadd --system --gid 10001 ppre \
  && mkdir -p /data \
  && chown ppre:ppre /data
 
+# ---- build: install ppre into the venv (sources and wheels stay in this stage) ------
+FROM runtime AS build
+ARG WHEELS=
 WORKDIR /src
-# README.m[d]: copied when present (pyproject names it as the long description).
-COPY pyproject.toml README.m[d] ./
-COPY ppre ./ppre
-COPY common ./common
-COPY tester_service ./tester_service
-COPY client_service ./client_service
-COPY proto ./proto
-RUN pip install . \
- && rm -rf /src/build /src/*.egg-info
+# The context is the repository less what .dockerignore leaves out (tests, data, venvs).
+COPY . .
+RUN if [ -n "$WHEELS" ]; then \
+        pip install --no-index --find-links "/src/$WHEELS" ppre; \
+    else \
+        pip install .; \
+    fi
+
+# ---- the image ----------------------------------------------------------------------
+FROM runtime
+COPY --from=build /opt/ppre /opt/ppre
 
 USER ppre
 WORKDIR /home/ppre

@@ -17,21 +17,37 @@ Networking has two modes, chosen at run time and printed:
   bind-mounts over /etc/hosts, so ``client:50052`` is used verbatim. Ports are the
   declared ones (each namespace has its own port space); healthchecks run inside the
   service's namespace against 127.0.0.1, as Docker runs them; the operator runs in the
-  root namespace, which holds the bridge's .1 address.
+  root namespace, which holds the bridge's .1 address. Where iptables filters forwarded
+  traffic (a running Docker engine sets the FORWARD policy to DROP), two ACCEPT rules for
+  the test's own bridge are inserted for the test's duration.
 * ``loopback`` (otherwise, or PPRE_TEST_NETWORK=loopback): service hostnames become
   127.0.0.1, ports are replaced by free loopback ports, and services bind 127.0.0.1.
 
 Proxy variables are removed from the children's environment, so all traffic stays on
-loopback or on the test's own namespaces. Processes, namespaces, links and
+loopback or on the test's own namespaces. Processes, namespaces, links, iptables rules and
 /etc/netns entries are removed in fixture finalizers, also on failure.
 
-A separate test runs the same audit through `docker compose up` when `docker info`
-succeeds (skipped otherwise), and another checks, without starting anything, that the
-compose file's commands, variables and ports are ones `ppre.cli.build_parser()` accepts.
+Where `docker info` answers and Compose is installed, the same file also runs on the real
+engine (skipped otherwise, with the reason printed): the image is built from the
+Dockerfile (build arguments from PPRE_TEST_DOCKER_BASE_IMAGE / PPRE_TEST_DOCKER_WHEELS,
+which CI's .ci/docker-setup provides), `compose up -d` starts it under a unique project
+name with the test's data and free published loopback ports, and the operator audits
+from the host. Then containers fail mid-audit: `docker kill` of the Test-Client, a
+SIGKILL of the Tester's process (its restart policy must bring it back by itself), and
+`docker pause` of the Test-Client (alive, connected, silent: the Tester's peer timeout,
+set to DOCKER_PEER_TIMEOUT_S, must end the audit); each time the operator must get an
+``{"error": ...}`` and exit status 2 within FAULT_REPORT_S, and the next audit must
+succeed. `compose down -v` and removing the
+image's tag clean up. The engine itself is not started here: CI's .ci/run starts one and
+stops it on exit.
+
+A last test checks, without starting anything, that the compose file's commands,
+variables and ports are ones `ppre.cli.build_parser()` accepts.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import ipaddress
 import json
@@ -159,7 +175,8 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- test data
 
-def write_data(base: Path, compose: dict, *, seed: int = 0) -> dict[str, Path]:
+def write_data(base: Path, compose: dict, *, seed: int = 0, n_each_side: int = N_EACH_SIDE,
+               n_overlap: int = N_OVERLAP) -> dict[str, Path]:
     """Create every bind source under `base` and fill it from what the compose file declares.
 
     Returns {container path: host path} for all volumes of all services.
@@ -179,21 +196,21 @@ def write_data(base: Path, compose: dict, *, seed: int = 0) -> dict[str, Path]:
         raise AssertionError(f"{container_path} is not under any mounted volume")
 
     rng = np.random.default_rng(seed)
-    tester_ids = [f"m{i:06d}" for i in range(N_EACH_SIDE)]
-    client_ids = tester_ids[:N_OVERLAP] + [f"x{i:06d}" for i in range(N_EACH_SIDE - N_OVERLAP)]
-    probs = rng.dirichlet(np.full(len(RACE_COLUMNS), 0.7), N_EACH_SIDE)
+    tester_ids = [f"m{i:06d}" for i in range(n_each_side)]
+    client_ids = tester_ids[:n_overlap] + [f"x{i:06d}" for i in range(n_each_side - n_overlap)]
+    probs = rng.dirichlet(np.full(len(RACE_COLUMNS), 0.7), n_each_side)
     tester = pd.DataFrame(probs, columns=list(RACE_COLUMNS))
     tester.insert(0, "member_id", tester_ids)
     client = pd.DataFrame({"member_id": client_ids,
-                           "y_true": rng.integers(0, 2, N_EACH_SIDE),
-                           "y_pred": rng.integers(0, 2, N_EACH_SIDE)})
+                           "y_true": rng.integers(0, 2, n_each_side),
+                           "y_pred": rng.integers(0, 2, n_each_side)})
 
     env = {k: str(v) for svc in services(compose).values() for k, v in (svc.get("environment") or {}).items()}
     data_file = to_host(env["PPRE_CLIENT_DATA_DIR"]) / f"{DATASET}.csv"
     files = [(data_file, client)]
     if "PPRE_TESTER_MEMBERS" in env:  # the Tester prepares BISG probabilities itself, per audit
         from ppre.synth import SynthConfig, synthesize
-        synth = synthesize(SynthConfig(members=N_EACH_SIDE, seed=seed))
+        synth = synthesize(SynthConfig(members=n_each_side, seed=seed))
         members = synth.members.assign(member_id=tester_ids)
         files.append((to_host(env["PPRE_TESTER_MEMBERS"]), members))
         if "PPRE_TESTER_SELF_ID" in env:
@@ -237,7 +254,26 @@ def _pid_alive(pid: int) -> bool:
 
 _NS_PREFIX = "ppre-t"
 _NS_RE = re.compile(rf"^{_NS_PREFIX}(\d+)x(\d+)-")
+_BRIDGE_RE = re.compile(r"\bppb([0-9a-f]+)x\d+\b")
 _counter = iter(range(1, 10_000))
+
+
+def _iptables(*args: str) -> subprocess.CompletedProcess | None:
+    """`iptables -w ARGS`, or None where there is no iptables (then nothing filters the bridge)."""
+    if not shutil.which("iptables"):
+        return None
+    return subprocess.run(["iptables", "-w", *args], capture_output=True, text=True, timeout=30)
+
+
+def _forward_rules(bridge: str) -> list[list[str]]:
+    """The FORWARD rules that let the test's bridge carry traffic between its namespaces.
+
+    A running Docker engine sets the FORWARD policy to DROP and loads br_netfilter, so
+    frames bridged between two namespaces are filtered like routed packets and the
+    Tester cannot reach the Test-Client. Accepting this one bridge's traffic, ahead of
+    every other rule, leaves the host's policy as it was.
+    """
+    return [["FORWARD", "-i", bridge, "-j", "ACCEPT"], ["FORWARD", "-o", bridge, "-j", "ACCEPT"]]
 
 
 def sweep_stale_namespaces() -> None:
@@ -258,6 +294,11 @@ def sweep_stale_namespaces() -> None:
                 Path("/etc/netns").rmdir()      # only if that run left it empty
             except OSError:
                 pass
+    listed = _iptables("-S", "FORWARD")
+    for rule in listed.stdout.splitlines() if listed is not None and listed.returncode == 0 else ():
+        match = _BRIDGE_RE.search(rule)
+        if rule.startswith("-A FORWARD ") and match and not _pid_alive(int(match.group(1), 16)):
+            _iptables("-D", *rule.split()[1:])
 
 
 @dataclass
@@ -271,6 +312,7 @@ class NetnsNetwork:
     namespaces: dict[str, str] = field(default_factory=dict)
     addresses: dict[str, str] = field(default_factory=dict)
     host_links: list[str] = field(default_factory=list)
+    forward_rules: list[list[str]] = field(default_factory=list)
     created_etc_netns: bool = False
 
     def setup(self) -> None:
@@ -286,6 +328,13 @@ class NetnsNetwork:
             self.host_links.append(self.bridge)
             _ip("addr", "add", f"{gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
             _ip("link", "set", self.bridge, "up")
+            listed = _iptables("-S", "FORWARD")
+            if listed is not None and listed.returncode == 0:     # a firewall that may filter the bridge
+                for rule in _forward_rules(self.bridge):
+                    added = _iptables("-I", *rule)
+                    if added.returncode != 0:
+                        raise RuntimeError(f"`iptables -I {' '.join(rule)}` failed: {added.stderr.strip()}")
+                    self.forward_rules.append(rule)
             etc_netns = Path("/etc/netns")
             self.created_etc_netns = not etc_netns.exists()
             etc_netns.mkdir(mode=0o755, exist_ok=True)
@@ -331,6 +380,9 @@ class NetnsNetwork:
         return ["ip", "netns", "exec", self.namespaces[service]]
 
     def teardown(self) -> None:
+        for rule in self.forward_rules:
+            _iptables("-D", *rule)
+        self.forward_rules.clear()
         for ns in list(self.namespaces.values()):
             _ip("netns", "del", ns, check=False)
             shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
@@ -515,9 +567,9 @@ def stack(request, tmp_path_factory):
             network.teardown()
 
 
-def check_result(result: dict) -> None:
+def check_result(result: dict, n_matched: int = N_OVERLAP) -> None:
     assert result.get("metric") == "ero", result
-    assert result["n_matched"] == N_OVERLAP, result
+    assert result["n_matched"] == n_matched, result
     assert result["bootstrap"] == BOOTSTRAP, result
     groups = result["groups"]
     assert len(groups) == len(RACE_COLUMNS), groups
@@ -556,73 +608,326 @@ def test_services_stay_healthy_after_a_failed_audit(stack):
     check_result(result)
 
 
+# --------------------------------------------------------------------------- a real Docker engine
+
+#: The Docker variant's data: large enough that an audit lasts seconds on 2 cores, so that
+#: a container can be killed while the two services are exchanging messages.
+DOCKER_N_EACH_SIDE = 3000
+DOCKER_N_OVERLAP = 1500
+#: The services' PPRE_PEER_TIMEOUT in the Docker variant: a frozen peer must end the audit
+#: in seconds, not in the default's minutes (heartbeats keep a busy peer's link alive).
+DOCKER_PEER_TIMEOUT_S = 10
+#: How long the operator may take to report a killed or frozen peer: failing fast is the point.
+FAULT_REPORT_S = DOCKER_PEER_TIMEOUT_S + 20.0
+#: Building the image: minutes on a cold cache (apt inside a bare base, or pip from an index).
+BUILD_TIMEOUT_S = 900
+
+
+def _docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["docker", *args], env=child_env(), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"`docker {' '.join(args)}` failed ({proc.returncode}):\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
 def _docker_compose_cmd() -> list[str] | None:
-    """`docker compose` or `docker-compose`, version 2 or later (`up --wait`)."""
+    """`docker compose` (v2 plugin), else `docker-compose` (v1 or v2 standalone)."""
     for cmd in (["docker", "compose"], ["docker-compose"]):
         if not shutil.which(cmd[0]):
             continue
         try:
-            out = subprocess.run(cmd + ["version", "--short"], capture_output=True, text=True, timeout=30)
+            out = subprocess.run(cmd + ["version", "--short"], env=child_env(), capture_output=True, text=True,
+                                 timeout=30)
         except subprocess.TimeoutExpired:
             continue
-        major = re.match(r"v?(\d+)\.", out.stdout.strip())
-        if out.returncode == 0 and major and int(major.group(1)) >= 2:
+        if out.returncode == 0 and re.match(r"v?\d+\.", out.stdout.strip()):
             return cmd
     return None
 
 
-@pytest.mark.slow
-def test_docker_compose_up_runs_an_audit(tmp_path):
+def docker_unavailable() -> str:
+    """Why the Docker variant cannot run here ("" when it can)."""
     if not shutil.which("docker"):
-        reason = "no `docker` client on PATH"
-    else:
-        try:
-            info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=30)
-            reason = "" if info.returncode == 0 else \
-                f"no Docker engine reachable (`docker info`: {(info.stderr or info.stdout).strip()[:200]})"
-        except subprocess.TimeoutExpired:
-            reason = "`docker info` timed out"
-    if not reason and _docker_compose_cmd() is None:
-        reason = "Docker engine reachable but no Compose v2 (`docker compose` / `docker-compose`) is installed"
-    if reason:
-        print(f"skipping docker compose test: {reason}")
-        pytest.skip(reason)
-
-    compose = load_compose()
-    mounts = write_data(tmp_path, compose)
-    # A derived compose file: absolute build context, the temporary data, free loopback ports.
-    derived = copy.deepcopy(compose)
-    ports = {}
-    for name, svc in services(derived).items():
-        build = svc.get("build")
-        if isinstance(build, dict):
-            build["context"] = str(ROOT / build.get("context", "."))
-        elif build is not None:
-            svc["build"] = str(ROOT / build)
-        svc["volumes"] = [f"{mounts[target]}:{target}:ro" for _, target in volumes(svc)]
-        published = []
-        for port in container_ports(svc):
-            ports[(name, port)] = free_loopback_port()
-            published.append(f"127.0.0.1:{ports[(name, port)]}:{port}")
-        svc["ports"] = published
-    compose_file = tmp_path / "docker-compose.yml"
-    compose_file.write_text(yaml.safe_dump(derived, sort_keys=False))
-    project = f"ppretest{os.getpid()}"
-    base = _docker_compose_cmd() + ["-p", project, "-f", str(compose_file)]
+        return "no `docker` client on PATH"
     try:
-        up = subprocess.run(base + ["up", "-d", "--build", "--wait"], capture_output=True, text=True, timeout=900)
-        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
-        tester_port = ports[("tester", container_ports(services(compose)["tester"])[0])]
-        argv = ppre_argv() + ["audit", "--tester", f"127.0.0.1:{tester_port}", "--client-dataset", DATASET,
+        info = _docker("info", "--format", "{{.ServerVersion}}", timeout=30, check=False)
+    except subprocess.TimeoutExpired:
+        return "`docker info` timed out"
+    if info.returncode != 0:
+        return f"no Docker engine reachable (`docker info`: {(info.stderr or info.stdout).strip()[:200]})"
+    if _docker_compose_cmd() is None:
+        return "Docker engine reachable but neither `docker compose` nor `docker-compose` works"
+    return ""
+
+
+def _established_from_peer(tcp_table: str, port: int) -> bool:
+    """Does a /proc/net/tcp table hold an established connection to `port` from another
+    address than loopback (the other container, not a healthcheck)?"""
+    for line in tcp_table.splitlines()[1:]:
+        fields = line.split()
+        local, remote, state = fields[1], fields[2], fields[3]
+        if state == "01" and int(local.split(":")[1], 16) == port and not remote.startswith("0100007F:"):
+            return True
+    return False
+
+
+@dataclass
+class DockerStack:
+    """One compose project on a real engine: the repository's compose file with the test's image,
+    data (bind mounts from a temporary directory) and published ports (free loopback ports)."""
+
+    compose_cmd: list[str]
+    project: str
+    compose_file: Path
+    image: str
+    compose: dict
+    #: (service, container port) -> published loopback port
+    ports: dict[tuple[str, int], int]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def run(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+        argv = self.compose_cmd + ["-p", self.project, "-f", str(self.compose_file), *args]
+        proc = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"`{' '.join(argv)}` failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                                 f"{proc.stderr[-3000:]}\n{self.logs()}")
+        return proc
+
+    def logs(self) -> str:
+        try:
+            return self.run("logs", "--no-color", "--tail", "40", timeout=60, check=False).stdout[-5000:]
+        except subprocess.TimeoutExpired:
+            return "(`logs` timed out)"
+
+    def container(self, service: str) -> str:
+        ids = _docker("ps", "-aq", "--filter", f"label=com.docker.compose.project={self.project}",
+                      "--filter", f"label=com.docker.compose.service={service}").stdout.split()
+        assert len(ids) == 1, f"{service}: expected one container, found {ids}"
+        return ids[0]
+
+    def state(self, service: str) -> tuple[str, str, int]:
+        """(status, health, restart count) of the service's container."""
+        fmt = "{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{else}}-{{end}} {{.RestartCount}}"
+        status, health, restarts = _docker("inspect", "-f", fmt, self.container(service)).stdout.split()
+        return status, health, int(restarts)
+
+    def wait_healthy(self, timeout: float = HEALTH_TIMEOUT_S) -> None:
+        """Every service running and healthy by its own compose healthcheck."""
+        deadline = time.monotonic() + timeout
+        states = {}
+        while time.monotonic() < deadline:
+            states = {name: self.state(name)[:2] for name in services(self.compose)}
+            if all(s == ("running", "healthy") for s in states.values()):
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"not healthy after {timeout:.0f}s: {states}\n{self.logs()}")
+
+    def up(self) -> None:
+        self.run("up", "-d", timeout=300)
+        self.wait_healthy()
+
+    def crash(self, service: str) -> None:
+        """SIGKILL the service's own process (the child of the container's init), from inside
+        the container, so that this works on any engine (also one in a VM)."""
+        # Not checked: the container stops with its process, which may end this `exec` too.
+        self.exec(service, "kill -KILL $(cat /proc/1/task/1/children)", check=False)
+
+    def exec(self, service: str, script: str, check: bool = True) -> str:
+        return _docker("exec", self.container(service), "sh", "-c", script, timeout=30, check=check).stdout
+
+    def audit_argv(self, dataset: str = DATASET) -> list[str]:
+        port = self.ports[("tester", container_ports(services(self.compose)["tester"])[0])]
+        return ppre_argv() + ["audit", "--tester", f"127.0.0.1:{port}", "--client-dataset", dataset,
                               "--metric", "ero", "--bootstrap", str(BOOTSTRAP), "--seed", "1", "--json"]
-        proc = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=AUDIT_TIMEOUT_S)
-        if proc.returncode != 0:
-            logs = subprocess.run(base + ["logs", "--no-color"], capture_output=True, text=True, timeout=60)
-            raise AssertionError(f"{proc.stdout}\n{proc.stderr}\n{logs.stdout[-4000:]}")
-        check_result(json.loads(proc.stdout))
+
+    def audit(self, dataset: str = DATASET) -> tuple[int, dict, str]:
+        proc = subprocess.run(self.audit_argv(dataset), env=child_env(), capture_output=True, text=True,
+                              timeout=AUDIT_TIMEOUT_S)
+        return proc.returncode, _one_json(proc.stdout, proc.stderr), proc.stderr
+
+    def audit_with_fault(self, victim: str, inject) -> tuple[int, dict, str, float]:
+        """Start an audit, call `inject()` once the Tester is connected to the Test-Client (an
+        established peer connection in the Test-Client's namespace), and return the operator's
+        (exit status, JSON, stderr, seconds from the fault to the operator's answer)."""
+        peer_port = container_ports(services(self.compose)["client"])[0]
+        proc = subprocess.Popen(self.audit_argv(), env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            deadline = time.monotonic() + AUDIT_TIMEOUT_S
+            while not _established_from_peer(self.exec("client", "cat /proc/net/tcp"), peer_port):
+                if proc.poll() is not None:
+                    out, err = proc.communicate()
+                    raise AssertionError(f"the audit ended before the services were connected: {out} {err}")
+                assert time.monotonic() < deadline, "the Tester never connected to the Test-Client"
+                time.sleep(0.05)
+            time.sleep(0.5)         # well into the exchange (the PSI phase lasts seconds)
+            assert proc.poll() is None, "the audit ended before the fault; make the data larger"
+            inject()
+            injected_at = time.monotonic()
+            try:
+                out, err = proc.communicate(timeout=FAULT_REPORT_S)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"the operator had no answer {FAULT_REPORT_S:.0f}s after the fault in the "
+                                     f"{victim} (a hang)\n{self.logs()}") from None
+            return proc.returncode, _one_json(out, err), err, time.monotonic() - injected_at
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+    def down(self) -> None:
+        self.run("down", "-v", "--remove-orphans", "--timeout", "15", timeout=300, check=False)
+
+
+def _one_json(stdout: str, stderr: str) -> dict:
+    lines = [ln for ln in stdout.splitlines() if ln.strip()]
+    assert len(lines) == 1, f"expected one JSON line, got stdout={stdout!r} stderr={stderr!r}"
+    return json.loads(lines[0])
+
+
+@contextlib.contextmanager
+def _timed(timings: dict[str, float], key: str):
+    t0 = time.monotonic()
+    try:
+        yield
     finally:
-        subprocess.run(base + ["down", "-v", "--remove-orphans", "--timeout", "10"], capture_output=True,
-                       timeout=300)
+        timings[key] = round(time.monotonic() - t0, 1)
+
+
+@pytest.fixture(scope="module")
+def docker_stack(request, tmp_path_factory):
+    """Build the image, `compose up` the repository's compose file on the reachable engine,
+    and take it all down again (containers, network, the image's tag) afterwards.
+
+    The engine is whatever `docker` reaches (CI's .ci/docker-setup starts one and stops it
+    when .ci/run exits); PPRE_TEST_DOCKER_BASE_IMAGE and PPRE_TEST_DOCKER_WHEELS pass the
+    Dockerfile's BASE_IMAGE and WHEELS build arguments, for engines that cannot pull an
+    image or builds that cannot reach a package index."""
+    reason = docker_unavailable()
+    if reason:
+        _announce(request, f"docker compose variant skipped: {reason}")
+        pytest.skip(reason)
+    compose_cmd = _docker_compose_cmd()
+    compose = load_compose()
+    workdir = tmp_path_factory.mktemp("docker")
+    mounts = write_data(workdir, compose, n_each_side=DOCKER_N_EACH_SIDE, n_overlap=DOCKER_N_OVERLAP)
+    project = f"ppretest{os.getpid()}x{random.SystemRandom().randrange(16 ** 6):06x}"
+    image = f"ppre-test:{project}"
+
+    # The compose file as written, less `build:` (the image is built once, below) and with the
+    # test's data, ports and peer timeout; everything else (healthchecks, depends_on, init,
+    # restart) as declared.
+    derived = copy.deepcopy(compose)
+    ports: dict[tuple[str, int], int] = {}
+    for name, svc in services(derived).items():
+        svc.pop("build", None)
+        svc["image"] = image
+        assert "PPRE_PEER_TIMEOUT" in svc["environment"], f"{name}: PPRE_PEER_TIMEOUT is not declared"
+        svc["environment"]["PPRE_PEER_TIMEOUT"] = str(DOCKER_PEER_TIMEOUT_S)
+        svc["volumes"] = [f"{mounts[target]}:{target}:ro" for _, target in volumes(svc)]
+        svc["ports"] = []
+        for port in container_ports(services(compose)[name]):
+            ports[(name, port)] = free_loopback_port()
+            svc["ports"].append(f"127.0.0.1:{ports[(name, port)]}:{port}")
+    compose_file = workdir / "docker-compose.yml"
+    compose_file.write_text(yaml.safe_dump(derived, sort_keys=False))
+    stack = DockerStack(compose_cmd=compose_cmd, project=project, compose_file=compose_file, image=image,
+                        compose=compose, ports=ports)
+
+    build_args = []
+    for arg, var in (("BASE_IMAGE", "PPRE_TEST_DOCKER_BASE_IMAGE"), ("WHEELS", "PPRE_TEST_DOCKER_WHEELS")):
+        if os.environ.get(var):
+            build_args += ["--build-arg", f"{arg}={os.environ[var]}"]
+    server = _docker("version", "--format", "{{.Server.Version}}").stdout.strip()
+    _announce(request, f"docker compose variant: engine {server}, `{' '.join(compose_cmd)}`, project {project}, "
+                       f"build args {build_args or 'none'}, ports {ports}")
+    try:
+        with _timed(stack.timings, "build"):
+            _docker("build", "-q", "-t", image, "-f", str(DOCKERFILE), *build_args, str(ROOT),
+                    timeout=BUILD_TIMEOUT_S)
+        with _timed(stack.timings, "up"):
+            stack.up()
+        yield stack
+    finally:
+        with _timed(stack.timings, "down"):
+            stack.down()
+        _docker("rmi", image, check=False)
+        _announce(request, f"docker compose variant timings (s): {stack.timings}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT_S + 300)    # this test's setup builds the image
+def test_docker_compose_up_runs_an_audit(docker_stack):
+    with _timed(docker_stack.timings, "audit"):
+        rc, result, stderr = docker_stack.audit()
+    assert rc == 0, (result, stderr, docker_stack.logs())
+    check_result(result, DOCKER_N_OVERLAP)
+    rc, result, stderr = docker_stack.audit("no_such_dataset")
+    assert rc == 2 and set(result) == {"error"} and "no_such_dataset" in json.dumps(result), (rc, result, stderr)
+    docker_stack.wait_healthy(timeout=5)
+
+
+@pytest.mark.slow
+def test_docker_client_killed_mid_audit(request, docker_stack):
+    """`docker kill` of the Test-Client while the Tester talks to it: the operator gets a clear
+    error, promptly; the Tester stays healthy; once the Test-Client is up again, audits succeed."""
+    client = docker_stack.container("client")
+    rc, result, stderr, seconds = docker_stack.audit_with_fault("Test-Client", lambda: _docker("kill", client))
+    _announce(request, f"Test-Client killed mid-audit: exit {rc} after {seconds:.1f}s: {json.dumps(result)}")
+    assert rc == 2, (rc, result, stderr)
+    assert set(result) == {"error"} and set(result["error"]) == {"code", "message"}, result
+    assert "Test-Client" in result["error"]["message"], result
+    assert docker_stack.state("tester")[:2] == ("running", "healthy"), docker_stack.logs()
+
+    with _timed(docker_stack.timings, "client restart"):
+        docker_stack.up()
+    rc, result, stderr = docker_stack.audit()
+    assert rc == 0, (result, stderr, docker_stack.logs())
+    check_result(result, DOCKER_N_OVERLAP)
+
+
+@pytest.mark.slow
+def test_docker_tester_crash_mid_audit(request, docker_stack):
+    """The Tester's process dies (SIGKILL) mid-audit: the operator gets a clear
+    error, promptly; the compose restart policy brings the Tester back by itself (no
+    `compose up`), and the next audit succeeds."""
+    restarts = docker_stack.state("tester")[2]
+    rc, result, stderr, seconds = docker_stack.audit_with_fault("Tester", lambda: docker_stack.crash("tester"))
+    _announce(request, f"Tester crashed mid-audit: exit {rc} after {seconds:.1f}s: {json.dumps(result)}")
+    assert rc == 2, (rc, result, stderr)
+    assert set(result) == {"error"} and set(result["error"]) == {"code", "message"}, result
+    assert "Tester" in result["error"]["message"], result
+
+    with _timed(docker_stack.timings, "tester self-restart"):
+        docker_stack.wait_healthy()
+    assert docker_stack.state("tester")[2] == restarts + 1, "the restart policy should have restarted the Tester"
+    rc, result, stderr = docker_stack.audit()
+    assert rc == 0, (result, stderr, docker_stack.logs())
+    check_result(result, DOCKER_N_OVERLAP)
+
+
+@pytest.mark.slow
+def test_docker_client_frozen_mid_audit(request, docker_stack):
+    """`docker pause` of the Test-Client while the Tester talks to it: its connections stay
+    open but nothing comes back, not even heartbeats. The Tester must give up after its peer
+    timeout and the operator get a clear error, not a hang; after `unpause`, audits succeed."""
+    client = docker_stack.container("client")
+    try:
+        rc, result, stderr, seconds = docker_stack.audit_with_fault("Test-Client",
+                                                                 lambda: _docker("pause", client))
+        _announce(request, f"Test-Client frozen mid-audit: exit {rc} after {seconds:.1f}s: {json.dumps(result)}")
+        assert rc == 2, (rc, result, stderr)
+        assert set(result) == {"error"} and set(result["error"]) == {"code", "message"}, result
+        assert "Test-Client" in result["error"]["message"], result
+        assert seconds >= DOCKER_PEER_TIMEOUT_S * 0.5, f"an error {seconds:.1f}s after the freeze: {result}"
+    finally:
+        _docker("unpause", client, check=False)
+    with _timed(docker_stack.timings, "client unpause"):
+        docker_stack.wait_healthy()
+    rc, result, stderr = docker_stack.audit()
+    assert rc == 0, (result, stderr, docker_stack.logs())
+    check_result(result, DOCKER_N_OVERLAP)
 
 
 # --------------------------------------------------------------------------- no drift from the CLI
@@ -651,6 +956,16 @@ def _sentinel(value: str) -> str:
         return f"{value}-sentinel"
 
 
+def _same(parsed, declared: str) -> bool:
+    """The parsed value is the declared text ("600" declares 600.0 for a float option)."""
+    if str(parsed) == declared:
+        return True
+    try:
+        return float(parsed) == float(declared)
+    except (TypeError, ValueError):
+        return False
+
+
 @pytest.mark.slow
 def test_compose_file_matches_the_cli(monkeypatch):
     compose = load_compose()
@@ -659,7 +974,10 @@ def test_compose_file_matches_the_cli(monkeypatch):
     dockerfile = [line.strip() for line in DOCKERFILE.read_text().splitlines()
                   if line.strip() and not line.lstrip().startswith("#")]
     exposed = {int(p) for line in dockerfile if line.upper().startswith("EXPOSE") for p in re.findall(r"\d+", line)}
-    assert dockerfile[0].startswith("FROM python:3.11-slim"), dockerfile[0]
+    # One Dockerfile for users and CI: a slim Python image unless BASE_IMAGE says otherwise.
+    assert dockerfile[0] == "ARG BASE_IMAGE=python:3.11-slim", dockerfile[0]
+    froms = [line.split()[1] for line in dockerfile if line.upper().startswith("FROM ")]
+    assert froms[0] == "${BASE_IMAGE}", froms
     users = [line.split()[1] for line in dockerfile if line.upper().startswith("USER ")]
     assert users and users[-1] not in ("root", "0"), "the image must run as a non-root user"
     cmds = [line for line in dockerfile if line.upper().startswith("CMD")]
@@ -688,7 +1006,7 @@ def test_compose_file_matches_the_cli(monkeypatch):
             changed = vars(_parse(command[1:], {**env, key: _sentinel(value)}, monkeypatch))
             moved = [attr for attr in declared if changed[attr] != without[attr]]
             assert moved, f"{name}: `{' '.join(command)}` ignores {key}"
-            assert any(str(declared[attr]) == value for attr in moved), (name, key, value, moved)
+            assert any(_same(declared[attr], value) for attr in moved), (name, key, value, moved)
 
         # Ports: what is published is what the service listens on, and the image exposes it.
         ports = container_ports(svc)
@@ -702,6 +1020,12 @@ def test_compose_file_matches_the_cli(monkeypatch):
                 assert any(value == t or value.startswith(t.rstrip("/") + "/") for t in targets), (name, key)
         for entry in svc.get("volumes", []):
             assert str(entry).endswith(":ro"), f"{name}: volume {entry} should be read-only"
+
+        # SIGTERM reaches the service (an init as PID 1 forwards it) and it has time to finish:
+        # the services exit within 10 s of SIGTERM.
+        assert svc.get("init") is True, f"{name}: init: true"
+        grace = re.fullmatch(r"(\d+)s", str(svc.get("stop_grace_period", "")))
+        assert grace and int(grace.group(1)) > 10, f"{name}: stop_grace_period above 10s"
 
         # The healthcheck is `ppre health` against the service's own port.
         check = healthcheck_argv(svc)
