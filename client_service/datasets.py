@@ -1,8 +1,10 @@
-"""The Test-Client's named datasets (issue 2, point 6).
+"""The Test-Client's named datasets (README "Inputs"; SPEC.md section 5 metrics).
 
 A dataset is a file `<name>.csv` or `<name>.parquet` in the client's data directory
-(or an explicit `name=path` mapping). It is read when an audit asks for it, checked
-against the metric's columns, and held only in that session's memory.
+(or an explicit `name=path` mapping). It is read when an audit asks for it through
+`common.tables.read_table` (file size, encoding, consistency and member-id rules; the
+metric's columns as numbers), checked by the metric, and held only in that session's
+memory.
 """
 from __future__ import annotations
 

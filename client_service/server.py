@@ -134,9 +134,9 @@ class ClientServicer:
                 refusal = pb.Abort(code=ShuttingDownError.code, message="the Test-Client is shutting down")
             elif len(self._exchanges) >= cfg.max_sessions:
                 refusal = pb.Abort(code="resource_exhausted",
-                                   message=f"the Test-Client already runs {len(self._exchanges)} audits, its "
-                                           f"limit (--max-sessions {cfg.max_sessions}); try again when one "
-                                           f"has finished")
+                                   message=f"the Test-Client is running as many audits as its limit allows "
+                                           f"(--max-sessions {cfg.max_sessions}); try again when one has "
+                                           f"finished")
             else:
                 refusal = None
                 self._exchanges.add(exchange)

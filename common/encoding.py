@@ -80,10 +80,6 @@ class SlotLayout:
     def limit(self) -> int:
         return 1 << (self.slot_bits - 1)
 
-    @property
-    def total_bits(self) -> int:
-        return self.slot_bits * self.n_slots
-
     def check_bound(self, magnitude: int, what: str = "value") -> None:
         """Refuse a computation whose values could reach `magnitude` (before doing it)."""
         if magnitude >= self.limit:

@@ -41,10 +41,6 @@ class RatioMask:
         r = (1 << (bits - 1)) | secrets.randbits(bits - 1) | 1
         return cls(r, secrets.randbits(NOISE_BITS), secrets.randbits(NOISE_BITS))
 
-    def apply_plain(self, num: int, den: int) -> tuple[int, int]:
-        """What the homomorphic masking computes, on plaintexts (for tests and bounds)."""
-        return self.r * num + self.e_num, self.r * den + self.e_den
-
     @staticmethod
     def max_bits(value_bits: int) -> int:
         return value_bits + R_MAX_BITS + 1

@@ -81,15 +81,6 @@ class PrivateKey:
     def __repr__(self) -> str:
         return f"PrivateKey(n_bits={self.public.n.bit_length()}, <secret>)"
 
-    @property
-    def _p2(self) -> int:
-        return self.p * self.p
-
-    @property
-    def _hp(self) -> int:
-        # h_p = ((p-1) * q)^-1 mod p, for g = n + 1 (Paillier 1999, decryption by CRT)
-        return int(gmpy2.invert((self.p - 1) * self.q % self.p, self.p))
-
     def decrypt_mod_p(self, ciphertexts: Sequence[int]) -> list[int]:
         """m mod p for each ciphertext (the signed decoding is `encoding.decode_signed(m, p)`)."""
         return decrypt_mod_p_chunk(self.p, self.q, list(ciphertexts))
@@ -103,13 +94,20 @@ def generate_keypair(bits: int = MIN_MODULUS_BITS, *, allow_insecure: bool = Fal
 
     pub, priv = paillier.generate_paillier_keypair(n_length=bits)
     n = int(pub.n)
-    n2 = n * n
+    return PrivateKey(PublicKey(n, randomizer_base(n)), int(priv.p), int(priv.q))
+
+
+def randomizer_base(n: int) -> int:
+    """A fresh DJN randomizer base h = x^(2n) mod n^2 (x random in Z*_n): needs only n.
+
+    The key owner publishes one for encryption; a party that rerandomises ciphertexts
+    under someone else's key draws its own, so that an owner who announced a weak h
+    (of small order, e.g. n^2 - 1) cannot switch that party's rerandomisation off."""
     while True:
         x = secrets.randbelow(n - 2) + 2
         if gmpy2.gcd(x, n) == 1:
             break
-    h = int(gmpy2.powmod(x, 2 * n, n2))
-    return PrivateKey(PublicKey(n, h), int(priv.p), int(priv.q))
+    return int(gmpy2.powmod(x, 2 * n, n * n))
 
 
 class FixedBase:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Sequence
 
@@ -34,12 +35,28 @@ def worker_count() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+#: how often a worker checks that the service that started it is still alive
+PARENT_CHECK_S = 1.0
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Worker initializer: a worker exits as soon as its service is gone. A service killed
+    on its own (SIGKILL, the OOM killer) would otherwise leave its workers running:
+    they wait on the pool's pipe, whose other end they also hold, so they never see it close."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(1)
+    threading.Thread(target=watch, name="ppre-parent-watch", daemon=True).start()
+
+
 def _get_pool() -> ProcessPoolExecutor:
     global _pool
     with _lock:
         if _pool is None:
             _pool = ProcessPoolExecutor(max_workers=worker_count(),
-                                        mp_context=multiprocessing.get_context("spawn"))
+                                        mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=_exit_with_parent, initargs=(os.getpid(),))
         return _pool
 
 

@@ -1,64 +1,435 @@
-"""Reading the parties' input tables (CSV or Parquet) with errors that name the place.
+"""Reading the parties' input files: one reader, one member-id rule (README "Inputs").
 
-I/O at the edge: both parties read their files through `read_table`, which checks the
-file exists, has the required columns (suggesting the close spelling of a misspelt
-one), keeps member ids as strings and refuses empty or duplicate ids. Error messages
-name the file, column and row, never a member id or a value.
+Every input goes through here: the Tester's members and Self-ID files (SPEC.md section
+2, via `tester_service.preparation`), its prepared probability table and the
+Test-Client's datasets (`read_table`). Errors are `InputError`s that name the file and,
+where there is one, the column and the row (rows are data records numbered from 1, the
+first record after the header; blank lines are not records; CSV messages also give the
+line). They never contain a member id or any other value from the file.
+
+* **Size.** A file larger than `max_input_bytes()` (default 1 GiB, environment variable
+  ``PPRE_MAX_INPUT_BYTES``) is refused before it is read: a file, and the table made
+  from it, are held in memory whole (SPEC.md 2: the preparation is in memory only).
+* **One consistent version.** A file is opened once and read whole through that handle.
+  Its identity (device, inode), size and modification time are taken before and after
+  the read, and compared with what the path names after the read: a file that was
+  replaced, truncated, appended to or rewritten while it was read is refused ("changed
+  while it was read"), never used as a mix of two versions. Run the audit again once
+  the file is complete (write it elsewhere and rename it into place). Not detectable:
+  an in-place rewrite to the same size within one tick of the file system's clock.
+* **Empty.** A 0-byte file is refused; so is a file with a header and no data rows.
+* **CSV.** UTF-8 (a byte-order mark is skipped; UTF-16 and other encodings are refused
+  with the line of the first bad byte); one header row; every record has as many
+  fields as the header; a quoted value may not span lines.
+* **Parquet.** Read with pyarrow; a file that is not Parquet, or is cut short, is
+  refused. Text columns must be valid UTF-8 (row named).
+* **Header.** Names are matched case-insensitively with surrounding whitespace ignored;
+  a name twice is refused; a missing required column is named (with the close spelling
+  that was found); an unknown column close to an optional one is refused (a misspelt
+  opt-out flag must not be silently ignored); other columns are ignored.
+* **Member ids** (`clean_member_ids`, `check_member_ids`): text, never numbers (``007``
+  stays ``007``; a Parquet integer column is written in decimal, a float column is
+  refused: it may have lost digits); surrounding whitespace (any Unicode space) is
+  removed; an empty id and an id that appears twice (after that rule) are refused.
+  Every reader applies this rule, so the two parties' ids join the same way.
+* **Numbers** (`read_table`): each value must parse as a number; ``NaN`` and empty cells
+  are "not a number"; infinities are left to the caller's range check, which names them.
+* Nothing here writes a file.
 """
 from __future__ import annotations
 
+import csv
 import difflib
+import io
+import os
+import re
+import stat as stat_mod
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 
+from common.bisg import arrow_to_numpy, fill_empty, string_scalar, strings_to_arrow
 from common.errors import InputError
 
+if TYPE_CHECKING:  # pandas is imported where it is needed (start-up time of ``ppre bisg``)
+    import pandas as pd
 
-def read_table(path: str | Path, required: Sequence[str], *, id_column: str = "member_id") -> pd.DataFrame:
-    path = Path(path)
-    name = str(path)
-    if not path.is_file():
-        raise InputError("file not found", file=name)
+ID_COLUMN = "member_id"
+MAX_INPUT_BYTES_ENV = "PPRE_MAX_INPUT_BYTES"
+DEFAULT_MAX_INPUT_BYTES = 1 << 30  # 1 GiB
+PARQUET_SUFFIXES = (".parquet", ".pq")
+CSV_SUFFIXES = (".csv", ".txt", "")
+
+
+# --------------------------------------------------------------------------------------
+# The file itself: size, one consistent version
+# --------------------------------------------------------------------------------------
+def max_input_bytes() -> int:
+    """The largest input file accepted, in bytes (``PPRE_MAX_INPUT_BYTES``; default 1 GiB)."""
+    value = os.environ.get(MAX_INPUT_BYTES_ENV, "").strip()
+    if not value:
+        return DEFAULT_MAX_INPUT_BYTES
+    if not value.isdigit() or int(value) == 0:
+        raise InputError(f"must be a positive whole number of bytes, got '{value}'", parameter=MAX_INPUT_BYTES_ENV)
+    return int(value)
+
+
+def _size_text(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _read_fully(fh: io.BufferedReader, size: int) -> bytes:
+    """All of an open file (the read itself; a seam for tests of files changed meanwhile)."""
+    return fh.read(size + 1)  # one byte more than expected: a file that grew is noticed
+
+
+def _same_version(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns) == (b.st_dev, b.st_ino, b.st_size, b.st_mtime_ns)
+
+
+def read_file_bytes(path: str | Path, suffixes: Sequence[str] | None = None) -> bytes:
+    """The whole content of one input file, as one consistent version (module docstring);
+    with ``suffixes``, a file whose name ends otherwise is refused (once it is found)."""
+    p = Path(path)
+    label = str(path)
     try:
-        if path.suffix.lower() in (".parquet", ".pq"):
-            frame = pd.read_parquet(path)
-            if id_column in frame.columns:
-                frame[id_column] = frame[id_column].astype("string")
-        else:
-            frame = pd.read_csv(path, dtype={id_column: str}, keep_default_na=False, na_values=[""],
-                                encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not valid UTF-8 (byte offset {exc.start})", file=name) from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, OSError, ValueError) as exc:
-        raise InputError(f"cannot be read as a table ({type(exc).__name__})", file=name) from None
-    frame.columns = [str(c).strip() for c in frame.columns]
-    for column in [id_column, *required]:
-        if column not in frame.columns:
-            close = difflib.get_close_matches(column, list(frame.columns), n=1)
-            hint = f" (found '{close[0]}': misspelt?)" if close else ""
-            raise InputError(f"required column is missing{hint}", file=name, column=column)
-    if len(frame) == 0:
-        raise InputError("the table has no rows", file=name)
-    ids = frame[id_column]
-    missing = ids.isna() | (ids.astype(str).str.strip() == "")
-    if missing.any():
-        raise InputError("empty member id", file=name, column=id_column, row=first_row(missing))
-    frame[id_column] = ids.astype(str).str.strip()
-    dup = frame[id_column].duplicated()
-    if dup.any():
-        raise InputError("duplicate member id", file=name, column=id_column, row=first_row(dup))
-    return frame.reset_index(drop=True)
+        if not stat_mod.S_ISREG(os.stat(p).st_mode):  # before open(): a named pipe would block it
+            raise InputError("is not a file", file=label)
+        if suffixes is not None and p.suffix.lower() not in suffixes:
+            raise InputError(f"has unknown type '{p.suffix.lower()}'; use .csv or .parquet", file=label)
+        fh = open(p, "rb")
+    except FileNotFoundError:
+        raise InputError("file not found", file=label) from None
+    except OSError as exc:
+        raise InputError(f"cannot be opened ({type(exc).__name__})", file=label) from None
+    with fh:
+        before = os.fstat(fh.fileno())
+        if not stat_mod.S_ISREG(before.st_mode):
+            raise InputError("is not a file", file=label)
+        limit = max_input_bytes()
+        if before.st_size > limit:
+            raise InputError(f"is {_size_text(before.st_size)}, larger than the limit of {_size_text(limit)} "
+                             f"(set {MAX_INPUT_BYTES_ENV} to raise it)", file=label)
+        if before.st_size == 0:
+            raise InputError("is empty (0 bytes)", file=label)
+        try:
+            raw = _read_fully(fh, before.st_size)
+        except OSError as exc:
+            raise InputError(f"cannot be read ({type(exc).__name__})", file=label) from None
+        after = os.fstat(fh.fileno())
+    try:
+        now = os.stat(p)
+    except OSError:
+        now = None
+    if len(raw) != before.st_size or not _same_version(before, after) or now is None \
+            or not _same_version(before, now):
+        raise InputError("changed while it was read (replaced, truncated or rewritten); nothing was used: "
+                         "run again once the file is complete", file=label)
+    return raw
 
 
-def first_row(mask: pd.Series | np.ndarray) -> int:
+# --------------------------------------------------------------------------------------
+# CSV and Parquet -> Arrow
+# --------------------------------------------------------------------------------------
+def first_row(mask: Sequence[bool] | np.ndarray) -> int:
     """1-based data row number of the first True (the header is row 0)."""
     return int(np.flatnonzero(np.asarray(mask))[0]) + 1
 
 
+def _locate_bad_utf8(raw: bytes | memoryview, label: str) -> None:
+    try:
+        bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = bytes(raw[: exc.start]).count(b"\n") + 1
+        if line == 1:
+            raise InputError("the header is not valid UTF-8 text", file=label) from None
+        raise InputError(f"is not valid UTF-8 text (line {line})", file=label, row=line - 1) from None
+
+
+def _csv_text_table(raw: bytes, label: str, numeric: frozenset[str] = frozenset()) -> pa.Table:
+    """A CSV file's bytes -> Arrow table, every column text, no nulls (header names as given);
+    columns named in ``numeric`` (lower case) are parsed as float64 where they all parse
+    (else the whole file is read as text, and the caller finds the bad value).
+
+    The fast path copies nothing: Arrow parses the bytes and checks that they are UTF-8;
+    only when it refuses them is the file decoded again here to find the line."""
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise InputError("is UTF-16 text; save it as UTF-8", file=label)
+    data = memoryview(raw)[3:] if raw.startswith(b"\xef\xbb\xbf") else memoryview(raw)
+    if re.search(rb"\S", data) is None:
+        raise InputError("is empty (no header)", file=label)
+    end = raw.find(b"\n", len(raw) - len(data))
+    first = bytes(data[: (end if end >= 0 else len(raw)) - (len(raw) - len(data))])
+    try:
+        header_text = first.decode("utf-8").rstrip("\r")
+    except UnicodeDecodeError:
+        raise InputError("the header is not valid UTF-8 text", file=label) from None
+    if not header_text.strip():
+        raise InputError("the first line (the header) is blank", file=label)
+    try:
+        header = next(csv.reader([header_text], strict=True))
+    except csv.Error:
+        raise InputError("the header is not valid CSV", file=label) from None
+    names = [f"{h}\0{i}" for i, h in enumerate(header)]  # unique here; duplicates are reported by _header
+    types = {n: pa.float64() if h.strip().lower() in numeric else pa.string() for n, h in zip(names, header)}
+    try:
+        table = pacsv.read_csv(
+            pa.BufferReader(pa.py_buffer(data)),
+            read_options=pacsv.ReadOptions(column_names=names, skip_rows=1),
+            parse_options=pacsv.ParseOptions(newlines_in_values=False),
+            convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False,
+                                                 quoted_strings_can_be_null=False),
+        )
+        lines = raw.count(b"\n") + (0 if raw.endswith(b"\n") else 1)
+        # One record per line, unless there are blank lines or a quoted value over several
+        # lines (which Arrow's parallel reader may split anywhere): then look for the latter.
+        if table.num_rows + 1 == lines or not any(
+                arrow_to_numpy(pc.match_substring(c, "\n").combine_chunks(), null=False).any()
+                for c in table.columns if _is_text(c.type)):
+            return table
+    except pa.ArrowException:
+        if numeric:  # perhaps a value that is no number: read it all as text, to name its row
+            return _csv_text_table(raw, label)
+    # Errors only: find the first bad byte or record (Arrow's message quotes the record's
+    # content, so it is not passed on).
+    _locate_bad_utf8(data, label)
+    reader = csv.reader(io.StringIO(bytes(data).decode("utf-8"), newline=""), strict=True)
+    row, line = 0, 1
+    try:
+        next(reader)
+        line = reader.line_num
+        for record in reader:
+            start = line + 1
+            line = reader.line_num
+            if not record:
+                continue
+            row += 1
+            if line != start:
+                raise InputError(f"a quoted value spans lines (line {start})", file=label, row=row)
+            if len(record) != len(names):
+                fields = f"{len(record)} field{'s' if len(record) != 1 else ''}"
+                raise InputError(f"has {fields} where the header has {len(names)} (line {start})",
+                                 file=label, row=row)
+    except csv.Error:  # e.g. a quote that is never closed: the record starts after `line`
+        raise InputError(f"is not valid CSV: unbalanced quotes (line {line + 1})", file=label,
+                         row=row + 1) from None
+    raise InputError("cannot be parsed as CSV", file=label)
+
+
+def _parquet_table(raw: bytes, label: str) -> pa.Table:
+    try:
+        return pq.read_table(pa.BufferReader(raw))
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise InputError(f"cannot be read as Parquet ({type(exc).__name__})", file=label) from None
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _binary_as_text(col: pa.Array, label: str, column: str) -> pa.Array:
+    out = []
+    for i, v in enumerate(col.to_pylist()):
+        try:
+            out.append("" if v is None else v.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise InputError("is not valid UTF-8 text", file=label, column=column, row=i + 1) from None
+    return strings_to_arrow(out)
+
+
+def as_text(col: pa.Array | pa.ChunkedArray, label: str, column: str) -> pa.Array:
+    """A Parquet column as text ('' for missing): text, whole numbers (also floats that are
+    whole, e.g. ZIPs written as 2134.0) and booleans; anything else is refused."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    t = col.type
+    if _is_text(t) or pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_null(t):
+        return fill_empty(col.cast(pa.string()))
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return _binary_as_text(col, label, column)
+    if pa.types.is_floating(t):
+        v = arrow_to_numpy(col.cast(pa.float64()), null=np.nan)
+        missing = np.isnan(v)
+        whole = np.isfinite(v) & (np.abs(v) < 2.0 ** 53)
+        whole[whole] = v[whole] == np.floor(v[whole])
+        bad = ~missing & ~whole
+        if bad.any():
+            raise InputError("must be text or a whole number", file=label, column=column, row=first_row(bad))
+        text = np.where(missing, "", np.where(missing, 0, v).astype(np.int64).astype(str))
+        return strings_to_arrow(text.tolist())
+    raise InputError(f"must hold text or whole numbers, not {t}", file=label, column=column)
+
+
+def misspelling_hint(name: str, present: Iterable[str]) -> str:
+    """`` (found 'x': misspelt?)`` for the column among ``present`` closest to ``name``, or ''."""
+    close = difflib.get_close_matches(name, list(present), n=1, cutoff=0.6)
+    return f" (found '{close[0]}': misspelt?)" if close else ""
+
+
+def _header(table: pa.Table, label: str, required: Sequence[str], optional: Sequence[str]) -> pa.Table:
+    """Header rules (module docstring): the known columns only, named in lower case."""
+    present = [c.split("\0", 1)[0].strip().lower() for c in table.column_names]
+    seen: set[str] = set()
+    for c in present:
+        if c in seen:
+            raise InputError("appears more than once in the header", file=label, column=c)
+        seen.add(c)
+    table = table.rename_columns(present)
+    known = set(required) | set(optional)
+    for col in required:
+        if col not in seen:
+            hint = misspelling_hint(col, [c for c in present if c not in known])
+            raise InputError(f"required column is missing{hint}", file=label, column=col)
+    for col in present:
+        if col not in known:
+            close = difflib.get_close_matches(col, sorted(known - seen), n=1, cutoff=0.6)
+            if close:  # probably a misspelt optional column (e.g. the opt-out flag): refuse
+                raise InputError(f"unknown column (did you mean '{close[0]}'?)", file=label, column=col)
+    table = table.select([c for c in present if c in known])
+    if table.num_rows == 0:
+        raise InputError("has no data rows", file=label)
+    return table
+
+
+def _raw_table(path: str | Path, numeric: frozenset[str] = frozenset()) -> tuple[pa.Table, bool]:
+    """(the file as an Arrow table, whether it is Parquet); CSV columns are text, or float64
+    for the ``numeric`` ones when all their values parse."""
+    label = str(path)
+    suffix = Path(path).suffix.lower()
+    raw = read_file_bytes(path, PARQUET_SUFFIXES + CSV_SUFFIXES)
+    if suffix in PARQUET_SUFFIXES:
+        return _parquet_table(raw, label), True
+    return _csv_text_table(raw, label, numeric), False
+
+
+def read_text_table(path: str | Path, required: Sequence[str], optional: Sequence[str] = ()) -> pa.Table:
+    """The file's known columns as Arrow text (no nulls), lower-case names; the member ids
+    follow `clean_member_ids` (not yet checked: see `check_member_ids`)."""
+    label = str(path)
+    table, _ = _raw_table(path)
+    table = _header(table, label, required, optional)
+    cols = [clean_member_ids(c, label) if n == ID_COLUMN else as_text(c, label, n)
+            for n, c in zip(table.column_names, table.columns)]
+    return pa.Table.from_arrays(cols, names=table.column_names)
+
+
+# --------------------------------------------------------------------------------------
+# Member ids: the one rule
+# --------------------------------------------------------------------------------------
+def clean_member_ids(values: pa.Array | pa.ChunkedArray, label: str, column: str = ID_COLUMN) -> pa.Array:
+    """THE member-id rule (module docstring): ids as text, surrounding whitespace removed.
+
+    Every reader (members, Self-ID, probability table, Test-Client dataset) and `prepare`
+    apply it, so `' 007 '` in one file joins `'007'` in another. Idempotent.
+    """
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    t = values.type
+    if pa.types.is_integer(t) or pa.types.is_null(t):
+        values = values.cast(pa.string())
+    elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        values = _binary_as_text(values, label, column)
+    elif not _is_text(t):
+        raise InputError(f"member ids must be text or whole numbers, not {t}", file=label, column=column)
+    return fill_empty(pc.utf8_trim_whitespace(values))
+
+
+def check_member_ids(ids: pa.Array | pa.ChunkedArray, label: str, column: str = ID_COLUMN) -> None:
+    """Refuse an empty id and an id that appears twice (ids already `clean_member_ids`)."""
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.combine_chunks()
+    empty = arrow_to_numpy(pc.equal(fill_empty(ids), string_scalar("")), null=False)
+    if empty.any():
+        raise InputError("empty member id", file=label, column=column, row=first_row(empty))
+    if len(ids) > 1:  # sorting is faster than hashing: equal ids are then neighbours
+        ordered = ids.take(pc.array_sort_indices(ids))
+        if not arrow_to_numpy(pc.equal(ordered.slice(1), ordered.slice(0, len(ids) - 1)), null=True).any():
+            return
+    # Slow path (errors only): dictionary codes are given in order of first appearance,
+    # so a row repeats an earlier id when its code is not above all earlier codes.
+    codes = arrow_to_numpy(pc.dictionary_encode(ids).indices).astype(np.int64)
+    if len(codes) < 2:
+        return
+    repeat = np.concatenate([[False], codes[1:] <= np.maximum.accumulate(codes)[:-1]])
+    if not repeat.any():
+        return
+    second = int(np.flatnonzero(repeat)[0])
+    first = int(np.flatnonzero(codes == codes[second])[0])
+    raise InputError(f"duplicate member id (the same as row {first + 1})", file=label, column=column,
+                     row=second + 1)
+
+
+# --------------------------------------------------------------------------------------
+# Numeric tables: the probability table and the Test-Client's datasets
+# --------------------------------------------------------------------------------------
+def _casts(arr: pa.Array) -> bool:
+    try:
+        arr.cast(pa.float64())
+        return True
+    except pa.ArrowException:
+        return False
+
+
+def _text_numbers(arr: pa.Array, label: str, column: str) -> np.ndarray:
+    arr = pc.utf8_trim_whitespace(fill_empty(arr))
+    try:
+        return arrow_to_numpy(arr.cast(pa.float64()), null=np.nan)
+    except pa.ArrowException:
+        pass
+    lo, hi = 0, len(arr)  # a value in arr[lo:hi] does not parse: halve until it is found
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _casts(arr.slice(lo, mid - lo)):
+            lo = mid
+        else:
+            hi = mid
+    raise InputError("not a number", file=label, column=column, row=lo + 1)
+
+
+def _numbers(col: pa.Array | pa.ChunkedArray, label: str, column: str) -> np.ndarray:
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    t = col.type
+    if _is_text(t):
+        values = _text_numbers(col, label, column)
+    elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        values = _text_numbers(_binary_as_text(col, label, column), label, column)
+    elif (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+          or pa.types.is_decimal(t) or pa.types.is_null(t)):
+        values = arrow_to_numpy(col.cast(pa.float64()), null=np.nan)
+    else:
+        raise InputError(f"must hold numbers, not {t}", file=label, column=column)
+    bad = np.isnan(values)
+    if bad.any():
+        raise InputError("not a number", file=label, column=column, row=first_row(bad))
+    return values
+
+
+def read_table(path: str | Path, numeric: Sequence[str]) -> pd.DataFrame:
+    """A probability table or a Test-Client dataset: ``member_id`` (the id rule, checked)
+    and the ``numeric`` columns as float64 (NaN and unparsable values refused, row named).
+    Other columns are ignored."""
+    import pandas as pd
+    label = str(path)
+    table, _ = _raw_table(path, frozenset(numeric))
+    table = _header(table, label, (ID_COLUMN, *numeric), ())
+    ids = clean_member_ids(table.column(ID_COLUMN), label)
+    check_member_ids(ids, label)
+    frame = pd.DataFrame({c: _numbers(table.column(c), label, c) for c in numeric})
+    frame.insert(0, ID_COLUMN, ids.to_numpy(zero_copy_only=False))
+    return frame
+
+
 def numeric_column(frame: pd.DataFrame, column: str, file: str) -> np.ndarray:
+    import pandas as pd
     values = pd.to_numeric(frame[column], errors="coerce")
     bad = values.isna()
     if bad.any():

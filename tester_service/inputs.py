@@ -1,7 +1,9 @@
-"""The Tester's inputs (issue 2: a prepared probability table used as given).
+"""The Tester's prepared probability table, used as given (README "Inputs"; the
+alternative to SPEC.md section 2's preparation).
 
-`member_id, white, black, api, aian, multiple, hispanic`; each row non-negative and
-summing to 1 within 1e-6. Read per audit, held only in the session's memory.
+`member_id, white, black, api, aian, multiple, hispanic`; each row non-negative, finite
+and summing to 1 within 1e-6. Read per audit through `common.tables.read_table` (file
+size, encoding, consistency and member-id rules), held only in the session's memory.
 """
 from __future__ import annotations
 

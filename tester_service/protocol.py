@@ -296,7 +296,8 @@ class TesterSession:
         self._slot.check_bound(1 << masked_bits, "a masked aggregate")
         self._lap("open_probabilities")
 
-        n, h = self._pub.n, self._pub.h
+        # rerandomise with a base of our own, never the Test-Client's h (see paillier.randomizer_base)
+        n, h = self._pub.n, paillier.randomizer_base(self._pub.n)
         cts = self._matched_cts
         tasks = [(n, [([cts[i] for i in idx], [q[idx, j].tolist() for j in range(k)]) for idx in part])
                  for part in parallel.split(buckets, parallel.chunk_count(parallel.CHECKPOINT_CHUNKS))]

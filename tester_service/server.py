@@ -87,6 +87,8 @@ def _grpc_error(exc: grpc.RpcError, who: str) -> pb.AuditEvent:
     code = exc.code() if callable(getattr(exc, "code", None)) else None
     details = exc.details() if callable(getattr(exc, "details", None)) else None
     name = code.name.lower() if code is not None else "unavailable"
+    if name == "unavailable":
+        return _error(name, f"{who}: cannot be reached or went away ({details or 'no details'})")
     return _error(name, f"{who}: {details or name}")
 
 
@@ -314,7 +316,7 @@ class TesterServicer(pb_grpc.TesterServicer):
                 refusal = (grpc.StatusCode.UNAVAILABLE, "the Tester is shutting down")
             elif len(self._runs) >= self.config.max_sessions:
                 refusal = (grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"the Tester already runs {len(self._runs)} audits, its limit (--max-sessions "
+                           f"the Tester is running as many audits as its limit allows (--max-sessions "
                            f"{self.config.max_sessions}); try again when one has finished")
             else:
                 refusal = None

@@ -69,3 +69,9 @@ def local_audit(tester_df, client_df, *, spec: AuditSpec | None = None, tap=None
     finally:
         tester.close()
         client.close()
+
+
+def apply_ratio_mask(mask, num: int, den: int) -> tuple[int, int]:
+    """What the Tester's homomorphic `RatioMask` masking computes, on plaintexts:
+    (r*Num + e_num, r*Den + e_den) (SPEC.md section 4, masking)."""
+    return mask.r * num + mask.e_num, mask.r * den + mask.e_den

@@ -49,14 +49,28 @@ def test_bad_threshold(bad):
 
 
 def test_rule():
-    rng = np.random.default_rng(0)
+    """The 90th-percentile rule (SPEC.md 2.4): T is the value under which 90% of the rows'
+    largest probabilities fall, clamped into [RULE_MIN, RULE_MAX]; clipping at that T
+    leaves those 90% of rows untouched and lowers the other 10% below T."""
     maxes = np.linspace(0.3, 0.95, 1001)
     rows = np.column_stack([maxes, np.tile((1 - maxes)[:, None] / 5, 5)])
     assert clipping.threshold_from_rule(rows) == pytest.approx(np.quantile(maxes, 0.9))
-    assert clipping.threshold_from_rule(np.eye(6)) == clipping.RULE_MAX  # clamped
+    assert clipping.threshold_from_rule(rows, 0.5) == pytest.approx(np.quantile(maxes, 0.5))
+
+    rng = np.random.default_rng(0)
+    p = random_rows(rng)
+    t = clipping.threshold_from_rule(p)
+    assert clipping.RULE_MIN < t < clipping.RULE_MAX
+    below = p.max(axis=1) <= t
+    assert abs(below.mean() - clipping.RULE_QUANTILE) < 1e-3
+    q = clipping.clip(p, t, rng)
+    np.testing.assert_array_equal(q[below], p[below])
+    assert (q[~below].max(axis=1) < t).all()
+
+    assert clipping.threshold_from_rule(np.eye(6)) == clipping.RULE_MAX  # all certain: clamped
+    assert clipping.threshold_from_rule(np.full((10, 6), 1 / 6)) == clipping.RULE_MIN  # all flat: clamped
     with pytest.raises(InputError):
         clipping.threshold_from_rule(np.zeros((0, 6)))
-    assert rng is not None
 
 
 def test_self_id_rows_not_distinguishable():

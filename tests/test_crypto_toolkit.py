@@ -1,6 +1,7 @@
 """The HE toolkit and primitives of SPEC.md sections 3-4."""
 from __future__ import annotations
 
+import hashlib
 import math
 import secrets
 from fractions import Fraction
@@ -13,6 +14,7 @@ from common import commutative, encoding, paillier
 from common.errors import EncodingOverflowError, ProtocolError
 from common.masking import NOISE_BITS, AdditiveMask, RatioMask, masked_ratio
 from common.symmetric import RowSealer, sealed_width
+from tests.helpers import apply_ratio_mask
 
 BITS = 1024
 
@@ -37,6 +39,30 @@ def test_commutative_encryption_commutes_and_hashes_onto_the_curve():
     assert commutative.hash_ids(secrets.token_bytes(32), ["alice"]) != points[:32]
 
 
+def test_random_oracle_and_salt_are_fixed_functions():
+    """Known answers for RO(id) = hash_to_curve(SHA-256(salt || id)) and the salt derivation
+    (SPEC 3.1). Both parties must compute the same function, whatever version each runs:
+    a silent change would make every later PSI match nothing. The ids include ones whose
+    first candidates are rejected (0 to 3 retries), so the rejection loop is pinned too."""
+    salt = commutative.session_salt(hashlib.sha256(b"tester share").digest(),
+                                    hashlib.sha256(b"client share").digest())
+    assert salt.hex() == "74590267fbcb13a13f44c47f7999402e2f52ac991d1e09b3f71fff5f7eb749fa"
+    salt = hashlib.sha256(b"ppre test vector salt").digest()
+    expected = {  # id: (rejected candidates, point)
+        "member-0003": (0, "d0cde5a12d2acee6e8ba059f04842b27c1b169534adaa579de82d7c96847dc38"),
+        "member-0002": (1, "b36318c6227ba89a14d249cca7fee27a3f89203128eabc3a7cfef6cda918265a"),
+        "member-0001": (2, "fe067e45f7539f7239f9e4d9b567ace8c180db9b260df4fc620da3c10b48114b"),
+        "member-0005": (3, "aa7f652513f3299536e395c1bb54cf0594a76813a195e533c61456ea841bbe09"),
+        "zoë-7": (0, "19e157c326900095651e0108e81e73aebd06cae8661f3b7c6d0e4e84483dcc58"),
+    }
+    for member, (_, point) in expected.items():
+        assert commutative.hash_to_curve(salt, member).hex() == point, member
+    # RO outputs are uniform points: both parities of u occur, and u < 2^255 always
+    us = [int.from_bytes(p, "little") for p in commutative.split_points(
+        commutative.hash_ids(salt, [f"m{i}" for i in range(64)]))]
+    assert {u & 1 for u in us} == {0, 1} and max(us) < commutative.P
+
+
 def test_peer_points_are_validated():
     key = commutative.CommutativeKey.generate()
     with pytest.raises(ProtocolError, match="multiple of 32"):
@@ -44,8 +70,9 @@ def test_peer_points_are_validated():
     twist = next(u for u in range(2, 1000) if not commutative._on_curve(u))
     with pytest.raises(ProtocolError, match="not on Curve25519"):
         key.encrypt_packed(twist.to_bytes(32, "little"))
-    with pytest.raises(ProtocolError, match="not canonically encoded"):
-        key.encrypt_packed((commutative.P + 5).to_bytes(32, "little"))
+    for non_canonical in (commutative.P, commutative.P + 5):  # P encodes 0, P + 5 encodes 5
+        with pytest.raises(ProtocolError, match="not canonically encoded"):
+            key.encrypt_packed(non_canonical.to_bytes(32, "little"))
     with pytest.raises(ProtocolError):
         key.encrypt_packed(b"\x00" * 32)  # the identity / order-2 point
     # a point of small order on the curve itself: X25519 gives all zeros
@@ -85,6 +112,33 @@ def test_paillier_round_trip_and_homomorphism(key):
     assert rr != cts[2] and key.decrypt_mod_p([rr])[0] == 12345
 
 
+def test_a_malformed_public_key_from_the_client_is_refused(key):
+    """P1 checks P2's Paillier key before using it (SPEC 3.4): an even, square or prime
+    modulus, and a randomizer base h that is 1 (P1's rerandomisation would do nothing)
+    or not a unit of Z_{n^2}, are refused."""
+    pub = key.public
+    n_bytes, h_bytes = pub.to_bytes()
+    assert paillier.PublicKey.from_bytes(n_bytes, h_bytes, min_bits=BITS) == pub
+    size = len(n_bytes)
+    for bad_n in (2 * pub.n, key.p * key.p, int(gmpy2.next_prime(pub.n))):  # even, square, prime
+        with pytest.raises(ProtocolError, match="malformed"):
+            paillier.PublicKey.from_bytes(bad_n.to_bytes(size + 1, "big"), h_bytes, min_bits=BITS - 16)
+    for bad_h in (0, 1, pub.n2 + 1, pub.n2, key.p):
+        with pytest.raises(ProtocolError, match="randomizer base"):
+            paillier.PublicKey.from_bytes(n_bytes, bad_h.to_bytes(2 * size + 1, "big"), min_bits=BITS)
+
+
+def test_fixed_base_table_computes_the_power():
+    """The DJN randomizer h^alpha comes from a fixed-base table (SPEC 3.6 rerandomisation):
+    a wrong table still yields n-th residues, so decryption would never notice; compare
+    it with plain modular exponentiation across every window position instead."""
+    m = (1 << 127) - 1
+    table = paillier.FixedBase(3, m, bits=64, window=8)
+    rng = np.random.default_rng(6)
+    for e in [0, 1, 255, 256, (1 << 64) - 1] + [int(x) for x in rng.integers(0, 2**63, 20, dtype=np.int64)]:
+        assert table.pow(e) == pow(3, e, m), e
+
+
 def test_multi_exp_matches_naive_for_many_windows(key):
     pub = key.public
     rng = np.random.default_rng(3)
@@ -116,10 +170,15 @@ def test_quantized_probabilities_sum_exactly():
     rng = np.random.default_rng(0)
     p = rng.dirichlet(np.ones(6), 1000)
     q = encoding.quantize_probabilities(p, 32)
+    assert q.dtype == np.int64
     assert (q.sum(axis=1) == 2**32).all() and (q >= 0).all()
     assert np.abs(q / 2**32 - p).max() <= 2**-32 + 1e-15
     one_hot = np.eye(6)[[0, 5, 2]]
     assert (encoding.quantize_probabilities(one_hot) == one_hot.astype(np.int64) * 2**32).all()
+    # rows are normalised first: unnormalised weights give the same exact sums
+    assert (encoding.quantize_probabilities(3 * p, 32).sum(axis=1) == 2**32).all()
+    # largest remainder: 8 * (0.5, 0.3, 0.2) = (4, 2.4, 1.6): the one unit left goes to 1.6
+    assert encoding.quantize_probabilities(np.array([[0.5, 0.3, 0.2]]), 3).tolist() == [[4, 2, 2]]
 
 
 def test_signed_encoding_and_overflow_detection():
@@ -130,6 +189,11 @@ def test_signed_encoding_and_overflow_detection():
         encoding.encode_signed(n // 3 + 1, n)
     with pytest.raises(EncodingOverflowError):
         encoding.decode_signed(n // 2, n)  # the middle third: overflow, never a wrapped number
+    big = (1 << 2048) - 159  # a plaintext space the size of a 2048-bit n^2: exact integer arithmetic
+    for x in (big // 3, -(big // 3)):
+        assert encoding.decode_signed(encoding.encode_signed(x, big), big) == x
+    with pytest.raises(EncodingOverflowError):
+        encoding.encode_signed(big // 3 + 1, big)
 
 
 def test_slots_pack_signed_values_and_refuse_overflow():
@@ -140,6 +204,8 @@ def test_slots_pack_signed_values_and_refuse_overflow():
         layout.pack([1 << 15, 0, 0])
     with pytest.raises(EncodingOverflowError):
         layout.unpack(1 << 48)
+    with pytest.raises(EncodingOverflowError):  # a top slot at +2^15 is out of range, not 2^15
+        encoding.SlotLayout(16, 1).unpack(1 << 15)
     with pytest.raises(EncodingOverflowError, match="slots hold 15 bits"):
         layout.check_bound(1 << 15, "a sum")
 
@@ -162,7 +228,7 @@ def test_bare_common_factor_leaks_through_gcd_but_our_mask_does_not():
     recovered = []
     for _ in range(200):
         mask = RatioMask.draw()
-        a, b = mask.apply_plain(num, den)
+        a, b = apply_ratio_mask(mask, num, den)
         g = math.gcd(a, b)
         assert g % mask.r != 0  # the gcd no longer reveals the mask
         assert a // g != num and b // g != den  # nor Num and Den
@@ -173,11 +239,11 @@ def test_bare_common_factor_leaks_through_gcd_but_our_mask_does_not():
 def test_ratio_mask_keeps_the_ratio_and_flags_empty_groups():
     num, den = 5 * 2**32 + 3, 11 * 2**32 + 7
     for _ in range(100):
-        a, b = RatioMask.draw().apply_plain(num, den)
+        a, b = apply_ratio_mask(RatioMask.draw(), num, den)
         assert abs(masked_ratio(a, b) - num / den) <= 1e-12
     mask = RatioMask.draw()
-    assert masked_ratio(*mask.apply_plain(0, den)) == 0.0
-    assert masked_ratio(*mask.apply_plain(num, 0)) is None
+    assert masked_ratio(*apply_ratio_mask(mask, 0, den)) == 0.0
+    assert masked_ratio(*apply_ratio_mask(mask, num, 0)) is None
 
 
 def test_masked_ratio_round_trip_is_exact(key):
@@ -208,6 +274,12 @@ def test_sealed_rows_round_trip_and_tampering_is_detected():
         sealer.open_rows(bytes(tampered), 6)
     with pytest.raises(ProtocolError):
         RowSealer.generate().open_rows(blob, 6)
+    with pytest.raises(ProtocolError, match="not a multiple"):
+        sealer.open_rows(blob[:-1], 6)
+    # the row layout is float64 whatever the input dtype (one-hot Self-ID rows may be ints)
+    ints = np.eye(6, dtype=np.int32)[[1, 4]]
+    assert len(sealer.seal_rows(ints)) == 2 * sealed_width(6)
+    assert np.array_equal(sealer.open_rows(sealer.seal_rows(ints), 6), ints)
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])

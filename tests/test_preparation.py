@@ -7,14 +7,25 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from common import bisg as bisg_mod
+from common import clipping
 from common.errors import InputError
 from common.races import RACES, GroupMapping
-from tester_service.preparation import (PreparationConfig, load_members, load_self_id, prepare)
+from tester_service.preparation import (PreparationConfig, prepare, read_members, read_members_table,
+                                        read_self_id, validate_members)
 
 MEMBERS = pd.DataFrame({
     "member_id": ["007", "008", "009", "010", "011", "012"],
     "surname": ["Smith", "Garcia", "Nguyen", "Washington", "Zzqxw", "O'Brien"],
     "zip": ["60614", "00601", "02134", "20001", "", "2134"],
+})
+
+# Ambiguous surnames (largest BISG probabilities 0.46 to 1.00): the 90% rule value lies
+# inside its clamp range [0.5, 0.99], so a test of the rule sees the rule, not the clamp.
+MIXED = pd.DataFrame({
+    "member_id": ["101", "102", "103", "104", "105", "106"],
+    "surname": ["Lee", "Jackson", "Kim", "Lopez", "Miller", "Brown"],
+    "zip": ["60614", "10027", "90012", "", "30310", ""],
 })
 
 
@@ -27,6 +38,30 @@ def err(fn, *a, **kw) -> InputError:
     with pytest.raises(InputError) as exc:
         fn(*a, **kw)
     return exc.value
+
+
+def load_members(path: Path) -> pd.DataFrame:
+    """Read and validate a members file, as `prepare` does with the Tester's file."""
+    df = read_members(path)
+    validate_members(df, str(path))
+    return df
+
+
+def prepare_files(members: Path, self_id: Path | None = None, config: PreparationConfig | None = None):
+    """What the Tester runs per audit (`tester_service.server.prepare_from_files`)."""
+    return prepare(read_members(members), read_self_id(self_id) if self_id else None,
+                   config or PreparationConfig(seed=0), labels=(str(members), str(self_id)))
+
+
+def rule_value(probs: np.ndarray) -> float:
+    """SPEC.md 2.4's default T, computed here without `common.clipping`: the value under
+    which 90% of the rows' largest probabilities fall (numpy's default linear quantile),
+    kept within [0.5, 0.99]."""
+    top = np.sort(probs.max(axis=1))
+    h = (len(top) - 1) * 0.9
+    lo = int(np.floor(h))
+    t = top[lo] + (h - lo) * (top[min(lo + 1, len(top) - 1)] - top[lo])
+    return float(min(max(t, 0.5), 0.99))
 
 
 # --- prepare -----------------------------------------------------------------------
@@ -42,6 +77,8 @@ def test_prepare_basic():
     st = out.attrs["preparation"]
     assert st.self_id_used == 2 and st.threshold == 0.825
     assert st.sources["prior"] == 1  # Zzqxw with no ZIP
+    # No opt-out, country or state column: nobody is dropped, and the counts say so.
+    assert (st.members_in, st.dropped_opt_out, st.dropped_non_us, st.dropped_excluded_state) == (6, 0, 0, 0)
     # Reproducible with a seed.
     again = prepare(MEMBERS, sid, PreparationConfig(seed=1, threshold=0.825))
     pd.testing.assert_frame_equal(out, again)
@@ -75,22 +112,109 @@ def test_group_mapping_output():
 
 
 def test_rule_threshold_and_config_errors():
-    out = prepare(MEMBERS, None, PreparationConfig(seed=0))
+    out = prepare(MIXED, None, PreparationConfig(seed=0))
     t = out.attrs["preparation"].threshold
-    assert 0.5 <= t <= 0.99
+    expected = rule_value(bisg_mod.bisg(MIXED["surname"], zips=MIXED["zip"]).probabilities)
+    assert 0.5 < expected < 0.99  # inside the clamp range: the rule itself decides
+    assert t == pytest.approx(expected, abs=1e-12)
+    assert out[list(RACES)].to_numpy().max() <= t
+    st = out.attrs["preparation"]
+    bisg_max = bisg_mod.bisg(MIXED["surname"], zips=MIXED["zip"]).probabilities.max(axis=1)
+    assert st.clipped_rows == int((bisg_max > t).sum()) == 1  # the rows above T, counted per row
+    # Every source is counted, also those no member had (no ZIP-less unlisted name here).
+    assert st.sources == {"surname+geography": 4, "surname": 2, "geography": 0, "prior": 0}
     assert err(PreparationConfig, epsilon=0).parameter == "epsilon"
     assert err(PreparationConfig, threshold=1.0).parameter == "T"
     assert err(PreparationConfig, geo="county").parameter == "geo"
-    assert err(prepare, MEMBERS, None, PreparationConfig(geo="tract")).parameter == "geo"
-    assert err(prepare, MEMBERS, None, PreparationConfig(excluded_states=("IL",))).parameter == "excluded_states"
-    assert err(prepare, MEMBERS, None, PreparationConfig(first_names=True)).parameter == "first_names"
+    e = err(prepare, MEMBERS, None, PreparationConfig(geo="tract"))
+    assert e.parameter == "geo" and "needs a 'tract' column in the members" in str(e)
+    e = err(prepare, MEMBERS, None, PreparationConfig(excluded_states=("IL",)))
+    assert e.parameter == "excluded_states" and "members have no 'state' column" in str(e)
+    # In-memory tables (not read from a file) are checked for their columns too.
+    e = err(prepare, MEMBERS.rename(columns={"surname": "surnme"}), None, PreparationConfig(), labels=("m.csv", "s"))
+    assert (e.file, e.column) == ("m.csv", "surname") and "found 'surnme': misspelt?" in str(e)
+    e = err(prepare, MEMBERS, pd.DataFrame({"member_id": ["007"]}), PreparationConfig(), labels=("m", "s.csv"))
+    assert (e.file, e.column) == ("s.csv", "race") and str(e).endswith("required column is missing")
+    e = err(prepare, MEMBERS, None, PreparationConfig(first_names=True))
+    assert e.parameter == "first_names" and "members have no 'first_name' column" in str(e)
+    e = err(prepare, MEMBERS.assign(opt_out="yes"), None, PreparationConfig(), labels=("m.csv", "s"))
+    assert str(e) == "file m.csv: no members are left after dropping opted-out, non-US and excluded-state rows"
+    # Ids of a type that is not text are refused in tables handed over in memory, too.
+    e = err(prepare, MEMBERS.assign(member_id=np.arange(6) + 0.5), None, PreparationConfig(), labels=("m.csv", "s"))
+    assert (e.file, e.column) == ("m.csv", "member_id") and "must be text or whole numbers" in str(e)
+    e = err(prepare, MEMBERS, pd.DataFrame({"member_id": [7.5], "race": ["api"]}), PreparationConfig(),
+            labels=("m.csv", "s.csv"))
+    assert (e.file, e.column) == ("s.csv", "member_id")
 
 
-def test_first_names_and_tract():
-    m = MEMBERS.assign(first_name=["John", "Maria", "", "Zzq", "Ana", "Sean"],
+@pytest.mark.parametrize("epsilon, low, high", [(0.1, 0.10, 0.28), (2.0, 0.47, 0.70), (50, 1.0, 1.0)])
+def test_self_id_rows_are_privatised_with_the_configured_epsilon(epsilon, low, high):
+    # k-ary randomized response keeps the reported race with probability e^ε/(e^ε+5)
+    # (SPEC.md 2.3): 0.18 for ε=0.1, 0.60 for ε=2, 1 for ε=50; clipping keeps the top race.
+    n = 600
+    members = pd.DataFrame({"member_id": [f"{i:04d}" for i in range(n)],
+                            "surname": list(MIXED["surname"]) * (n // len(MIXED)), "zip": ["60614"] * n})
+    sid = pd.DataFrame({"member_id": members["member_id"], "race": ["api"] * n})
+    out = prepare(members, sid, PreparationConfig(seed=4, epsilon=epsilon, threshold=0.9))
+    kept = (out[list(RACES)].to_numpy().argmax(axis=1) == RACES.index("api")).mean()
+    assert low <= kept <= high
+
+
+@pytest.mark.parametrize("first_names, geo", [(True, "tract"), (True, "zcta"), (False, "tract")])
+def test_first_names_and_tract(first_names, geo):
+    # Without Self-ID the preparation is BIFSG/BISG followed by clipping with the seeded
+    # generator: it must equal common.bisg called directly, then clipped the same way.
+    m = MEMBERS.assign(first_name=["Hiroshi", "Maria", "", "Zzq", "Ana", "Sean"],
                        tract=["17031070200", "", "25025000100", "", "", ""])
-    out = prepare(m, None, PreparationConfig(seed=0, first_names=True, geo="tract"))
-    assert len(out) == 6
+    t = 0.95
+    out = prepare(m, None, PreparationConfig(seed=5, first_names=first_names, geo=geo, threshold=t))
+    direct = bisg_mod.bisg(m["surname"], zips=m["zip"], tracts=m["tract"] if geo == "tract" else None,
+                           first_names=m["first_name"] if first_names else None, geo=geo).probabilities
+    plain = bisg_mod.bisg(m["surname"], zips=m["zip"]).probabilities
+    assert np.abs(direct - plain).max() > 1e-3  # first names / tracts really change these rows
+    expected = clipping.clip(direct, t, np.random.default_rng(5))
+    np.testing.assert_allclose(out[list(RACES)].to_numpy(), expected, rtol=0, atol=1e-12)
+    above = int((direct.max(axis=1) > t).sum())
+    assert out.attrs["preparation"].clipped_rows == above >= 2  # counted per row
+
+
+@pytest.mark.parametrize("header", ["OptOut", "optout", " OPTOUT "])
+def test_a_custom_opt_out_column_is_read_and_used(tmp_path, header):
+    # The operator names the opt-out column ("OptOut"); the file's header matches it
+    # whatever its case and spaces, and those members are dropped.
+    path = write_csv(tmp_path / "m.csv", MEMBERS.assign(**{header: ["yes", "", "1", "", "", ""]}))
+    cfg = PreparationConfig(seed=0, opt_out_column="OptOut")
+    members = read_members(path, "OptOut")
+    assert "OptOut" in members.columns
+    out = prepare(members, None, cfg, labels=(str(path), ""))
+    assert list(out["member_id"]) == ["008", "010", "011", "012"]
+    assert out.attrs["preparation"].dropped_opt_out == 2
+    assert "OptOut" in read_members_table(path, "OptOut").column_names
+
+
+def test_self_id_goes_to_its_own_member_when_members_were_dropped():
+    # 008 opts out, so every later member's row among the kept ones is one less than its
+    # row in the file; 010's Self-ID answer must land on 010, not on the member after it.
+    m = MEMBERS.assign(opt_out=["", "1", "", "", "", ""])
+    sid = pd.DataFrame({"member_id": ["010"], "race": ["api"]})
+    out = prepare(m, sid, PreparationConfig(seed=3, epsilon=50, threshold=0.9))
+    top = dict(zip(out["member_id"], np.asarray(RACES)[out[list(RACES)].to_numpy().argmax(axis=1)]))
+    bisg_top = dict(zip(m["member_id"], np.asarray(RACES)[
+        bisg_mod.bisg(m["surname"], zips=m["zip"]).probabilities.argmax(axis=1)]))
+    assert bisg_top["010"] != "api" and bisg_top["011"] != "api"
+    assert top["010"] == "api" and top["011"] == bisg_top["011"]
+    assert out.attrs["preparation"].self_id_used == 1
+
+
+def test_rule_threshold_uses_the_bisg_rows_only():
+    # SPEC.md 2.4: T is the 90% value of the BISG rows' largest probabilities. Self-ID rows
+    # (near one-hot with a large epsilon) must not move it, however many there are.
+    sid = pd.DataFrame({"member_id": list(MIXED["member_id"]), "race": ["api"] * len(MIXED)})
+    out = prepare(MIXED, sid, PreparationConfig(seed=0, epsilon=50))
+    expected = rule_value(bisg_mod.bisg(MIXED["surname"], zips=MIXED["zip"]).probabilities)
+    assert expected < 0.98
+    assert out.attrs["preparation"].threshold == pytest.approx(expected, abs=1e-12)
+    assert out.attrs["preparation"].self_id_used == len(MEMBERS)
 
 
 def test_prepare_rejects_unknown_self_id():
@@ -115,11 +239,11 @@ def test_load_members_csv_and_parquet(tmp_path):
 
 def test_missing_file_and_columns(tmp_path):
     e = err(load_members, tmp_path / "nope.csv")
-    assert "does not exist" in str(e) and e.file.endswith("nope.csv")
+    assert "file not found" in str(e) and e.file.endswith("nope.csv")
     e = err(load_members, write_csv(tmp_path / "a.csv", MEMBERS.rename(columns={"surname": "surnme"})))
-    assert "surname" in str(e) and "did you mean 'surnme'" in str(e)
+    assert e.column == "surname" and "found 'surnme': misspelt?" in str(e)
     e = err(load_members, write_csv(tmp_path / "b.csv", MEMBERS.assign(optout="1")))
-    assert "optout" in str(e) and "opt_out" in str(e)  # a misspelt opt-out flag is refused, not ignored
+    assert e.column == "optout" and "did you mean 'opt_out'" in str(e)  # refused, not ignored
     e = err(load_members, write_csv(tmp_path / "c.csv", MEMBERS.iloc[:0]))
     assert "no data rows" in str(e)
     (tmp_path / "d.xlsx").write_text("x")
@@ -141,14 +265,21 @@ def test_bad_rows_are_named(tmp_path):
     m = MEMBERS.copy()
     m.loc[4, "member_id"] = "007"
     e = err(load_members, write_csv(tmp_path / "c.csv", m))
-    assert "rows 1 and 5" in str(e) and "007" not in str(e)
+    assert (e.column, e.row) == ("member_id", 5) and "the same as row 1" in str(e) and "007" not in str(e)
     m = MEMBERS.copy()
     m.loc[1, "member_id"] = ""
     e = err(load_members, write_csv(tmp_path / "d.csv", m))
     assert (e.column, e.row) == ("member_id", 2)
     m = MEMBERS.assign(opt_out=["", "", "maybe", "", "", ""])
-    e = err(load_members, write_csv(tmp_path / "e.csv", m))
-    assert (e.column, e.row) == ("opt_out", 3)
+    path = write_csv(tmp_path / "e.csv", m)
+    e = err(load_members, path)
+    assert str(e) == f"file {path}, column 'opt_out', row 3: must be blank, 0/1, true/false or yes/no"
+    # The same check on the Arrow table that `ppre bisg` validates (no pandas).
+    table = read_members_table(path)
+    e = err(validate_members, table, str(path))
+    assert str(e) == f"file {path}, column 'opt_out', row 3: must be blank, 0/1, true/false or yes/no"
+    validate_members(read_members_table(write_csv(tmp_path / "e2.csv", MEMBERS.assign(opt_out=["1", "no"] * 3))),
+                     "e2.csv")
     raw = "member_id,surname,zip\n1,Smith,60614\n2,Garc\xeda,00601\n".encode("latin-1")
     (tmp_path / "f.csv").write_bytes(raw)
     e = err(load_members, tmp_path / "f.csv")
@@ -166,22 +297,23 @@ def test_messages_never_contain_member_data(tmp_path):
         assert secret not in str(e)
 
 
-def test_load_self_id(tmp_path):
-    members = load_members(write_csv(tmp_path / "m.csv", MEMBERS))
-    ok = load_self_id(write_csv(tmp_path / "s.csv", pd.DataFrame({"member_id": ["007", "012"],
-                                                                   "race": ["White", " aian "]})),
-                      members["member_id"])
-    assert list(ok["member_id"]) == ["007", "012"]
+def test_self_id_file(tmp_path):
+    members = write_csv(tmp_path / "m.csv", MEMBERS)
+    ok = write_csv(tmp_path / "s.csv", pd.DataFrame({"member_id": ["007", "012"], "race": ["White", " aian "]}))
+    assert read_self_id(ok)["member_id"].tolist() == ["007", "012"]
+    assert prepare_files(members, ok).attrs["preparation"].self_id_used == 2
     bad_race = pd.DataFrame({"member_id": ["007", "008"], "race": ["white", "Martian-ish"]})
-    e = err(load_self_id, write_csv(tmp_path / "s2.csv", bad_race), members["member_id"])
-    assert (e.column, e.row) == ("race", 2) and "Martian" not in str(e)
+    e = err(prepare_files, members, write_csv(tmp_path / "s2.csv", bad_race))
+    assert str(e) == (f"file {tmp_path / 's2.csv'}, column 'race', row 2: unknown race label; "
+                      "expected one of white, black, api, aian, multiple, hispanic")
     unknown = pd.DataFrame({"member_id": ["007", "555"], "race": ["white", "black"]})
-    e = err(load_self_id, write_csv(tmp_path / "s3.csv", unknown), members["member_id"])
-    assert (e.column, e.row) == ("member_id", 2) and "555" not in str(e)
+    e = err(prepare_files, members, write_csv(tmp_path / "s3.csv", unknown))
+    assert str(e) == f"file {tmp_path / 's3.csv'}, column 'member_id', row 2: member id is not among the members"
     dup = pd.DataFrame({"member_id": ["007", "007"], "race": ["white", "black"]})
-    assert "rows 1 and 2" in str(err(load_self_id, write_csv(tmp_path / "s4.csv", dup)))
-    e = err(load_self_id, write_csv(tmp_path / "s5.csv", pd.DataFrame({"member_id": ["1"], "rase": ["white"]})))
-    assert "did you mean 'rase'" in str(e)
+    e = err(prepare_files, members, write_csv(tmp_path / "s4.csv", dup))
+    assert (e.column, e.row) == ("member_id", 2) and "the same as row 1" in str(e)
+    e = err(read_self_id, write_csv(tmp_path / "s5.csv", pd.DataFrame({"member_id": ["1"], "rase": ["white"]})))
+    assert e.column == "race" and "found 'rase': misspelt?" in str(e)
 
 
 # --- group mapping ------------------------------------------------------------------

@@ -1,12 +1,17 @@
 """The two-party protocol of SPEC.md section 3, in one process (sans-I/O)."""
 from __future__ import annotations
 
+import base64
+import dataclasses
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from client_service.protocol import ClientSession
-from common import commutative, wire
+from common import commutative, symmetric, wire
 from common.errors import InputError, ProtocolError
 from common.estimators import plain_ratio
 from common.races import RACES
@@ -82,17 +87,86 @@ def test_keys_are_per_session_and_state_is_dropped_at_the_end():
     assert a._salt_share != b._salt_share
 
 
-def test_no_plaintext_or_key_in_any_message():
-    """Record every message of an audit: no member id, probability or key appears."""
+def _encodings(secret: int | bytes) -> set[bytes]:
+    """The ways a key could end up in a message: raw bytes in either byte order, decimal,
+    hex (either case) and base64, each whole and, for binary forms, as either half."""
+    if isinstance(secret, bytes):
+        values = [int.from_bytes(secret, "big"), int.from_bytes(secret, "little")]
+        raw = [secret, secret[::-1]]
+    else:
+        values = [secret]
+        size = (secret.bit_length() + 7) // 8
+        raw = [secret.to_bytes(size, "big"), secret.to_bytes(size, "little")]
+    out = set()
+    for r in raw:
+        out |= {r, r[:len(r) // 2], r[len(r) // 2:], base64.b64encode(r), r.hex().encode(), r.hex().upper().encode()}
+    for v in values:
+        out |= {str(v).encode(), f"{v:x}".encode(), f"{v:X}".encode()}
+    return out
+
+
+def _clamped(scalar: bytes) -> bytes:
+    """The X25519 scalar as the curve arithmetic uses it (RFC 7748 clamping)."""
+    k = bytearray(scalar)
+    k[0] &= 248
+    k[31] = (k[31] & 127) | 64
+    return bytes(k)
+
+
+def test_no_plaintext_or_key_in_any_message(monkeypatch):
+    """SPEC 3 and 7: no member id, probability or key crosses the wire. Every message of an
+    audit is recorded and searched for both parties' member ids, the Tester's
+    probabilities, the Tester's X25519 scalar and AES-256 key, and the Test-Client's
+    X25519 scalar and Paillier p, q, lambda and phi, in several encodings."""
+    aes_keys: list[bytes] = []
+
+    class RecordingAESGCM:  # pyca's AESGCM does not expose its key: record it as it is made
+        @staticmethod
+        def generate_key(bit_length):
+            key = AESGCM.generate_key(bit_length)
+            aes_keys.append(key)
+            return key
+
+        def __new__(cls, key):
+            return AESGCM(key)
+
+    monkeypatch.setattr(symmetric, "AESGCM", RecordingAESGCM)
     tester, client = make_inputs(80, 80, 50, seed=9)
-    seen: list[bytes] = []
-    _, ts, cs = local_audit(tester, client, tap=lambda direction, msg: seen.append(msg.SerializeToString()))
-    wire_bytes = b"".join(seen)
-    for member in list(tester.member_id) + list(client.member_id):
-        assert member.encode() not in wire_bytes
-    for value in tester[list(RACES)].to_numpy().ravel()[:200]:
-        assert np.float64(value).tobytes() not in wire_bytes
-        assert repr(float(value)).encode() not in wire_bytes
+    spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=10, seed=1)
+    for recipient in ("client", "tester"):
+        t = TesterSession(dataclasses.replace(spec, result_recipient=recipient), tester,
+                          min_modulus_bits=TEST_BITS)
+        c = _client(client)
+        keys = {"tester X25519 scalar": t._com_key._key.private_bytes_raw(), "tester AES key": aes_keys[-1]}
+        seen: list[bytes] = []
+
+        def tap(direction, msg, c=c, keys=keys, seen=seen):
+            if msg.HasField("hello_ack"):  # the Client's keys exist from its HelloAck on
+                p, q = c._paillier.p, c._paillier.q
+                keys.update({"client X25519 scalar": c._com_key._key.private_bytes_raw(), "Paillier p": p,
+                             "Paillier q": q, "Paillier lambda": math.lcm(p - 1, q - 1),
+                             "Paillier phi": (p - 1) * (q - 1), "public n": c._paillier.public.n})
+            seen.append(msg.SerializeToString())
+
+        try:
+            run_sessions(t, c, tap)
+        finally:
+            t.close()
+            c.close()
+        assert t.result is not None and len(keys) == 8
+        wire_bytes = b"".join(seen)
+        # the search works: the public modulus is on the wire, in the encoding the HelloAck uses
+        assert any(e in wire_bytes for e in _encodings(keys.pop("public n")))
+        for x25519 in ("tester X25519 scalar", "client X25519 scalar"):
+            keys[x25519 + " (clamped)"] = _clamped(keys[x25519])
+        for name, secret in keys.items():
+            leaked = [e for e in _encodings(secret) if e in wire_bytes]
+            assert not leaked, f"{name} appears on the wire ({recipient} variant)"
+        for member in list(tester.member_id) + list(client.member_id):
+            assert member.encode() not in wire_bytes
+        for value in tester[list(RACES)].to_numpy().ravel()[:200]:
+            assert np.float64(value).tobytes() not in wire_bytes
+            assert repr(float(value)).encode() not in wire_bytes
 
 
 # ---------------------------------------------------------------- a misbehaving peer

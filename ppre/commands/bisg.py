@@ -1,7 +1,7 @@
 """``ppre bisg``: BISG / BIFSG race probabilities for a members file (SPEC.md section 2.2).
 
 Reads ``member_id, surname, zip`` (optional ``first_name``, ``tract``) from CSV or
-Parquet, validates it (`tester_service.preparation.load_members`), and writes
+Parquet, validates it (`tester_service.preparation.read_members_table`, `validate_members`), and writes
 ``member_id``, the six probability columns (`common.races.RACES`) and ``source``
 (`common.bisg.SOURCES`) as CSV, or Parquet when the output ends in ``.parquet``.
 The output is written to a temporary file next to it and renamed into place, so an
