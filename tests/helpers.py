@@ -1,7 +1,10 @@
 """Shared test helpers: synthetic inputs and an in-process driver for the two sessions."""
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import time
 from collections import deque
 
 import numpy as np
@@ -75,3 +78,34 @@ def apply_ratio_mask(mask, num: int, den: int) -> tuple[int, int]:
     """What the Tester's homomorphic `RatioMask` masking computes, on plaintexts:
     (r*Num + e_num, r*Den + e_den) (SPEC.md section 4, masking)."""
     return mask.r * num + mask.e_num, mask.r * den + mask.e_den
+
+
+def write_inputs(directory, n: int, overlap: int, *, seed: int):
+    """`make_inputs(n, n, overlap)` written as the Tester's probability table and the
+    Test-Client's ERO dataset: (tester frame, client frame, table path, dataset path)."""
+    tester, client = make_inputs(n, n, overlap, seed=seed)
+    tp, cp = directory / "probabilities.csv", directory / "ero.csv"
+    tester.to_csv(tp, index=False)
+    client.to_csv(cp, index=False)
+    return tester, client, tp, cp
+
+
+def wait_until(condition, timeout: float = 15.0) -> bool:
+    """Poll `condition()` until it holds (teardown runs a moment after the last message)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def netns_usable() -> tuple[bool, str]:
+    """Whether tests may build network namespaces here, and if not, why."""
+    if os.environ.get("PPRE_TEST_NETWORK", "").lower() == "loopback":
+        return False, "PPRE_TEST_NETWORK=loopback"
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return False, "not running as root"
+    if not shutil.which("ip"):
+        return False, "iproute2 `ip` not found"
+    return True, ""

@@ -591,16 +591,6 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
-def netns_usable() -> tuple[bool, str]:
-    if os.environ.get("PPRE_TEST_NETWORK", "").lower() == "loopback":
-        return False, "PPRE_TEST_NETWORK=loopback"
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return False, "not running as root"
-    if not shutil.which("ip"):
-        return False, "iproute2 `ip` not found"
-    return True, ""
-
-
 _NS_PREFIX = "ppre-f"
 _NS_RE = re.compile(rf"^{_NS_PREFIX}(\d+)x(\d+)$")
 _ns_counter = iter(range(1, 10_000))

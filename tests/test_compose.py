@@ -68,7 +68,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.helpers import free_loopback_port
+from tests.helpers import free_loopback_port, netns_usable
 
 log = logging.getLogger("test_compose")
 
@@ -396,16 +396,6 @@ class NetnsNetwork:
                 Path("/etc/netns").rmdir()
             except OSError:
                 pass                                    # someone else's namespace config is there
-
-
-def netns_usable() -> tuple[bool, str]:
-    if os.environ.get("PPRE_TEST_NETWORK", "").lower() == "loopback":
-        return False, "PPRE_TEST_NETWORK=loopback"
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return False, "not running as root"
-    if not shutil.which("ip"):
-        return False, "iproute2 `ip` not found"
-    return True, ""
 
 
 # --------------------------------------------------------------------------- the running stack

@@ -45,9 +45,9 @@ from pathlib import Path
 import pytest
 
 from proto import ppre_pb2 as pb
-from tests.helpers import free_loopback_port, make_inputs
+from tests.helpers import free_loopback_port, make_inputs, netns_usable
 from tests.processes import (ACTIVE_SESSIONS_RE, Dataset, FreezableProxy, OperatorAudit, Outcome, ServiceProcess,
-                             VethNamespace, group_pids, health_status, make_client, make_tester, netns_usable,
+                             VethNamespace, group_pids, health_status, make_client, make_tester,
                              sweep_stale_namespaces, wait_for, write_dataset)
 
 pytestmark = pytest.mark.slow

@@ -26,36 +26,22 @@ from common.errors import InputError, PeerAborted, ProtocolError
 from ppre.cli import main as ppre_main
 from ppre.local import local_services
 from proto import ppre_pb2 as pb
-from proto import ppre_pb2_grpc as pb_grpc
 from tester_service.inputs import read_probability_table
 from tester_service import server as tester_server
 from tester_service.protocol import AuditSpec, TesterSession
 from tester_service.server import run_audit
 from tester_service.server import serve as serve_tester
-from tests.helpers import TEST_BITS, free_loopback_port, make_inputs
+from tests.helpers import TEST_BITS, free_loopback_port, wait_until, write_inputs
 
 
 @pytest.fixture()
 def inputs(tmp_path):
-    tester, client = make_inputs(120, 120, 80, seed=5)
-    tp, cp = tmp_path / "probabilities.csv", tmp_path / "ero.csv"
-    tester.to_csv(tp, index=False)
-    client.to_csv(cp, index=False)
-    return tester, client, tp, cp
+    return write_inputs(tmp_path, 120, 80, seed=5)
 
 
 def _request(**kw):
     return pb.AuditRequest(metric="ero", client_dataset=kw.pop("dataset", "ero"), bootstrap=kw.pop("bootstrap", 20),
                            has_seed=True, seed=1, **kw)
-
-
-def wait_until(condition, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 class SlowRegistry(DatasetRegistry):

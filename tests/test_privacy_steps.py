@@ -131,6 +131,7 @@ def test_same_hello_gives_each_client_session_its_own_random_oracle():
     [ack1], [ack2] = c1.receive(hello), c2.receive(hello)
     assert c1._salt != c2._salt
     assert c1._salt == commutative.session_salt(hello.hello.salt_share, ack1.hello_ack.salt_share)
+    assert c2._salt == commutative.session_salt(hello.hello.salt_share, ack2.hello_ack.salt_share)
     assert commutative.hash_ids(c1._salt, ["m000001"]) != commutative.hash_ids(c2._salt, ["m000001"])
 
 

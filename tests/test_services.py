@@ -21,7 +21,7 @@ from ppre.local import local_services
 from proto import ppre_pb2 as pb
 from tester_service.inputs import read_probability_table
 from tester_service.server import run_audit
-from tests.helpers import TEST_BITS, free_loopback_port, make_inputs
+from tests.helpers import TEST_BITS, free_loopback_port, wait_until, write_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,21 +53,7 @@ class Recorder(grpc.ServerInterceptor):
 
 @pytest.fixture()
 def inputs(tmp_path):
-    tester, client = make_inputs(150, 150, 100, seed=12)
-    tp, cp = tmp_path / "probabilities.csv", tmp_path / "ero.csv"
-    tester.to_csv(tp, index=False)
-    client.to_csv(cp, index=False)
-    return tester, client, tp, cp
-
-
-def wait_until(condition, timeout: float = 10.0) -> bool:
-    """Teardown runs when gRPC closes the stream, a moment after the last message."""
-    deadline = time.time() + timeout
-    while not condition():
-        if time.time() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
+    return write_inputs(tmp_path, 150, 100, seed=12)
 
 
 def _request(dataset="ero", **kw):
