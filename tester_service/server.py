@@ -123,6 +123,7 @@ class _AuditRun:
         self.state = ProgressState()  # ours, sent to the Test-Client in heartbeats
         self._latest = pb.Progress(phase="inputs")  # ours or the Test-Client's, for the operator
         self._last_emit = 0.0
+        self._emitted_phase = ""
         self._peer_last: tuple = ()
 
     def cancel(self) -> None:
@@ -150,10 +151,13 @@ class _AuditRun:
         with self._lock:
             self._latest = pb.Progress(phase=phase, message=message, elapsed_s=now - self._t0, done=done,
                                        total=total)
-            # phase ends always go out; counts within a phase at most every PROGRESS_EVERY_S
-            if done and not (total and done >= total) and now - self._last_emit < PROGRESS_EVERY_S:
+            # a phase's first report and its end always go out; counts in between at most
+            # every PROGRESS_EVERY_S
+            within = done and not (total and done >= total) and phase == self._emitted_phase
+            if within and now - self._last_emit < PROGRESS_EVERY_S:
                 return
             self._last_emit = now
+            self._emitted_phase = phase
             self.events.put(pb.AuditEvent(progress=self._latest))
 
     def _progress(self, phase: str, message: str, done: int = 0, total: int = 0) -> None:
