@@ -25,6 +25,7 @@ from client_service.datasets import DatasetRegistry
 from client_service.protocol import ClientSession, Phase
 from common import channels, paillier
 from common.errors import InputError, PeerAborted, PPREError, ShuttingDownError
+from common.memory import release_freed_memory
 from common.peer_stream import Inbox, Outbox, ProgressState
 from proto import ppre_pb2 as pb
 
@@ -167,6 +168,7 @@ class ClientServicer:
             with self._lock:
                 self._exchanges.discard(exchange)
                 active = len(self._exchanges)
+            release_freed_memory()
             log.info("session closed; active sessions: %d", active)
             # A Tester that stopped reading leaves gRPC's handler thread blocked in a send:
             # once a last Abort has had its chance to leave, end the call.

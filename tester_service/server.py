@@ -22,6 +22,7 @@ import pandas as pd
 from common import bootstrap as boot_defaults
 from common import channels, paillier
 from common.errors import InputError, PeerAborted, PeerTimeoutError, PPREError, ShuttingDownError
+from common.memory import release_freed_memory
 from common.peer_stream import Inbox, Outbox, ProgressState
 from common.report import DEFAULT_TAU
 from proto import ppre_pb2 as pb
@@ -353,6 +354,7 @@ class TesterServicer(pb_grpc.TesterServicer):
             with self._lock:
                 self._runs.discard(run)
                 active = len(self._runs)
+            release_freed_memory()
             log.info("audit ended; active sessions: %d", active)
 
     def shutdown(self, wait_s: float) -> None:
