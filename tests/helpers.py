@@ -109,3 +109,14 @@ def netns_usable() -> tuple[bool, str]:
     if not shutil.which("ip"):
         return False, "iproute2 `ip` not found"
     return True, ""
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process exists (one we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -33,7 +33,7 @@ from typing import Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.helpers import free_loopback_port, make_inputs
+from tests.helpers import free_loopback_port, make_inputs, pid_alive
 
 REPO = Path(__file__).resolve().parents[1]
 _PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "grpc_proxy", "no_proxy")
@@ -596,21 +596,11 @@ _NS_RE = re.compile(rf"^{_NS_PREFIX}(\d+)x(\d+)$")
 _ns_counter = iter(range(1, 10_000))
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale_namespaces() -> None:
     """Remove namespaces (and the processes in them) left by earlier runs that died hard."""
     for name in _ip("netns", "list", check=False).stdout.split():
         match = _NS_RE.match(name)
-        if match and not _pid_alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             for pid in _ip("netns", "pids", name, check=False).stdout.split():
                 try:
                     os.kill(int(pid), signal.SIGKILL)

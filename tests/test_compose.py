@@ -68,7 +68,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.helpers import free_loopback_port, netns_usable
+from tests.helpers import free_loopback_port, netns_usable, pid_alive
 
 log = logging.getLogger("test_compose")
 
@@ -242,16 +242,6 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 _NS_PREFIX = "ppre-t"
 _NS_RE = re.compile(rf"^{_NS_PREFIX}(\d+)x(\d+)-")
 _BRIDGE_RE = re.compile(r"\bppb([0-9a-f]+)x\d+\b")
@@ -281,7 +271,7 @@ def sweep_stale_namespaces() -> None:
     listing = _ip("netns", "list", check=False).stdout.split()
     for name in listing:
         match = _NS_RE.match(name)
-        if match and not _pid_alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             for pid in _ip("netns", "pids", name, check=False).stdout.split():   # orphaned services
                 try:
                     os.kill(int(pid), signal.SIGKILL)
@@ -297,7 +287,7 @@ def sweep_stale_namespaces() -> None:
     listed = _iptables("-S", "FORWARD")
     for rule in listed.stdout.splitlines() if listed is not None and listed.returncode == 0 else ():
         match = _BRIDGE_RE.search(rule)
-        if rule.startswith("-A FORWARD ") and match and not _pid_alive(int(match.group(1), 16)):
+        if rule.startswith("-A FORWARD ") and match and not pid_alive(int(match.group(1), 16)):
             _iptables("-D", *rule.split()[1:])
 
 

@@ -438,6 +438,20 @@ def test_test_client_stalled_under_the_tester_peer_timeout_of_15s(deploy, big, r
 
 # --------------------------------------------------------------------------- a cut link
 
+def cut_the_link_mid_encryption(deploy, big, tester, client, cut):
+    """Cut the link (`cut()`) once the Test-Client encrypts; the operator must get
+    `deadline_exceeded` in time and both services must drop the session. Returns the
+    error's code and message, seconds to the error, and seconds to each drop."""
+    trigger = Trigger("client:he_encrypt", cut)
+    outcome = deploy.operator(tester, big.name, as_json=False, bootstrap=BIG_BOOTSTRAP, timeout=120,
+                              on_progress=trigger).wait()
+    assert_mid_phase(trigger, outcome)
+    code, message = assert_clear_error(outcome, {"deadline_exceeded"}, deployment=deploy)
+    took = outcome.ended - trigger.fired_at
+    assert took <= ERROR_AFTER_SHORT_STALL_S, f"{took:.1f}s"
+    return code, message, took, assert_dropped(tester), assert_dropped(client, timeout=30)
+
+
 def test_link_cut_by_a_frozen_proxy(deploy, big, request):
     """Fault: the Tester reaches the Test-Client through a loopback TCP proxy, which stops
     forwarding (both sockets stay open: no FIN, no RST) while the Test-Client encrypts;
@@ -446,15 +460,8 @@ def test_link_cut_by_a_frozen_proxy(deploy, big, request):
     timeout runs out; once the proxy forwards again the next audit succeeds."""
     tester, client = fast_pair(deploy, big, proxy=True)
     proxy = deploy.proxies[-1]
-    trigger = Trigger("client:he_encrypt", proxy.freeze)
-    outcome = deploy.operator(tester, big.name, as_json=False, bootstrap=BIG_BOOTSTRAP, timeout=120,
-                              on_progress=trigger).wait()
-    assert_mid_phase(trigger, outcome)
-    code, message = assert_clear_error(outcome, {"deadline_exceeded"}, deployment=deploy)
-    took = outcome.ended - trigger.fired_at
-    assert took <= ERROR_AFTER_SHORT_STALL_S, f"{took:.1f}s"
-    tester_dropped = assert_dropped(tester)
-    client_dropped = assert_dropped(client, timeout=30)
+    code, message, took, tester_dropped, client_dropped = cut_the_link_mid_encryption(
+        deploy, big, tester, client, proxy.freeze)
     assert proxy.frozen
     proxy.thaw()
     next_audit_succeeds(deploy, tester)
@@ -497,16 +504,9 @@ def test_link_cut_in_a_network_namespace(veth_namespace, deploy, big, request):
         tester_kw={"peer_timeout": PEER_TIMEOUT_S, "env": dict(FAST_LINK)},
         client_kw={"peer_timeout": PEER_TIMEOUT_S, "env": dict(FAST_LINK), "host": "0.0.0.0", "port": port,
                    "prefix": ns.exec_prefix()})
-    trigger = Trigger("client:he_encrypt", ns.link_down)
     try:
-        outcome = deploy.operator(tester, big.name, as_json=False, bootstrap=BIG_BOOTSTRAP, timeout=120,
-                                  on_progress=trigger).wait()
-        assert_mid_phase(trigger, outcome)
-        code, message = assert_clear_error(outcome, {"deadline_exceeded"}, deployment=deploy)
-        took = outcome.ended - trigger.fired_at
-        assert took <= ERROR_AFTER_SHORT_STALL_S, f"{took:.1f}s"
-        tester_dropped = assert_dropped(tester)
-        client_dropped = assert_dropped(client, timeout=30)
+        code, message, took, tester_dropped, client_dropped = cut_the_link_mid_encryption(
+            deploy, big, tester, client, ns.link_down)
     finally:
         ns.link_up()
     next_audit_succeeds(deploy, tester)

@@ -341,3 +341,35 @@ def test_two_concurrent_audits_both_succeed(inputs):
         estimates = [[g.estimate for g in e.result.groups] for e in events]
         assert np.allclose(estimates[0], estimates[1], atol=1e-9)  # same data, same answer
         assert wait_until(lambda: svc.client_servicer.active_sessions == 0 and svc.tester_config.sessions == [])
+
+
+@pytest.mark.slow
+def test_sigterm_always_stops_the_services(inputs, tmp_path):
+    """SIGTERM after an audit stops both services, every time (a signal can land on any
+    thread; a main thread that waited without a timeout slept through it now and then:
+    two runs of this test in three failed before the fix)."""
+    _, _, tp, cp = inputs
+    cmd = [sys.executable, "-m", "ppre.cli"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for _ in range(10):
+        ports = [free_loopback_port(), free_loopback_port()]
+        client_p = subprocess.Popen(cmd + ["client", "serve", "--host", "127.0.0.1", "--port", str(ports[1]),
+                                           "--dataset", f"ero={cp}"], cwd=tmp_path, env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        tester_p = subprocess.Popen(cmd + ["tester", "serve", "--host", "127.0.0.1", "--port", str(ports[0]),
+                                           "--client", f"127.0.0.1:{ports[1]}", "--probabilities", str(tp)],
+                                    cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            assert wait_until(lambda: all(channels.check_health(f"127.0.0.1:{p}", 1) for p in ports), 60)
+            event = run_audit(f"127.0.0.1:{ports[0]}", _request(bootstrap=10))
+            assert event.WhichOneof("event") == "result", event
+            t0 = time.monotonic()
+            for p in (tester_p, client_p):
+                p.terminate()
+            assert tester_p.wait(10) == 0 and client_p.wait(10) == 0
+            assert time.monotonic() - t0 < 10
+        finally:
+            for p in (tester_p, client_p):
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(10)

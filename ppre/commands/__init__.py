@@ -9,6 +9,7 @@ import threading
 #: SIGTERM to exit: sessions get this long to end cleanly, gRPC calls a little more
 SHUTDOWN_SESSIONS_S = 5.0
 SHUTDOWN_GRACE_S = 2.0
+SIGNAL_POLL_S = 0.2
 
 
 def add_service_arguments(s: argparse.ArgumentParser) -> None:
@@ -34,7 +35,11 @@ def serve_forever(server, servicer) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    # Wait in short slices: a process-directed signal may land on any thread, and CPython
+    # runs its handler only when the main thread next returns to the interpreter loop — a
+    # wait without a timeout could sleep through SIGTERM for ever.
+    while not stop.wait(SIGNAL_POLL_S):
+        pass
     servicer.shutdown(SHUTDOWN_SESSIONS_S)
     server.stop(grace=SHUTDOWN_GRACE_S).wait(SHUTDOWN_GRACE_S + 1)  # bounded: never hang on a stuck call
     parallel.shutdown(wait=False)
