@@ -244,7 +244,13 @@ def test_services_as_processes_write_no_files_and_log_no_member_data(inputs, tmp
     finally:
         for p in (tester_p, client_p):
             p.terminate()
-        logs = b"".join(p.communicate(timeout=30)[0] for p in (tester_p, client_p))
+        try:
+            logs = b"".join(p.communicate(timeout=30)[0] for p in (tester_p, client_p))
+        finally:  # a service that ignored SIGTERM fails the test but is not left behind
+            for p in (tester_p, client_p):
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate(timeout=10)
     written = [p for p in run_dir.rglob("*") if p.is_file()]
     assert written == [], written
     assert logs, "the services logged nothing at -v"
