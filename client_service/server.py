@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -24,6 +23,7 @@ import grpc
 from client_service.datasets import DatasetRegistry
 from client_service.protocol import ClientSession, Phase
 from common import channels, paillier
+from common.admission import SessionTable
 from common.errors import InputError, PeerAborted, PPREError, ShuttingDownError
 from common.memory import release_freed_memory
 from common.peer_stream import Inbox, Outbox, ProgressState
@@ -118,36 +118,23 @@ class ClientServicer:
     def __init__(self, config: ClientConfig, health_servicer=None) -> None:
         self.config = config
         self._health = health_servicer
-        self._lock = threading.Lock()
-        self._exchanges: set[_Exchange] = set()
-        self._draining = False
+        self._exchanges: SessionTable[_Exchange] = SessionTable(config.max_sessions, "Test-Client")
 
     @property
     def active_sessions(self) -> int:
-        with self._lock:
-            return len(self._exchanges)
+        return self._exchanges.active
 
     def Exchange(self, request_iterator, context):
         cfg = self.config
         exchange = _Exchange(cfg, context)
-        with self._lock:
-            if self._draining:
-                refusal = pb.Abort(code=ShuttingDownError.code, message="the Test-Client is shutting down")
-            elif len(self._exchanges) >= cfg.max_sessions:
-                refusal = pb.Abort(code="resource_exhausted",
-                                   message=f"the Test-Client is running as many audits as its limit allows "
-                                           f"(--max-sessions {cfg.max_sessions}); try again when one has "
-                                           f"finished")
-            else:
-                refusal = None
-                self._exchanges.add(exchange)
-                active = len(self._exchanges)
+        refusal = self._exchanges.admit(exchange)
         if refusal is not None:
-            log.warning("session refused: %s", refusal.message)
+            code, message = refusal
+            log.warning("session refused: %s", message)
             exchange.session.close()
-            yield pb.PeerMessage(abort=refusal)
+            yield pb.PeerMessage(abort=pb.Abort(code=code, message=message))
             return
-        log.info("session started; active sessions: %d", active)
+        log.info("session started; active sessions: %d", self._exchanges.active)
         timer = threading.Timer(cfg.max_session_s, context.cancel)
         timer.daemon = True
         timer.start()
@@ -165,9 +152,7 @@ class ClientServicer:
         try:
             exchange.run(request_iterator)
         finally:
-            with self._lock:
-                self._exchanges.discard(exchange)
-                active = len(self._exchanges)
+            active = self._exchanges.discard(exchange)
             release_freed_memory()
             log.info("session closed; active sessions: %d", active)
             # A Tester that stopped reading leaves gRPC's handler thread blocked in a send:
@@ -180,16 +165,12 @@ class ClientServicer:
     def shutdown(self, wait_s: float) -> None:
         """SIGTERM: report NOT_SERVING, refuse new sessions, end running ones with a
         "shutting down" Abort to the Tester, and wait up to `wait_s` for their teardown."""
-        with self._lock:
-            self._draining = True
-            exchanges = list(self._exchanges)
+        exchanges = self._exchanges.drain()
         if self._health is not None:
             channels.set_not_serving(self._health, "ppre.v1.Client")
         for exchange in exchanges:
             exchange.stop(ShuttingDownError("the Test-Client is shutting down"))
-        deadline = time.monotonic() + wait_s
-        while self.active_sessions and time.monotonic() < deadline:
-            time.sleep(0.05)
+        self._exchanges.wait_idle(wait_s)
 
 
 def serve(config: ClientConfig, port: int, host: str = "0.0.0.0",

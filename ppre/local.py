@@ -39,15 +39,18 @@ def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: Dat
                    modulus_bits: int = paillier.MIN_MODULUS_BITS, allow_insecure: bool = False,
                    n_buckets: int = boot.DEFAULT_BUCKETS,
                    client_interceptors: tuple = (),
-                   settings: LinkSettings | None = None) -> Iterator[LocalServices]:
+                   settings: LinkSettings | None = None,
+                   max_sessions: tuple[int, int] = (4, 4)) -> Iterator[LocalServices]:
+    """`max_sessions`: the (Tester, Test-Client) session limits."""
     settings = settings or LinkSettings.from_env()
     client_config = ClientConfig(datasets, modulus_bits=modulus_bits, allow_insecure=allow_insecure,
-                                 settings=settings)
+                                 settings=settings, max_sessions=max_sessions[1])
     client_server, client_port, client_servicer = serve_client(client_config, 0, host="127.0.0.1",
                                                                interceptors=client_interceptors)
     client_address = f"127.0.0.1:{client_port}"
     tester_config = TesterConfig(client_address, load_probabilities, n_buckets=n_buckets,
-                                 min_modulus_bits=min(modulus_bits, paillier.MIN_MODULUS_BITS), settings=settings)
+                                 min_modulus_bits=min(modulus_bits, paillier.MIN_MODULUS_BITS), settings=settings,
+                                 max_sessions=max_sessions[0])
     tester_server, tester_port, tester_servicer = serve_tester(tester_config, 0, host="127.0.0.1")
     try:
         yield LocalServices(f"127.0.0.1:{tester_port}", client_address, tester_config, client_config,

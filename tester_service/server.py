@@ -21,6 +21,7 @@ import pandas as pd
 
 from common import bootstrap as boot_defaults
 from common import channels, paillier
+from common.admission import SessionTable
 from common.errors import InputError, PeerAborted, PeerTimeoutError, PPREError, ShuttingDownError
 from common.memory import release_freed_memory
 from common.peer_stream import Inbox, Outbox, ProgressState
@@ -302,36 +303,28 @@ class TesterServicer(pb_grpc.TesterServicer):
     and relays its events, with a progress event whenever the audit has been quiet for
     `heartbeat_s` (the operator's stream is never silent)."""
 
+    #: a refused audit's gRPC status: new audits during shutdown are "unavailable"
+    _REFUSAL_STATUS = {"shutting_down": grpc.StatusCode.UNAVAILABLE,
+                       "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED}
+
     def __init__(self, config: TesterConfig, health_servicer=None) -> None:
         self.config = config
         self._health = health_servicer
-        self._lock = threading.Lock()
-        self._runs: set[_AuditRun] = set()
-        self._draining = False
+        self._runs: SessionTable[_AuditRun] = SessionTable(config.max_sessions, "Tester")
 
     @property
     def active_sessions(self) -> int:
-        with self._lock:
-            return len(self._runs)
+        return self._runs.active
 
     def RunAudit(self, request: pb.AuditRequest, context):
         run = _AuditRun(self.config, request)
-        with self._lock:
-            if self._draining:
-                refusal = (grpc.StatusCode.UNAVAILABLE, "the Tester is shutting down")
-            elif len(self._runs) >= self.config.max_sessions:
-                refusal = (grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"the Tester is running as many audits as its limit allows (--max-sessions "
-                           f"{self.config.max_sessions}); try again when one has finished")
-            else:
-                refusal = None
-                self._runs.add(run)
-                active = len(self._runs)
+        refusal = self._runs.admit(run)
         if refusal is not None:
-            log.warning("audit refused: %s", refusal[1])
-            context.abort(*refusal)
+            code, message = refusal
+            log.warning("audit refused: %s", message)
+            context.abort(self._REFUSAL_STATUS[code], message)
         log.info("audit started (metric %s, dataset %r); active sessions: %d", request.metric,
-                 request.client_dataset, active)
+                 request.client_dataset, self._runs.active)
         context.add_callback(run.cancel)  # runs when the call ends, however it ends
         threading.Thread(target=self._run, args=(run,), name="ppre-audit", daemon=True).start()
         try:
@@ -351,9 +344,7 @@ class TesterServicer(pb_grpc.TesterServicer):
         try:
             run.run()
         finally:
-            with self._lock:
-                self._runs.discard(run)
-                active = len(self._runs)
+            active = self._runs.discard(run)
             release_freed_memory()
             log.info("audit ended; active sessions: %d", active)
 
@@ -361,16 +352,12 @@ class TesterServicer(pb_grpc.TesterServicer):
         """SIGTERM: report NOT_SERVING, refuse new audits, end running ones with a
         "shutting down" error to the operator and the Test-Client, and wait up to
         `wait_s` for them to be torn down."""
-        with self._lock:
-            self._draining = True
-            runs = list(self._runs)
+        runs = self._runs.drain()
         if self._health is not None:
             channels.set_not_serving(self._health, "ppre.v1.Tester")
         for run in runs:
             run.stop(ShuttingDownError("the Tester is shutting down"))
-        deadline = time.monotonic() + wait_s
-        while self.active_sessions and time.monotonic() < deadline:
-            time.sleep(0.05)
+        self._runs.wait_idle(wait_s)
 
 
 def serve(config: TesterConfig, port: int, host: str = "0.0.0.0") -> tuple[grpc.Server, int, TesterServicer]:

@@ -149,6 +149,12 @@ def test_a_stalled_test_client_ends_the_audit_with_deadline_exceeded(inputs):
         fake.stop(0).wait(10)
 
 
+def _exchange(channel, requests):
+    """Act as the Tester: the Test-Client's Exchange call over `channel`."""
+    return channel.stream_stream("/ppre.v1.Client/Exchange", request_serializer=pb.PeerMessage.SerializeToString,
+                                 response_deserializer=pb.PeerMessage.FromString)(requests, timeout=30)
+
+
 def test_a_tester_that_goes_quiet_is_dropped_by_the_test_client(inputs):
     """The Tester sends its Hello, then nothing (no rows, no heartbeat): the Test-Client
     answers, waits its peer timeout, tells the Tester why (deadline_exceeded Abort) and
@@ -167,9 +173,7 @@ def test_a_tester_that_goes_quiet_is_dropped_by_the_test_client(inputs):
 
     try:
         with channels.make_channel(f"127.0.0.1:{port}") as channel:
-            call = channel.stream_stream("/ppre.v1.Client/Exchange",
-                                         request_serializer=pb.PeerMessage.SerializeToString,
-                                         response_deserializer=pb.PeerMessage.FromString)(requests(), timeout=30)
+            call = _exchange(channel, requests())
             t0 = time.monotonic()
             replies = [m.WhichOneof("body") for m in call if m.WhichOneof("body") != "heartbeat"]
             assert replies[0] == "hello_ack"
@@ -199,9 +203,7 @@ def test_the_test_client_does_not_answer_an_abort_with_an_abort(inputs):
 
     try:
         with channels.make_channel(f"127.0.0.1:{port}") as channel:
-            call = channel.stream_stream("/ppre.v1.Client/Exchange",
-                                         request_serializer=pb.PeerMessage.SerializeToString,
-                                         response_deserializer=pb.PeerMessage.FromString)(requests(), timeout=30)
+            call = _exchange(channel, requests())
             replies = []
             for m in call:
                 replies.append(m.WhichOneof("body"))
@@ -220,8 +222,7 @@ def test_sessions_beyond_the_limit_are_refused_while_running_ones_finish(inputs)
     _, _, tp, cp = inputs
     load = _slow(lambda: read_probability_table(tp), 2.0)
     with local_services(load, DatasetRegistry(named={"ero": cp}), modulus_bits=TEST_BITS,
-                        allow_insecure=True) as svc:
-        svc.tester_config.max_sessions = 1
+                        allow_insecure=True, max_sessions=(1, 4)) as svc:
         with futures.ThreadPoolExecutor(1) as pool:
             first = pool.submit(run_audit, svc.tester_address, _request(), timeout=120)
             time.sleep(0.5)  # the first audit is reading its inputs
@@ -235,8 +236,7 @@ def test_the_test_client_refuses_sessions_beyond_its_limit(inputs):
     _, _, tp, cp = inputs
     registry = SlowRegistry(2.0, named={"ero": cp})
     with local_services(lambda: read_probability_table(tp), registry, modulus_bits=TEST_BITS,
-                        allow_insecure=True) as svc:
-        svc.client_config.max_sessions = 1
+                        allow_insecure=True, max_sessions=(4, 1)) as svc:
         with futures.ThreadPoolExecutor(1) as pool:
             first = pool.submit(run_audit, svc.tester_address, _request(), timeout=120)
             assert wait_until(lambda: svc.client_servicer.active_sessions == 1)

@@ -221,19 +221,27 @@ def test_cli_reports_bad_input_with_exit_code_2(inputs, capsys):
 
 
 @pytest.mark.slow
+def _start_service_processes(tp, cp, cwd, env, flags: list[str], output):
+    """`ppre [flags] client serve` and `ppre [flags] tester serve` on free loopback ports,
+    the Tester on probability table `tp`, the Test-Client on dataset `ero` = `cp`:
+    ([tester port, client port], tester process, client process)."""
+    ports = [free_loopback_port(), free_loopback_port()]
+    cmd = [sys.executable, "-m", "ppre.cli", *flags]
+    client_p = subprocess.Popen(cmd + ["client", "serve", "--host", "127.0.0.1", "--port", str(ports[1]),
+                                       "--dataset", f"ero={cp}"], cwd=cwd, env=env,
+                                stdout=output, stderr=subprocess.STDOUT)
+    tester_p = subprocess.Popen(cmd + ["tester", "serve", "--host", "127.0.0.1", "--port", str(ports[0]),
+                                       "--client", f"127.0.0.1:{ports[1]}", "--probabilities", str(tp)],
+                                cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT)
+    return ports, tester_p, client_p
+
+
 def test_services_as_processes_write_no_files_and_log_no_member_data(inputs, tmp_path):
     tester, client, tp, cp = inputs
     run_dir = tmp_path / "run"
     (run_dir / "tmp").mkdir(parents=True)
     env = {**os.environ, "TMPDIR": str(run_dir / "tmp"), "HOME": str(run_dir), "PYTHONPATH": str(REPO)}
-    ports = [free_loopback_port(), free_loopback_port()]
-    cmd = [sys.executable, "-m", "ppre.cli", "-v"]
-    client_p = subprocess.Popen(cmd + ["client", "serve", "--host", "127.0.0.1", "--port", str(ports[1]),
-                                       "--dataset", f"ero={cp}"], cwd=run_dir, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    tester_p = subprocess.Popen(cmd + ["tester", "serve", "--host", "127.0.0.1", "--port", str(ports[0]),
-                                       "--client", f"127.0.0.1:{ports[1]}", "--probabilities", str(tp)],
-                                cwd=run_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    ports, tester_p, client_p = _start_service_processes(tp, cp, run_dir, env, ["-v"], subprocess.PIPE)
     try:
         deadline = time.time() + 60
         while not (channels.check_health(f"127.0.0.1:{ports[0]}", 1) and channels.check_health(f"127.0.0.1:{ports[1]}", 1)):
@@ -355,16 +363,9 @@ def test_sigterm_always_stops_the_services(inputs, tmp_path):
     thread; a main thread that waited without a timeout slept through it now and then:
     two runs of this test in three failed before the fix)."""
     _, _, tp, cp = inputs
-    cmd = [sys.executable, "-m", "ppre.cli"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for _ in range(10):
-        ports = [free_loopback_port(), free_loopback_port()]
-        client_p = subprocess.Popen(cmd + ["client", "serve", "--host", "127.0.0.1", "--port", str(ports[1]),
-                                           "--dataset", f"ero={cp}"], cwd=tmp_path, env=env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        tester_p = subprocess.Popen(cmd + ["tester", "serve", "--host", "127.0.0.1", "--port", str(ports[0]),
-                                           "--client", f"127.0.0.1:{ports[1]}", "--probabilities", str(tp)],
-                                    cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        ports, tester_p, client_p = _start_service_processes(tp, cp, tmp_path, env, [], subprocess.DEVNULL)
         try:
             assert wait_until(lambda: all(channels.check_health(f"127.0.0.1:{p}", 1) for p in ports), 60)
             event = run_audit(f"127.0.0.1:{ports[0]}", _request(bootstrap=10))
