@@ -54,7 +54,7 @@ def main() -> int:
 
     from client_service.datasets import DatasetRegistry
     from common import parallel
-    from common.report import AuditReport
+    from common.results import AuditReport
     from ppre.local import local_services
     from proto import ppre_pb2 as pb
     from tester_service.inputs import read_probability_table

@@ -1,10 +1,10 @@
 """The Test-Client's named datasets (README "Inputs"; SPEC.md section 5 metrics).
 
 A dataset is a file `<name>.csv` or `<name>.parquet` in the client's data directory
-(or an explicit `name=path` mapping). It is read when an audit asks for it through
-`common.tables.read_table` (file size, encoding, consistency and member-id rules; the
-metric's columns as numbers), checked by the metric, and held only in that session's
-memory.
+(or an explicit `name=path` mapping). It is read when an audit asks for it, by the
+metric (`common.metrics`: its columns through `common.tables.read_table`, with the
+file size, encoding, consistency and member-id rules), checked by the metric, and held
+only in that session's memory.
 """
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from common.errors import InputError
-from common.estimators import RatioMetric
-from common.tables import read_table
+from common.metrics.base import Metric
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _SUFFIXES = (".csv", ".parquet")
@@ -45,8 +44,10 @@ class DatasetRegistry:
         raise InputError(f"unknown dataset '{name}' (known: {', '.join(self.names()) or 'none'})",
                          parameter="client dataset")
 
-    def load(self, name: str, metric: RatioMetric) -> pd.DataFrame:
+    def load(self, name: str, metric: Metric) -> pd.DataFrame:
+        """The dataset as the metric reads it; its file label in `frame.attrs["file"]`
+        (the metric's own checks name it)."""
         path = self.path(name)
-        frame = read_table(path, metric.columns)
-        metric.validate(frame, str(path))
+        frame = metric.read(str(path))
+        frame.attrs["file"] = str(path)
         return frame

@@ -3,15 +3,21 @@
 `ClientSession.receive(msg)` consumes one message from the Tester and returns the
 messages to send back; the gRPC servicer (`client_service.server`) only moves them.
 
-P2's steps: 1 fresh commutative key sk2 and Paillier key pair, salt share; 3 doubly
-encrypt P1's ids, shuffle the rows (with their sealed probability vectors) and send
-them back; 4 send its own rows (Com.Enc_sk2(RO(id)), HE.Enc(f + 2^S d)) with the public
-key, computing the metric's values in plaintext first; 7 decrypt the masked aggregates
-and either finish the statistic (P2 learns it) or return the masked plaintexts.
+P2's steps: 1 load the dataset and compute the metric's rows in plaintext
+(`common.metrics`: comparisons, sorting, IDCG, kernels happen here, before
+encryption), fresh commutative key sk2 and Paillier key pair, salt share, slot plan;
+3 doubly encrypt P1's ids, shuffle the rows (with their sealed probability vectors)
+and send them back; 4 send its own rows in random order: each row's member ids
+Com.Enc_sk2(RO(id)) (two for pair metrics), HE.Enc(packed values), and where the
+metric has them a resampling bucket (its units, e.g. queries, mapped to random
+buckets here, so P1 never sees a query id) and a stratum; (MQOS-AUC exact: square
+P1's additively masked sums); 7 decrypt the masked cells and either finish the
+result (P2 learns it) or return the masked plaintexts.
 """
 from __future__ import annotations
 
 import enum
+import json
 import random
 import secrets
 from functools import partial
@@ -20,35 +26,38 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import pandas as pd
 
-from common import bootstrap, commutative, encoding, paillier, parallel
-from common.session import PhaseClock, chunk_ticks, expect_phase
+from common import commutative, encoding, paillier, parallel, wire
 from common.errors import EncodingOverflowError, InputError, PeerAborted, ProtocolError
-from common.estimators import RatioMetric, get_metric
-from common.masking import masked_ratio
-from common.report import GroupResult
+from common.masking import AdditiveMask, RatioMask, masked_ratio
+from common.metrics import get_metric
+from common.metrics.base import Layout, Metric, choose_layout
+from common.results import finish
+from common.session import PhaseClock, chunk_ticks, expect_phase
 from common.symmetric import sealed_width
-from common.wire import TableReader, rows_per_chunk, table_messages
 from proto import ppre_pb2 as pb
 
-PROTOCOL_VERSION = 1
-#: (f, d) are packed as f + 2^S d with S = slot_bits(modulus); masked aggregates must fit a
-#: slot, and both slots must stay below p/3 (decryption works modulo p).
-MAX_SLOT_BITS = 448
-
-
-def slot_bits(modulus_bits: int) -> int:
-    return min(MAX_SLOT_BITS, (modulus_bits // 2 - 8) // 2)
+PROTOCOL_VERSION = 2
 MAX_GROUPS = 64
 MAX_REPLICATES = 100_000
+MAX_BUCKETS = 1 << 20
+#: most cells per replicate, and most values P1 may ask to have squared
+MAX_ITEMS = 1 << 16
+MAX_SQUARES = 1 << 20
 
-DatasetLoader = Callable[[str, RatioMetric], pd.DataFrame]
+#: (dataset name, metric) -> the dataset as read (its file label in frame.attrs["file"])
+DatasetLoader = Callable[[str, Metric], pd.DataFrame]
 #: own ids hashed and encrypted per step of step 4 (a checkpoint and a progress report each)
 ID_STEP_ROWS = 32_768
+
+
+def mask_bits(recipient: str) -> int:
+    return RatioMask.max_bits(0) if recipient == "client" else AdditiveMask.max_bits(0)
 
 
 class Phase(enum.Enum):
     WAIT_HELLO = "wait_hello"
     WAIT_TESTER_ROWS = "wait_tester_rows"
+    WAIT_SQUARE_REQUEST = "wait_square_request"
     WAIT_AGGREGATES_HEADER = "wait_aggregates_header"
     WAIT_AGGREGATES = "wait_aggregates"
     DONE = "done"
@@ -73,12 +82,20 @@ class ClientSession:
         self.phase_seconds = self._clock.seconds
         self.dataset = ""
         self._hello: pb.Hello | None = None
+        self._metric: Metric | None = None
+        self._option = ""
+        self._params: dict = {}
+        self._info: dict = {}
+        self._strata_labels: tuple[str, ...] = ()
+        self._layout: Layout | None = None
         self._com_key: commutative.CommutativeKey | None = None
         self._paillier: paillier.PrivateKey | None = None
-        self._ids: list[str] | None = None
+        self._ids: list[np.ndarray] | None = None
         self._values: list[int] | None = None
+        self._units: np.ndarray | None = None
+        self._strata: np.ndarray | None = None
         self._salt: bytes | None = None
-        self._reader: TableReader | None = None
+        self._reader: wire.TableReader | None = None
         self._doubled: list[bytes] = []
         self._sealed: list[bytes] = []
         self._header: pb.AggregatesHeader | None = None
@@ -101,6 +118,8 @@ class ClientSession:
         self._paillier = None
         self._ids = None
         self._values = None
+        self._units = None
+        self._strata = None
         self._doubled = []
         self._sealed = []
         self._aggregates = []
@@ -122,8 +141,7 @@ class ClientSession:
         return handler(getattr(msg, kind))
 
     # ---------------------------------------------------------------- step 1
-    def _on_hello(self, hello: pb.Hello) -> list[pb.PeerMessage]:
-        self._expect(Phase.WAIT_HELLO)
+    def _check_hello(self, hello: pb.Hello) -> Metric:
         if hello.protocol_version != PROTOCOL_VERSION:
             raise ProtocolError(f"protocol version {hello.protocol_version} is not supported")
         if len(hello.salt_share) != 32:
@@ -135,6 +153,8 @@ class ClientSession:
         if not sealed_width(1) <= hello.sealed_width <= sealed_width(MAX_GROUPS) \
                 or (hello.sealed_width - sealed_width(0)) % 8:
             raise ProtocolError("sealed row width out of range")
+        if not 1 <= hello.buckets <= MAX_BUCKETS:
+            raise ProtocolError("bucket count out of range")
         try:
             metric = get_metric(hello.metric)
         except InputError:
@@ -142,35 +162,71 @@ class ClientSession:
         option = hello.metric_option or metric.options[0]
         if option not in metric.options:
             raise ProtocolError(f"the Tester asked for '{option}', which is not an option of {metric.name}")
+        self._option = option
+        metric = metric.for_option(option)
+        self._params = metric.parse_params(dict(hello.metric_params))
+        return metric
+
+    def _on_hello(self, hello: pb.Hello) -> list[pb.PeerMessage]:
+        self._expect(Phase.WAIT_HELLO)
+        metric = self._check_hello(hello)
+        self._metric = metric
         self._progress("load_dataset", 0, 0)
         frame = self._load_dataset(hello.client_dataset, metric)
-        f, d = metric.values(frame, option)
-        bound = metric.value_bound
-        if len(f) and max(int(np.abs(f).max()), int(np.abs(d).max())) > bound:
-            raise InputError(f"the {metric.name} values computed from the dataset exceed the metric's bound "
-                             f"{bound}", file=hello.client_dataset)
+        file = frame.attrs.get("file", hello.client_dataset)
+        # our own random choices (unit buckets, sampled pairs, which member of a pair goes
+        # first) come from fresh secret randomness, never from the audit's --seed, which
+        # the Tester knows: it could otherwise replay them
+        rng = np.random.default_rng(secrets.randbits(128))
+        rows = metric.client_rows(frame, file, self._option, self._params, rng)
+        del frame
+        n = rows.n_rows
+        self._info = dict(rows.info)
+        self._strata_labels = tuple(rows.strata_labels)
+        # own rows in random order (never the file's order); units to random buckets
+        order = list(range(n))
+        random.SystemRandom().shuffle(order)
+        order = np.asarray(order, dtype=np.int64)
+        self._ids = [np.asarray(ids, dtype=object)[order] for ids in rows.ids]
+        if metric.resampling == "unit":
+            keys, inverse = np.unique(rows.units[order], return_inverse=True)
+            self._units = rng.integers(0, hello.buckets, size=len(keys))[inverse]
+        if metric.uses_strata:
+            self._strata = np.asarray(rows.strata, dtype=np.int64)[order]
         self.dataset = hello.client_dataset
-        self._ids = frame["member_id"].astype(str).tolist()
-        self._slot_bits = slot_bits(self._modulus_bits)
-        self._values = [int(a) + (int(b) << self._slot_bits) for a, b in zip(f.tolist(), d.tolist())]
-        del frame, f, d
         self._hello = hello
-        self._progress("keygen", 0, 0)
+        ack = pb.HelloAck(rows=n, strata_labels=list(self._strata_labels), info_json=json.dumps(self._info))
+        if metric.needs_he:
+            comps = metric.components(self._option, self._params, self._info)
+            ints = []
+            for c, comp in enumerate(comps):
+                try:
+                    ints.append(comp.quantize(rows.values[order, c]))
+                except EncodingOverflowError as exc:
+                    raise InputError(str(exc), file=file) from None
+            self._layout = choose_layout(metric.item_bits(n, hello.buckets, comps), mask_bits(hello.result_recipient),
+                                         len(comps), self._modulus_bits)
+            matrix = np.column_stack(ints) if all(i.dtype != object for i in ints) else \
+                np.array([list(r) for r in zip(*ints)], dtype=object)
+            self._values = self._layout.pack(matrix)
+            del ints, matrix
+            self._progress("keygen", 0, 0)
+            self._paillier = paillier.generate_keypair(self._modulus_bits, allow_insecure=self._allow_insecure)
+            ack.paillier_n, ack.paillier_h = self._paillier.public.to_bytes()
+            ack.slot_bits, ack.slots = self._layout.slot_bits, self._layout.slots
+        del rows
         self._com_key = commutative.CommutativeKey.generate()
-        self._paillier = paillier.generate_keypair(self._modulus_bits, allow_insecure=self._allow_insecure)
         share = secrets.token_bytes(32)
         self._salt = commutative.session_salt(hello.salt_share, share)
-        n_bytes, h_bytes = self._paillier.public.to_bytes()
+        ack.salt_share = share
         self.phase = Phase.WAIT_TESTER_ROWS
-        self._reader = TableReader(pb.TESTER_ROWS, point_width=commutative.POINT_BYTES,
-                                   sealed_width=hello.sealed_width)
+        self._reader = wire.TableReader(wire.tester_rows(hello.sealed_width))
         self._lap("keygen_and_load")
-        return [pb.PeerMessage(hello_ack=pb.HelloAck(salt_share=share, paillier_n=n_bytes, paillier_h=h_bytes,
-                                                     slot_bits=self._slot_bits, value_bound=metric.value_bound))]
+        return [pb.PeerMessage(hello_ack=ack)]
 
     # ---------------------------------------------------------------- steps 3-4
     def _on_chunk(self, chunk: pb.TableChunk) -> list[pb.PeerMessage]:
-        self._expect(Phase.WAIT_TESTER_ROWS, Phase.WAIT_AGGREGATES)
+        self._expect(Phase.WAIT_TESTER_ROWS, Phase.WAIT_SQUARE_REQUEST, Phase.WAIT_AGGREGATES)
         self._reader.check_chunk(chunk)
         if self.phase is Phase.WAIT_TESTER_ROWS:
             doubled = self._com_key.encrypt_packed(chunk.points)
@@ -179,19 +235,44 @@ class ClientSession:
             self._progress("double_encrypt", self._reader.rows, 0)
         else:
             self._aggregates += paillier.ciphertexts_from_bytes(chunk.ciphertexts, self._paillier.public)
+            limit = MAX_SQUARES if self.phase is Phase.WAIT_SQUARE_REQUEST else \
+                (self._header.replicates + 1) * self._header.items
+            if len(self._aggregates) > limit:
+                raise ProtocolError(f"more than {limit} ciphertexts in {wire.TABLE_NAMES[self._reader.table]}")
         return []
 
     def _on_table_end(self, end: pb.TableEnd) -> Iterable[pb.PeerMessage]:
-        self._expect(Phase.WAIT_TESTER_ROWS, Phase.WAIT_AGGREGATES)
+        self._expect(Phase.WAIT_TESTER_ROWS, Phase.WAIT_SQUARE_REQUEST, Phase.WAIT_AGGREGATES)
         self._reader.check_end(end)
         if self.phase is Phase.WAIT_TESTER_ROWS:
             return self._send_tables()
+        if self.phase is Phase.WAIT_SQUARE_REQUEST:
+            return self._square()
         return self._finish()
+
+    def _encrypt_own_ids(self) -> bytes:
+        """Com.Enc_sk2(RO(id)) of every id slot of every row, each distinct member once."""
+        n = len(self._ids[0])
+        n_ids = len(self._ids)
+        flat = np.empty(n * n_ids, dtype=object)
+        for s, ids in enumerate(self._ids):
+            flat[s::n_ids] = ids
+        codes, unique = pd.factorize(pd.Series(flat, dtype=object))
+        unique = [str(u) for u in unique]
+        parts = []
+        for start in range(0, len(unique), ID_STEP_ROWS):
+            stop = min(len(unique), start + ID_STEP_ROWS)
+            hashed = commutative.hash_ids(self._salt, unique[start:stop])
+            parts.append(self._com_key.encrypt_points(commutative.split_points(hashed)))
+            self._tick("encrypt_ids", stop, len(unique))
+        encrypted = commutative.split_points(b"".join(parts))
+        del parts, unique
+        return b"".join(encrypted[c] for c in codes)
 
     def _send_tables(self) -> Iterator[pb.PeerMessage]:
         self._progress("shuffle", 0, 0)
         points = commutative.split_points(b"".join(self._doubled))
-        width = self._reader.sealed_width
+        width = self._reader.layout.sealed
         sealed = b"".join(self._sealed)
         self._doubled, self._sealed = [], []
         order = list(range(len(points)))
@@ -201,58 +282,93 @@ class ClientSession:
         del points, sealed, order
         self._lap("psi_double_encrypt_and_shuffle")
         n_tester = len(shuffled_points) // commutative.POINT_BYTES
-        yield from table_messages(pb.SHUFFLED_ROWS, n_tester, points=shuffled_points,
-                                  point_width=commutative.POINT_BYTES, sealed=shuffled_sealed, sealed_width=width)
+        yield from wire.table_messages(wire.shuffled_rows(width), n_tester, points=shuffled_points,
+                                       sealed=shuffled_sealed)
         del shuffled_points, shuffled_sealed
 
-        ids, values = self._ids, self._values
-        self._ids = self._values = None
-        pub = self._paillier.public
-        parts = []
-        for start in range(0, len(ids), ID_STEP_ROWS):
-            stop = min(len(ids), start + ID_STEP_ROWS)
-            hashed = commutative.hash_ids(self._salt, ids[start:stop])
-            parts.append(self._com_key.encrypt_points(commutative.split_points(hashed)))
-            self._tick("encrypt_ids", stop, len(ids))
-        own_points = b"".join(parts)
-        del ids, parts
+        metric = self._metric
+        n = len(self._ids[0])
+        own_points = self._encrypt_own_ids()
+        self._ids = None
         self._com_key = None  # SPEC 7: no longer needed once both tables are encrypted
         self._lap("psi_encrypt_own_ids")
-        step = rows_per_chunk(pub.ciphertext_bytes)
-        tasks = [(pub.n, pub.h, values[i:i + step]) for i in range(0, len(values), step)]
-        if len(tasks) < parallel.chunk_count():
-            tasks = [(pub.n, pub.h, part) for part in parallel.split(values, parallel.chunk_count())]
-        ticks = chunk_ticks(len(tasks), partial(self._tick, "he_encrypt"))
-        cts = [c for part in parallel.run_chunks(paillier.encrypt_chunk, tasks, checkpoint=ticks) for c in part]
-        del values
-        self._lap("he_encrypt_values")
+        columns = {"points": own_points}
+        if self._units is not None:
+            columns["units"] = wire.pack_indices(self._units)
+        if self._strata is not None:
+            columns["strata"] = wire.pack_indices(self._strata)
+        self._units = self._strata = None
+        width = 0
+        n_cts = 0
+        if metric.needs_he:
+            pub = self._paillier.public
+            values = self._values
+            self._values = None
+            step = wire.rows_per_chunk(pub.ciphertext_bytes)
+            tasks = [(pub.n, pub.h, values[i:i + step]) for i in range(0, len(values), step)]
+            if len(tasks) < parallel.chunk_count():
+                tasks = [(pub.n, pub.h, part) for part in parallel.split(values, parallel.chunk_count())]
+            ticks = chunk_ticks(len(tasks), partial(self._tick, "he_encrypt"))
+            cts = [c for part in parallel.run_chunks(paillier.encrypt_chunk, tasks, checkpoint=ticks) for c in part]
+            del values
+            self._lap("he_encrypt_values")
+            width, n_cts = pub.ciphertext_bytes, self._layout.n_ciphertexts
+            columns["ciphertexts"] = paillier.ciphertexts_to_bytes(cts, width)
+            del cts
+            self.phase = Phase.WAIT_SQUARE_REQUEST if metric.needs_squares else Phase.WAIT_AGGREGATES_HEADER
+            if metric.needs_squares:
+                self._reader = wire.TableReader(wire.ciphertext_table(pb.SQUARE_REQUEST, width))
+        layout = wire.client_rows(metric.n_ids, n_cts, width, units="units" in columns, strata="strata" in columns)
+        yield from wire.table_messages(layout, n, **columns)
+        if not metric.needs_he:
+            # nothing more to do: P1 computes the statistic from the joined rows alone
+            self.phase = Phase.DONE
+            self._lap("send_rows")
+            self.close()
+
+    # ---------------------------------------------------------------- MQOS-AUC exact
+    def _square(self) -> Iterator[pb.PeerMessage]:
+        """Decrypt each additively masked value t + r, square it, encrypt the square."""
+        key = self._paillier
+        pub = key.public
+        masked = self._aggregates
+        self._aggregates = []
+        plain = paillier.decrypt_mod_p_chunk(key.p, key.q, masked)
+        squares = paillier.encrypt_chunk(pub.n, pub.h, [m * m % pub.n for m in plain])
         self.phase = Phase.WAIT_AGGREGATES_HEADER
-        yield from table_messages(pb.CLIENT_ROWS, len(cts), points=own_points, point_width=commutative.POINT_BYTES,
-                                  ciphertexts=paillier.ciphertexts_to_bytes(cts, pub.ciphertext_bytes),
-                                  ciphertext_width=pub.ciphertext_bytes)
+        self._lap("squares")
+        layout = wire.ciphertext_table(pb.SQUARES, pub.ciphertext_bytes)
+        yield from wire.table_messages(layout, len(squares),
+                                       ciphertexts=paillier.ciphertexts_to_bytes(squares, pub.ciphertext_bytes))
 
     # ---------------------------------------------------------------- step 7
     def _on_aggregates_header(self, header: pb.AggregatesHeader) -> list[pb.PeerMessage]:
         self._expect(Phase.WAIT_AGGREGATES_HEADER)
         if not 1 <= len(header.groups) <= MAX_GROUPS or len(set(header.groups)) != len(header.groups):
             raise ProtocolError("aggregates header: bad group list")
-        if not 1 <= header.replicates <= MAX_REPLICATES or not 0 < header.confidence < 1:
+        if not 1 <= header.replicates <= MAX_REPLICATES or not 0 < header.confidence < 1 or not header.tau > 0:
             raise ProtocolError("aggregates header: bad bootstrap parameters")
-        if header.slot_bits != self._slot_bits:
+        if header.slot_bits != self._layout.slot_bits:
             raise ProtocolError("aggregates header: slot width differs from the one announced")
         expected_mask = "ratio" if self._hello.result_recipient == "client" else "additive"
         if header.mask != expected_mask:
             raise ProtocolError("aggregates header: mask does not match the agreed result recipient")
+        plan = self._metric.plan(tuple(header.groups), self._strata_labels, self._layout, self._option,
+                                 self._params, self._info)
+        if header.items != len(plan.items) or header.item_slots != plan.item_slots \
+                or not 1 <= header.items <= MAX_ITEMS:
+            raise ProtocolError("aggregates header: the cells do not match the metric's plan")
+        self._plan = plan
         self._header = header
         self.phase = Phase.WAIT_AGGREGATES
-        self._reader = TableReader(pb.AGGREGATES, ciphertext_width=self._paillier.public.ciphertext_bytes)
+        self._reader = wire.TableReader(wire.ciphertext_table(pb.AGGREGATES, self._paillier.public.ciphertext_bytes))
         self._lap("wait_for_aggregates")
         return []
 
     def _finish(self) -> list[pb.PeerMessage]:
-        header = self._header
-        k = len(header.groups)
-        expected = (header.replicates + 1) * k
+        header, plan = self._header, self._plan
+        n_items = header.items
+        expected = (header.replicates + 1) * n_items
         if len(self._aggregates) != expected:
             raise ProtocolError(f"{len(self._aggregates)} aggregates received, {expected} expected")
         key = self._paillier
@@ -261,34 +377,41 @@ class ClientSession:
         ticks = chunk_ticks(len(tasks), partial(self._tick, "decrypt"))
         plain = [m for part in parallel.run_chunks(paillier.decrypt_mod_p_chunk, tasks, checkpoint=ticks)
                  for m in part]
-        signed = [encoding.decode_signed(m, key.p) for m in plain]
         self._aggregates = []
+        try:
+            signed = [encoding.decode_signed(m, key.p) for m in plain]
+        except EncodingOverflowError:
+            raise ProtocolError("an aggregate does not decode: overflow") from None
         self._lap("decrypt")
         self.phase = Phase.DONE
         if header.mask == "additive":
             width = max(1, max((v.bit_length() + 8) // 8 for v in signed))
             out = []
-            step = rows_per_chunk(width)
+            step = wire.rows_per_chunk(width)
             for i in range(0, len(signed), step):
                 part = signed[i:i + step]
+                last = i + step >= len(signed)
                 out.append(pb.PeerMessage(masked_plaintexts=pb.MaskedPlaintexts(
                     values=b"".join(v.to_bytes(width, "big", signed=True) for v in part), width=width,
-                    last=i + step >= len(signed), phase_seconds=self.phase_seconds if i + step >= len(signed) else {})))
+                    last=last, phase_seconds=self.phase_seconds if last else {})))
             self.close()
             return out
-        layout = encoding.SlotLayout(self._slot_bits, 2)
-        ratios = np.full((header.replicates + 1, k), np.nan)
+        layout = encoding.SlotLayout(header.slot_bits, plan.item_slots)
+        values = np.full((header.replicates + 1, len(plan.cells)), np.nan)
         for idx, value in enumerate(signed):
+            b, i = divmod(idx, n_items)
             try:
-                a, b = layout.unpack(value)
+                slots = layout.unpack(value)
             except EncodingOverflowError:
                 raise ProtocolError("an aggregate does not decode: overflow") from None
-            r = masked_ratio(a, b)
-            if r is not None:
-                ratios[divmod(idx, k)] = r
-        low, high = bootstrap.percentile_interval(ratios[1:], header.confidence)
-        groups = [GroupResult.from_values(g, ratios[0, j], low[j], high[j]).to_proto()
-                  for j, g in enumerate(header.groups)]
+            for c, cell in enumerate(plan.cells):
+                if cell.item == i:
+                    r = masked_ratio(slots[cell.num_slot], slots[cell.den_slot])
+                    if r is not None:
+                        values[b, c] = r * 2.0 ** cell.scale_shift
+        report = finish(self._metric, plan, values, option=self._option, confidence=header.confidence,
+                        tau=header.tau, params=self._params, info=self._info, replicates=header.replicates)
         self._lap("finish_statistic")
         self.close()
-        return [pb.PeerMessage(client_result=pb.ClientResult(groups=groups, phase_seconds=self.phase_seconds))]
+        return [pb.PeerMessage(client_result=pb.ClientResult(report_json=report.to_json(),
+                                                             phase_seconds=self.phase_seconds))]

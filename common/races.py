@@ -98,6 +98,9 @@ class GroupMapping:
             if not _GROUP_NAME.match(name):
                 raise InputError(f"group name '{name}' must be letters, digits or '_' "
                                  "and not start with a digit", parameter="group mapping")
+            if name == "overall":
+                raise InputError("'overall' is reserved for the overall estimate; use another name",
+                                 parameter="group mapping")
             if name in RACES and cats != (name,):
                 raise InputError(f"group name '{name}' is a race category; use another name",
                                  parameter="group mapping")

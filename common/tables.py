@@ -413,17 +413,34 @@ def _numbers(col: pa.Array | pa.ChunkedArray, label: str, column: str) -> np.nda
     return values
 
 
-def read_table(path: str | Path, numeric: Sequence[str]) -> pd.DataFrame:
-    """A probability table or a Test-Client dataset: ``member_id`` (the id rule, checked)
-    and the ``numeric`` columns as float64 (NaN and unparsable values refused, row named).
-    Other columns are ignored."""
+def read_table(path: str | Path, numeric: Sequence[str] | None, *, text: Sequence[str] = (),
+               optional: Sequence[str] = (), unique_ids: bool = True) -> pd.DataFrame:
+    """A probability table or a Test-Client dataset: ``member_id`` (the id rule; checked
+    unique unless ``unique_ids`` is false, as in ranked lists where a member appears in
+    many queries), the ``numeric`` columns as float64 (NaN and unparsable values refused,
+    row named) and the ``text`` columns as text. ``optional`` columns (numeric or text)
+    may be absent. Other columns are ignored; with ``numeric=None`` every column but the
+    member id and the text columns is numeric (a probability table's group columns)."""
     import pandas as pd
     label = str(path)
-    table, _ = _raw_table(path, frozenset(numeric))
-    table = _header(table, label, (ID_COLUMN, *numeric), ())
+    table, _ = _raw_table(path, frozenset(numeric or ()))
+    if numeric is None:
+        numeric = tuple(c for c in (n.split("\0", 1)[0].strip().lower() for n in table.column_names)
+                        if c != ID_COLUMN and c not in text)
+    required = [c for c in (ID_COLUMN, *numeric, *text) if c not in optional]
+    table = _header(table, label, required, [c for c in optional])
     ids = clean_member_ids(table.column(ID_COLUMN), label)
-    check_member_ids(ids, label)
-    frame = pd.DataFrame({c: _numbers(table.column(c), label, c) for c in numeric})
+    if unique_ids:
+        check_member_ids(ids, label)
+    else:
+        empty = arrow_to_numpy(pc.equal(fill_empty(ids), string_scalar("")), null=False)
+        if empty.any():
+            raise InputError("empty member id", file=label, column=ID_COLUMN, row=first_row(empty))
+    present = set(table.column_names)
+    columns = {c: _numbers(table.column(c), label, c) for c in numeric if c in present}
+    columns.update({c: as_text(table.column(c), label, c).to_numpy(zero_copy_only=False)
+                    for c in text if c in present})
+    frame = pd.DataFrame(columns)
     frame.insert(0, ID_COLUMN, ids.to_numpy(zero_copy_only=False))
     return frame
 

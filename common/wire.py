@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from common.commutative import POINT_BYTES
 from common.errors import ProtocolError
 from proto import ppre_pb2 as pb
 
@@ -21,7 +22,8 @@ MAX_MESSAGE_BYTES = 8 << 20
 MAX_TABLE_ROWS = 50_000_000
 
 TABLE_NAMES = {pb.TESTER_ROWS: "tester rows", pb.SHUFFLED_ROWS: "shuffled rows",
-               pb.CLIENT_ROWS: "client rows", pb.AGGREGATES: "aggregates"}
+               pb.CLIENT_ROWS: "client rows", pb.AGGREGATES: "aggregates",
+               pb.SQUARE_REQUEST: "square requests", pb.SQUARES: "squares"}
 
 
 def parse_peer_message(data: bytes) -> pb.PeerMessage:
@@ -43,35 +45,94 @@ def rows_per_chunk(row_bytes: int) -> int:
     return max(1, CHUNK_BYTES // max(1, row_bytes))
 
 
-def table_messages(table: int, n_rows: int, *, points: bytes = b"", point_width: int = 0,
-                   sealed: bytes = b"", sealed_width: int = 0, ciphertexts: bytes = b"",
-                   ciphertext_width: int = 0) -> Iterator[pb.PeerMessage]:
-    """Chunk packed columns into PeerMessages, then a TableEnd."""
-    step = rows_per_chunk(point_width + sealed_width + ciphertext_width)
+#: the columns a TableChunk may carry, in order (proto/ppre.proto, TableChunk)
+COLUMNS = ("points", "sealed", "ciphertexts", "units", "strata")
+#: bytes of one unit or stratum value (big-endian unsigned)
+INDEX_BYTES = 4
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """One table's columns and their widths in bytes per row (0: the column is absent).
+
+    Every table of the protocol is declared by the functions below; `table_messages`
+    sends one and `TableReader` checks one against its layout."""
+
+    table: int
+    points: int = 0
+    sealed: int = 0
+    ciphertexts: int = 0
+    units: int = 0
+    strata: int = 0
+
+    def width(self, column: str) -> int:
+        return getattr(self, column)
+
+    @property
+    def row_bytes(self) -> int:
+        return sum(self.width(c) for c in COLUMNS)
+
+
+def tester_rows(sealed_width: int) -> TableLayout:
+    """Step 2: Com.Enc_sk1(RO(id)), Sym.Enc(race_p)."""
+    return TableLayout(pb.TESTER_ROWS, points=POINT_BYTES, sealed=sealed_width)
+
+
+def shuffled_rows(sealed_width: int) -> TableLayout:
+    """Step 3: the Tester's rows doubly encrypted and shuffled."""
+    return TableLayout(pb.SHUFFLED_ROWS, points=POINT_BYTES, sealed=sealed_width)
+
+
+def client_rows(n_ids: int, n_ciphertexts: int, ciphertext_bytes: int, *, units: bool, strata: bool) -> TableLayout:
+    """Step 4: each row's member ids (Com.Enc_sk2(RO(id)), one per id slot), its encrypted
+    values, and where the metric has them its resampling bucket and plaintext stratum."""
+    return TableLayout(pb.CLIENT_ROWS, points=n_ids * POINT_BYTES, ciphertexts=n_ciphertexts * ciphertext_bytes,
+                       units=INDEX_BYTES if units else 0, strata=INDEX_BYTES if strata else 0)
+
+
+def ciphertext_table(table: int, ciphertext_bytes: int) -> TableLayout:
+    """Aggregates (step 6) and the squares round trip: one ciphertext per row."""
+    return TableLayout(table, ciphertexts=ciphertext_bytes)
+
+
+def pack_indices(values) -> bytes:
+    import numpy as np
+    return np.asarray(values, dtype=">u4").tobytes()
+
+
+def unpack_indices(data: bytes):
+    import numpy as np
+    return np.frombuffer(data, dtype=">u4").astype(np.int64)
+
+
+def table_messages(layout: TableLayout, n_rows: int, **columns: bytes) -> Iterator[pb.PeerMessage]:
+    """Chunk packed columns (named as in COLUMNS) into PeerMessages, then a TableEnd."""
+    unknown = set(columns) - set(COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown columns {sorted(unknown)}")
+    step = rows_per_chunk(layout.row_bytes)
     for start in range(0, n_rows, step):
         end = min(n_rows, start + step)
-        yield pb.PeerMessage(chunk=pb.TableChunk(
-            table=table, rows=end - start,
-            points=points[start * point_width:end * point_width],
-            sealed=sealed[start * sealed_width:end * sealed_width],
-            ciphertexts=ciphertexts[start * ciphertext_width:end * ciphertext_width]))
-    yield pb.PeerMessage(table_end=pb.TableEnd(table=table, rows=n_rows))
+        parts = {c: columns.get(c, b"")[start * layout.width(c):end * layout.width(c)] for c in COLUMNS}
+        yield pb.PeerMessage(chunk=pb.TableChunk(table=layout.table, rows=end - start, **parts))
+    yield pb.PeerMessage(table_end=pb.TableEnd(table=layout.table, rows=n_rows))
 
 
 @dataclass
 class TableReader:
-    """Accepts the chunks of one expected table and checks their shape."""
+    """Accepts the chunks of one expected table and checks them against its layout."""
 
-    table: int
-    point_width: int = 0
-    sealed_width: int = 0
-    ciphertext_width: int = 0
+    layout: TableLayout
     rows: int = 0
     done: bool = False
     _name: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self._name = TABLE_NAMES.get(self.table, str(self.table))
+        self._name = TABLE_NAMES.get(self.layout.table, str(self.layout.table))
+
+    @property
+    def table(self) -> int:
+        return self.layout.table
 
     def check_chunk(self, chunk: pb.TableChunk) -> None:
         if chunk.table != self.table:
@@ -81,11 +142,10 @@ class TableReader:
         n = chunk.rows
         if n == 0:
             raise ProtocolError(f"empty chunk of {self._name}")
-        for data, width, what in ((chunk.points, self.point_width, "points"),
-                                  (chunk.sealed, self.sealed_width, "sealed"),
-                                  (chunk.ciphertexts, self.ciphertext_width, "ciphertexts")):
-            if len(data) != n * width:
-                raise ProtocolError(f"chunk of {self._name}: {what} column has {len(data)} bytes for {n} rows")
+        for column in COLUMNS:
+            data = getattr(chunk, column)
+            if len(data) != n * self.layout.width(column):
+                raise ProtocolError(f"chunk of {self._name}: {column} column has {len(data)} bytes for {n} rows")
         self.rows += n
         if self.rows > MAX_TABLE_ROWS:
             raise ProtocolError(f"{self._name} exceed {MAX_TABLE_ROWS} rows")

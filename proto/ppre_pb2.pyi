@@ -14,14 +14,25 @@ class Table(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SHUFFLED_ROWS: _ClassVar[Table]
     CLIENT_ROWS: _ClassVar[Table]
     AGGREGATES: _ClassVar[Table]
+    SQUARE_REQUEST: _ClassVar[Table]
+    SQUARES: _ClassVar[Table]
 TABLE_UNSPECIFIED: Table
 TESTER_ROWS: Table
 SHUFFLED_ROWS: Table
 CLIENT_ROWS: Table
 AGGREGATES: Table
+SQUARE_REQUEST: Table
+SQUARES: Table
 
 class AuditRequest(_message.Message):
-    __slots__ = ("metric", "client_dataset", "bootstrap", "confidence", "has_seed", "seed", "result_recipient", "metric_option", "tau")
+    __slots__ = ("metric", "client_dataset", "bootstrap", "confidence", "has_seed", "seed", "result_recipient", "metric_option", "tau", "metric_params")
+    class MetricParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     METRIC_FIELD_NUMBER: _ClassVar[int]
     CLIENT_DATASET_FIELD_NUMBER: _ClassVar[int]
     BOOTSTRAP_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +42,7 @@ class AuditRequest(_message.Message):
     RESULT_RECIPIENT_FIELD_NUMBER: _ClassVar[int]
     METRIC_OPTION_FIELD_NUMBER: _ClassVar[int]
     TAU_FIELD_NUMBER: _ClassVar[int]
+    METRIC_PARAMS_FIELD_NUMBER: _ClassVar[int]
     metric: str
     client_dataset: str
     bootstrap: int
@@ -40,7 +52,8 @@ class AuditRequest(_message.Message):
     result_recipient: str
     metric_option: str
     tau: float
-    def __init__(self, metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., bootstrap: _Optional[int] = ..., confidence: _Optional[float] = ..., has_seed: _Optional[bool] = ..., seed: _Optional[int] = ..., result_recipient: _Optional[str] = ..., metric_option: _Optional[str] = ..., tau: _Optional[float] = ...) -> None: ...
+    metric_params: _containers.ScalarMap[str, str]
+    def __init__(self, metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., bootstrap: _Optional[int] = ..., confidence: _Optional[float] = ..., has_seed: _Optional[bool] = ..., seed: _Optional[int] = ..., result_recipient: _Optional[str] = ..., metric_option: _Optional[str] = ..., tau: _Optional[float] = ..., metric_params: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class AuditEvent(_message.Message):
     __slots__ = ("progress", "result", "error")
@@ -66,57 +79,11 @@ class Progress(_message.Message):
     total: int
     def __init__(self, phase: _Optional[str] = ..., message: _Optional[str] = ..., elapsed_s: _Optional[float] = ..., done: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
 
-class GroupEstimate(_message.Message):
-    __slots__ = ("group", "defined", "estimate", "ci_low", "ci_high")
-    GROUP_FIELD_NUMBER: _ClassVar[int]
-    DEFINED_FIELD_NUMBER: _ClassVar[int]
-    ESTIMATE_FIELD_NUMBER: _ClassVar[int]
-    CI_LOW_FIELD_NUMBER: _ClassVar[int]
-    CI_HIGH_FIELD_NUMBER: _ClassVar[int]
-    group: str
-    defined: bool
-    estimate: float
-    ci_low: float
-    ci_high: float
-    def __init__(self, group: _Optional[str] = ..., defined: _Optional[bool] = ..., estimate: _Optional[float] = ..., ci_low: _Optional[float] = ..., ci_high: _Optional[float] = ...) -> None: ...
-
 class AuditResult(_message.Message):
-    __slots__ = ("metric", "n_matched", "bootstrap", "confidence", "groups", "result_recipient", "metric_option", "phase_seconds", "tau", "preparation")
-    class PhaseSecondsEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: float
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
-    class PreparationEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: float
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
-    METRIC_FIELD_NUMBER: _ClassVar[int]
-    N_MATCHED_FIELD_NUMBER: _ClassVar[int]
-    BOOTSTRAP_FIELD_NUMBER: _ClassVar[int]
-    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
-    GROUPS_FIELD_NUMBER: _ClassVar[int]
-    RESULT_RECIPIENT_FIELD_NUMBER: _ClassVar[int]
-    METRIC_OPTION_FIELD_NUMBER: _ClassVar[int]
-    PHASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    TAU_FIELD_NUMBER: _ClassVar[int]
-    PREPARATION_FIELD_NUMBER: _ClassVar[int]
-    metric: str
-    n_matched: int
-    bootstrap: int
-    confidence: float
-    groups: _containers.RepeatedCompositeFieldContainer[GroupEstimate]
-    result_recipient: str
-    metric_option: str
-    phase_seconds: _containers.ScalarMap[str, float]
-    tau: float
-    preparation: _containers.ScalarMap[str, float]
-    def __init__(self, metric: _Optional[str] = ..., n_matched: _Optional[int] = ..., bootstrap: _Optional[int] = ..., confidence: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupEstimate, _Mapping]]] = ..., result_recipient: _Optional[str] = ..., metric_option: _Optional[str] = ..., phase_seconds: _Optional[_Mapping[str, float]] = ..., tau: _Optional[float] = ..., preparation: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    __slots__ = ("report_json",)
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    report_json: str
+    def __init__(self, report_json: _Optional[str] = ...) -> None: ...
 
 class AuditError(_message.Message):
     __slots__ = ("code", "message")
@@ -127,7 +94,14 @@ class AuditError(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("protocol_version", "metric", "client_dataset", "metric_option", "salt_share", "probability_bits", "result_recipient", "sealed_width")
+    __slots__ = ("protocol_version", "metric", "client_dataset", "metric_option", "salt_share", "probability_bits", "result_recipient", "sealed_width", "metric_params", "buckets")
+    class MetricParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     METRIC_FIELD_NUMBER: _ClassVar[int]
     CLIENT_DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +110,8 @@ class Hello(_message.Message):
     PROBABILITY_BITS_FIELD_NUMBER: _ClassVar[int]
     RESULT_RECIPIENT_FIELD_NUMBER: _ClassVar[int]
     SEALED_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    METRIC_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     metric: str
     client_dataset: str
@@ -144,35 +120,47 @@ class Hello(_message.Message):
     probability_bits: int
     result_recipient: str
     sealed_width: int
-    def __init__(self, protocol_version: _Optional[int] = ..., metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., metric_option: _Optional[str] = ..., salt_share: _Optional[bytes] = ..., probability_bits: _Optional[int] = ..., result_recipient: _Optional[str] = ..., sealed_width: _Optional[int] = ...) -> None: ...
+    metric_params: _containers.ScalarMap[str, str]
+    buckets: int
+    def __init__(self, protocol_version: _Optional[int] = ..., metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., metric_option: _Optional[str] = ..., salt_share: _Optional[bytes] = ..., probability_bits: _Optional[int] = ..., result_recipient: _Optional[str] = ..., sealed_width: _Optional[int] = ..., metric_params: _Optional[_Mapping[str, str]] = ..., buckets: _Optional[int] = ...) -> None: ...
 
 class HelloAck(_message.Message):
-    __slots__ = ("salt_share", "paillier_n", "paillier_h", "slot_bits", "value_bound")
+    __slots__ = ("salt_share", "paillier_n", "paillier_h", "slot_bits", "rows", "strata_labels", "info_json", "slots")
     SALT_SHARE_FIELD_NUMBER: _ClassVar[int]
     PAILLIER_N_FIELD_NUMBER: _ClassVar[int]
     PAILLIER_H_FIELD_NUMBER: _ClassVar[int]
     SLOT_BITS_FIELD_NUMBER: _ClassVar[int]
-    VALUE_BOUND_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    STRATA_LABELS_FIELD_NUMBER: _ClassVar[int]
+    INFO_JSON_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
     salt_share: bytes
     paillier_n: bytes
     paillier_h: bytes
     slot_bits: int
-    value_bound: int
-    def __init__(self, salt_share: _Optional[bytes] = ..., paillier_n: _Optional[bytes] = ..., paillier_h: _Optional[bytes] = ..., slot_bits: _Optional[int] = ..., value_bound: _Optional[int] = ...) -> None: ...
+    rows: int
+    strata_labels: _containers.RepeatedScalarFieldContainer[str]
+    info_json: str
+    slots: int
+    def __init__(self, salt_share: _Optional[bytes] = ..., paillier_n: _Optional[bytes] = ..., paillier_h: _Optional[bytes] = ..., slot_bits: _Optional[int] = ..., rows: _Optional[int] = ..., strata_labels: _Optional[_Iterable[str]] = ..., info_json: _Optional[str] = ..., slots: _Optional[int] = ...) -> None: ...
 
 class TableChunk(_message.Message):
-    __slots__ = ("table", "rows", "points", "sealed", "ciphertexts")
+    __slots__ = ("table", "rows", "points", "sealed", "ciphertexts", "units", "strata")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     POINTS_FIELD_NUMBER: _ClassVar[int]
     SEALED_FIELD_NUMBER: _ClassVar[int]
     CIPHERTEXTS_FIELD_NUMBER: _ClassVar[int]
+    UNITS_FIELD_NUMBER: _ClassVar[int]
+    STRATA_FIELD_NUMBER: _ClassVar[int]
     table: Table
     rows: int
     points: bytes
     sealed: bytes
     ciphertexts: bytes
-    def __init__(self, table: _Optional[_Union[Table, str]] = ..., rows: _Optional[int] = ..., points: _Optional[bytes] = ..., sealed: _Optional[bytes] = ..., ciphertexts: _Optional[bytes] = ...) -> None: ...
+    units: bytes
+    strata: bytes
+    def __init__(self, table: _Optional[_Union[Table, str]] = ..., rows: _Optional[int] = ..., points: _Optional[bytes] = ..., sealed: _Optional[bytes] = ..., ciphertexts: _Optional[bytes] = ..., units: _Optional[bytes] = ..., strata: _Optional[bytes] = ...) -> None: ...
 
 class TableEnd(_message.Message):
     __slots__ = ("table", "rows")
@@ -183,21 +171,27 @@ class TableEnd(_message.Message):
     def __init__(self, table: _Optional[_Union[Table, str]] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class AggregatesHeader(_message.Message):
-    __slots__ = ("groups", "replicates", "confidence", "slot_bits", "mask")
+    __slots__ = ("groups", "replicates", "confidence", "slot_bits", "mask", "items", "item_slots", "tau")
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     REPLICATES_FIELD_NUMBER: _ClassVar[int]
     CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     SLOT_BITS_FIELD_NUMBER: _ClassVar[int]
     MASK_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    ITEM_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    TAU_FIELD_NUMBER: _ClassVar[int]
     groups: _containers.RepeatedScalarFieldContainer[str]
     replicates: int
     confidence: float
     slot_bits: int
     mask: str
-    def __init__(self, groups: _Optional[_Iterable[str]] = ..., replicates: _Optional[int] = ..., confidence: _Optional[float] = ..., slot_bits: _Optional[int] = ..., mask: _Optional[str] = ...) -> None: ...
+    items: int
+    item_slots: int
+    tau: float
+    def __init__(self, groups: _Optional[_Iterable[str]] = ..., replicates: _Optional[int] = ..., confidence: _Optional[float] = ..., slot_bits: _Optional[int] = ..., mask: _Optional[str] = ..., items: _Optional[int] = ..., item_slots: _Optional[int] = ..., tau: _Optional[float] = ...) -> None: ...
 
 class ClientResult(_message.Message):
-    __slots__ = ("groups", "phase_seconds")
+    __slots__ = ("phase_seconds", "report_json")
     class PhaseSecondsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -205,11 +199,11 @@ class ClientResult(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
-    GROUPS_FIELD_NUMBER: _ClassVar[int]
     PHASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    groups: _containers.RepeatedCompositeFieldContainer[GroupEstimate]
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
     phase_seconds: _containers.ScalarMap[str, float]
-    def __init__(self, groups: _Optional[_Iterable[_Union[GroupEstimate, _Mapping]]] = ..., phase_seconds: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    report_json: str
+    def __init__(self, phase_seconds: _Optional[_Mapping[str, float]] = ..., report_json: _Optional[str] = ...) -> None: ...
 
 class MaskedPlaintexts(_message.Message):
     __slots__ = ("values", "width", "last", "phase_seconds")

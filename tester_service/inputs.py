@@ -1,9 +1,12 @@
 """The Tester's prepared probability table, used as given (README "Inputs"; the
 alternative to SPEC.md section 2's preparation).
 
-`member_id, white, black, api, aian, multiple, hispanic`; each row non-negative, finite
-and summing to 1 within 1e-6. Read per audit through `common.tables.read_table` (file
-size, encoding, consistency and member-id rules), held only in the session's memory.
+`member_id` and one column per group: the six races (`white, black, api, aian,
+multiple, hispanic`) or any other groups (e.g. `member_id, hsm, non_hsm`, a split made
+elsewhere); each row non-negative, finite and summing to 1 within 1e-6. A group
+mapping (`--group-mapping`) coarsens a table of the six races as it does BISG's
+output. Read per audit through `common.tables.read_table` (file size, encoding,
+consistency and member-id rules), held only in the session's memory.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from common.errors import InputError
-from common.races import RACES
+from common.races import RACES, GroupMapping
 from common.tables import first_row, numeric_column, read_table
 
 SUM_TOLERANCE = 1e-6
@@ -33,6 +36,30 @@ def validate_probabilities(frame: pd.DataFrame, file: str, columns: tuple[str, .
     return out
 
 
-def read_probability_table(path: str | Path) -> pd.DataFrame:
-    frame = read_table(path, RACES)
-    return validate_probabilities(frame, str(path))
+#: most group columns a probability table may have (the peer protocol's limit)
+MAX_GROUPS = 64
+#: a group may not be called this: results add an "overall" entry
+RESERVED_GROUP = "overall"
+
+
+def read_probability_table(path: str | Path, mapping: GroupMapping | None = None) -> pd.DataFrame:
+    """The table's groups as given, or coarsened by `mapping` (which needs the six races)."""
+    label = str(path)
+    frame = read_table(path, None)
+    columns = tuple(c for c in frame.columns if c != "member_id")
+    if not columns:
+        raise InputError("has no group columns (member_id and one column per group)", file=label)
+    if len(columns) > MAX_GROUPS:
+        raise InputError(f"has {len(columns)} group columns; at most {MAX_GROUPS}", file=label)
+    if RESERVED_GROUP in columns:
+        raise InputError(f"'{RESERVED_GROUP}' is reserved for the overall estimate; rename the group",
+                         file=label, column=RESERVED_GROUP)
+    table = validate_probabilities(frame, label, columns)
+    if mapping is None:
+        return table
+    if set(columns) != set(RACES):
+        raise InputError(f"a group mapping needs the six race columns ({', '.join(RACES)}); the table has "
+                         f"{', '.join(columns)}", file=label)
+    coarse = pd.DataFrame(mapping.apply(table[list(RACES)].to_numpy()), columns=list(mapping.names))
+    coarse.insert(0, "member_id", table["member_id"].to_numpy())
+    return coarse

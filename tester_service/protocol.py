@@ -7,37 +7,47 @@ no threads, no files: the gRPC layer (`tester_service.server`) only moves messag
 
 Steps (SPEC 3): 1 keys and salt share; 2 send (Com.Enc_sk1(RO(id)), Sym.Enc(race_p))
 and drop the plaintext table; 3 receive the shuffled, doubly encrypted rows; 4 receive
-P2's (Com.Enc_sk2(RO(id)), HE.Enc(values)); 5 doubly encrypt, join, delete every id,
-then open the probability vectors; 6 aggregate per bucket and group, build the
-bootstrap replicates, mask, rerandomise and send; 7 receive P2's result (P2 learns it)
-or the decrypted masked values (only P1 learns it) and unmask.
+P2's rows: each row's member ids Com.Enc_sk2(RO(id)) (two for pair metrics), its
+HE.Enc(values) and, where the metric has them, a resampling bucket and a plaintext
+stratum; 5 doubly encrypt, join (a row is kept when all its members are found), delete
+every id, then open the probability vectors; 6 weight, aggregate per bucket (and
+stratum), build the bootstrap replicates (or random groups), mask, rerandomise and
+send; 7 receive P2's result (P2 learns it) or the decrypted masked values (only P1
+learns it) and unmask. The metric (`common.metrics`) decides the rows, weights, cells
+and verdict; a metric without HE (probabilistic count) ends after step 5, at P1.
+MQOS-AUC exact adds a round trip between 6 and 7: P2 squares additively masked sums.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pandas as pd
 
-from common import aggregation, commutative, encoding, paillier, parallel
 from common import bootstrap as boot
-from common.session import PhaseClock, chunk_ticks, expect_phase
+from common import commutative, encoding, paillier, parallel, wire
 from common.errors import EncodingOverflowError, InputError, PeerAborted, ProtocolError
-from common.estimators import get_metric
-from common.masking import AdditiveMask, RatioMask
-from common.report import DEFAULT_TAU, AuditReport, GroupResult
+from common.masking import NOISE_BITS, AdditiveMask, RatioMask
+from common.metrics import get_metric
+from common.metrics.base import Layout, choose_layout
+from common.results import DEFAULT_TAU, AuditReport, finish
+from common.session import PhaseClock, chunk_ticks, expect_phase
 from common.symmetric import RowSealer, sealed_width
-from common.wire import TableReader, table_messages
 from proto import ppre_pb2 as pb
+from tester_service import aggregation
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_REPLICATES = 100_000
 RECIPIENTS = ("client", "tester")
+#: limits on what the Test-Client announces about its table (HelloAck)
+MAX_STRATA = 100_000
+MAX_INFO_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -52,13 +62,13 @@ class AuditSpec:
     result_recipient: str = "client"
     metric_option: str = ""
     tau: float = DEFAULT_TAU
+    #: the metric's parameters as the operator gave them (text)
+    params: dict[str, str] = field(default_factory=dict)
 
     def validated(self) -> "AuditSpec":
         metric = get_metric(self.metric)
-        option = self.metric_option or metric.options[0]
-        if option not in metric.options:
-            raise InputError(f"'{option}' is not an option of {metric.name} ({', '.join(metric.options)})",
-                             parameter="metric option")
+        option = metric.check_option(self.metric_option)
+        metric.parse_params(self.params)
         if not self.client_dataset:
             raise InputError("no client dataset named", parameter="client dataset")
         if not 1 <= self.bootstrap <= MAX_REPLICATES:
@@ -69,7 +79,7 @@ class AuditSpec:
             raise InputError(f"must be one of {', '.join(RECIPIENTS)}", parameter="result recipient")
         if not self.tau > 0:
             raise InputError("must be positive", parameter="tau")
-        return dataclasses.replace(self, metric_option=option)
+        return dataclasses.replace(self, metric_option=option, params=dict(self.params))
 
 
 class Phase(enum.Enum):
@@ -77,6 +87,7 @@ class Phase(enum.Enum):
     WAIT_HELLO_ACK = "wait_hello_ack"
     WAIT_SHUFFLED = "wait_shuffled"
     WAIT_CLIENT_ROWS = "wait_client_rows"
+    WAIT_SQUARES = "wait_squares"
     WAIT_RESULT = "wait_result"
     DONE = "done"
     CLOSED = "closed"
@@ -88,6 +99,11 @@ ProgressFn = Callable[..., None]
 #: rows hashed, encrypted and sealed per step of step 2 (a checkpoint and a progress
 #: report each; about a second of work)
 UPLOAD_STEP_ROWS = 32_768
+
+
+def mask_bits(recipient: str) -> int:
+    """Bits a mask adds to a cell value: the ratio mask's factor, or the additive pad."""
+    return RatioMask.max_bits(0) if recipient == "client" else AdditiveMask.max_bits(0)
 
 
 class TesterSession:
@@ -106,6 +122,8 @@ class TesterSession:
         counts of the Tester's demographic preparation (no member-level data), passed
         through to the result."""
         self.spec = spec.validated()
+        self.metric = get_metric(self.spec.metric).for_option(self.spec.metric_option)
+        self.params = self.metric.parse_params(self.spec.params)
         self.groups: tuple[str, ...] = tuple(c for c in probabilities.columns if c != "member_id")
         if not self.groups:
             raise InputError("the probability table has no group columns")
@@ -116,8 +134,6 @@ class TesterSession:
         self._progress = progress or (lambda *args, **kw: None)
         self._checkpoint = checkpoint
         self._preparation = dict(preparation or {})
-        #: |f|, |d| <= value_bound, from the metric the Tester asked for (never from the peer)
-        self._value_bound = get_metric(self.spec.metric).value_bound
         self.phase = Phase.START
         self._clock = PhaseClock()
         self.phase_seconds = self._clock.seconds
@@ -128,13 +144,21 @@ class TesterSession:
         self._sealer: RowSealer | None = RowSealer.generate()
         self._salt_share = secrets.token_bytes(32)
         self._pub: paillier.PublicKey | None = None
-        self._slot: encoding.SlotLayout | None = None
+        self._layout: Layout | None = None
+        self._strata_labels: tuple[str, ...] = ()
+        self._info: dict[str, Any] = {}
+        self._client_rows = 0
         self._shuffled: dict[bytes, bytes] | None = None
-        self._matched_sealed: list[bytes] = []
-        self._matched_cts: list[int] = []
-        self._reader: TableReader | None = None
+        self._matched_sealed: list[list[bytes]] = []
+        self._matched_cts: list[list[int]] = []
+        self._matched_units: list[np.ndarray] = []
+        self._matched_strata: list[np.ndarray] = []
+        self._reader: wire.TableReader | None = None
+        self._plan = None
         self._pads: list[list[int]] | None = None
         self._masked_values: list[int] = []
+        self._squares_state: Any = None
+        self._squares: list[int] = []
         self._n_sent = 0
 
     # ------------------------------------------------------------------ helpers
@@ -159,8 +183,12 @@ class TesterSession:
         self._shuffled = None
         self._matched_sealed = []
         self._matched_cts = []
+        self._matched_units = []
+        self._matched_strata = []
         self._pads = None
         self._masked_values = []
+        self._squares_state = None
+        self._squares = []
         if self.phase is not Phase.DONE:
             self.phase = Phase.CLOSED
 
@@ -173,7 +201,8 @@ class TesterSession:
             protocol_version=PROTOCOL_VERSION, metric=self.spec.metric, client_dataset=self.spec.client_dataset,
             metric_option=self.spec.metric_option, salt_share=self._salt_share,
             probability_bits=encoding.PROBABILITY_BITS, result_recipient=self.spec.result_recipient,
-            sealed_width=sealed_width(len(self.groups))))]
+            sealed_width=sealed_width(len(self.groups)), metric_params=self.spec.params,
+            buckets=self._n_buckets))]
 
     def receive(self, msg: pb.PeerMessage) -> Iterable[pb.PeerMessage]:
         kind = msg.WhichOneof("body")
@@ -190,16 +219,44 @@ class TesterSession:
             raise ProtocolError(f"unexpected message '{kind}' from the Test-Client")
         return handler(getattr(msg, kind))
 
+    def _read_ack(self, ack: pb.HelloAck) -> None:
+        """Check what the Test-Client announced about its table; recompute its slot plan."""
+        metric = self.metric
+        if not 0 < ack.rows <= wire.MAX_TABLE_ROWS:
+            raise ProtocolError("the Test-Client announced an impossible row count")
+        if len(ack.strata_labels) > MAX_STRATA or any(len(s) > 200 for s in ack.strata_labels):
+            raise ProtocolError("too many or too long strata labels")
+        if len(ack.info_json) > MAX_INFO_BYTES:
+            raise ProtocolError("dataset facts too large")
+        try:
+            info = json.loads(ack.info_json or "{}")
+            if not isinstance(info, dict):
+                raise ValueError("not an object")
+            metric.check_info(info, list(ack.strata_labels))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ProtocolError(f"the Test-Client's dataset facts are malformed ({exc})") from None
+        self._client_rows = int(ack.rows)
+        self._strata_labels = tuple(ack.strata_labels)
+        self._info = info
+        if not metric.needs_he:
+            if ack.paillier_n or ack.slot_bits:
+                raise ProtocolError(f"{metric.name} needs no encryption key")
+            return
+        self._pub = paillier.PublicKey.from_bytes(ack.paillier_n, ack.paillier_h, min_bits=self._min_bits)
+        comps = metric.components(self.spec.metric_option, self.params, info)
+        try:
+            layout = choose_layout(metric.item_bits(self._client_rows, self._n_buckets, comps),
+                                   mask_bits(self.spec.result_recipient), len(comps), self._pub.n.bit_length())
+        except EncodingOverflowError as exc:
+            raise ProtocolError(f"the Test-Client's table cannot be aggregated with its key: {exc}") from None
+        if (ack.slot_bits, ack.slots) != (layout.slot_bits, layout.slots):
+            raise ProtocolError(f"the Test-Client's slot plan ({ack.slots} x {ack.slot_bits} bits) differs from "
+                                f"the one its table needs ({layout.slots} x {layout.slot_bits})")
+        self._layout = layout
+
     def _on_hello_ack(self, ack: pb.HelloAck) -> Iterator[pb.PeerMessage]:
         self._expect(Phase.WAIT_HELLO_ACK)
-        self._pub = paillier.PublicKey.from_bytes(ack.paillier_n, ack.paillier_h, min_bits=self._min_bits)
-        p_bits = self._pub.n.bit_length() // 2
-        if not 64 <= ack.slot_bits or 2 * ack.slot_bits + 4 > p_bits:
-            raise ProtocolError("slot width does not fit the plaintext space")
-        if ack.value_bound != self._value_bound:
-            raise ProtocolError(f"the Test-Client announced value bound {ack.value_bound}; "
-                                f"{self.spec.metric} values are bounded by {self._value_bound}")
-        self._slot = encoding.SlotLayout(ack.slot_bits, 2)
+        self._read_ack(ack)
         salt = commutative.session_salt(self._salt_share, ack.salt_share)
         self._lap("handshake")
 
@@ -221,133 +278,275 @@ class TesterSession:
         self._lap("psi_tester_encrypt")
         self._progress("psi_upload", f"sending {n} encrypted member rows")
         self.phase = Phase.WAIT_SHUFFLED
-        self._reader = TableReader(pb.SHUFFLED_ROWS, point_width=commutative.POINT_BYTES,
-                                   sealed_width=sealed_width(len(self.groups)))
+        width = sealed_width(len(self.groups))
+        self._reader = wire.TableReader(wire.shuffled_rows(width))
         self._shuffled = {}
-        return table_messages(pb.TESTER_ROWS, n, points=points, point_width=commutative.POINT_BYTES,
-                              sealed=sealed, sealed_width=sealed_width(len(self.groups)))
+        return wire.table_messages(wire.tester_rows(width), n, points=points, sealed=sealed)
+
+    def _client_layout(self) -> wire.TableLayout:
+        metric = self.metric
+        return wire.client_rows(metric.n_ids, self._layout.n_ciphertexts if self._layout else 0,
+                                self._pub.ciphertext_bytes if self._pub else 0,
+                                units=metric.resampling == "unit", strata=bool(metric.uses_strata))
 
     def _on_chunk(self, chunk: pb.TableChunk) -> list[pb.PeerMessage]:
-        self._expect(Phase.WAIT_SHUFFLED, Phase.WAIT_CLIENT_ROWS)
+        self._expect(Phase.WAIT_SHUFFLED, Phase.WAIT_CLIENT_ROWS, Phase.WAIT_SQUARES)
         self._reader.check_chunk(chunk)
+        if self.phase is Phase.WAIT_SQUARES:
+            self._squares += paillier.ciphertexts_from_bytes(chunk.ciphertexts, self._pub)
+            return []
         points = commutative.validate_points(chunk.points)
         if self.phase is Phase.WAIT_SHUFFLED:
-            width = self._reader.sealed_width
+            width = self._reader.layout.sealed
             for i, pt in enumerate(points):
                 if pt in self._shuffled:
                     raise ProtocolError("duplicate row in the shuffled table")
                 self._shuffled[pt] = chunk.sealed[i * width:(i + 1) * width]
             self._progress("psi_shuffled", "", self._reader.rows, self._n_sent)
-        else:
-            cts = paillier.ciphertexts_from_bytes(chunk.ciphertexts, self._pub)
-            doubled = commutative.split_points(self._com_key.encrypt_points(points))
-            for pt, ct in zip(doubled, cts):
-                sealed = self._shuffled.pop(pt, None)
-                if sealed is not None:
-                    self._matched_sealed.append(sealed)
-                    self._matched_cts.append(ct)
-            self._progress("join", "", self._reader.rows, 0)
+            return []
+        self._join(chunk, points)
+        self._progress("join", "", self._reader.rows, self._client_rows)
         return []
 
+    def _join(self, chunk: pb.TableChunk, points: list[bytes]) -> None:
+        """Step 5 for one chunk: a row is kept when every one of its members is among ours."""
+        n_ids = self.metric.n_ids
+        doubled = commutative.split_points(self._com_key.encrypt_points(points))
+        per_row = self._layout.n_ciphertexts if self._layout else 0
+        cts = paillier.ciphertexts_from_bytes(chunk.ciphertexts, self._pub) if per_row else []
+        units = wire.unpack_indices(chunk.units) if chunk.units else None
+        strata = wire.unpack_indices(chunk.strata) if chunk.strata else None
+        if units is not None and units.size and units.max() >= self._n_buckets:
+            raise ProtocolError("a row's resampling bucket is out of range")
+        if strata is not None and self._strata_labels and strata.size and strata.max() >= len(self._strata_labels):
+            raise ProtocolError("a row's stratum is out of range")
+        kept = []
+        for r in range(chunk.rows):
+            found = [self._shuffled.get(pt) for pt in doubled[r * n_ids:(r + 1) * n_ids]]
+            if all(s is not None for s in found):
+                kept.append(r)
+                self._matched_sealed.append(found)
+                if per_row:
+                    self._matched_cts.append(cts[r * per_row:(r + 1) * per_row])
+        if units is not None:
+            self._matched_units.append(units[kept])
+        if strata is not None:
+            self._matched_strata.append(strata[kept])
+
     def _on_table_end(self, end: pb.TableEnd) -> Iterable[pb.PeerMessage]:
-        self._expect(Phase.WAIT_SHUFFLED, Phase.WAIT_CLIENT_ROWS)
+        self._expect(Phase.WAIT_SHUFFLED, Phase.WAIT_CLIENT_ROWS, Phase.WAIT_SQUARES)
         self._reader.check_end(end)
         if self.phase is Phase.WAIT_SHUFFLED:
             if self._reader.rows != self._n_sent:
                 raise ProtocolError(f"shuffled table has {self._reader.rows} rows, {self._n_sent} were sent")
             self._lap("psi_client_double_encrypt")
             self.phase = Phase.WAIT_CLIENT_ROWS
-            self._reader = TableReader(pb.CLIENT_ROWS, point_width=commutative.POINT_BYTES,
-                                       ciphertext_width=self._pub.ciphertext_bytes)
+            self._reader = wire.TableReader(self._client_layout())
             return []
+        if self.phase is Phase.WAIT_SQUARES:
+            return self._after_squares()
+        if self._reader.rows != self._client_rows:
+            raise ProtocolError(f"the Test-Client sent {self._reader.rows} rows, {self._client_rows} announced")
         # step 5: the join is complete; every id (and the unmatched rows) is deleted, and
         # the commutative key is no longer needed (SPEC 7: keys deleted as soon as possible)
         self._shuffled = None
         self._com_key = None
-        self.n_matched = len(self._matched_cts)
+        self.n_matched = len(self._matched_sealed)
         self._lap("client_encrypt_and_join")
-        self._progress("join", f"{self.n_matched} members matched")
+        self._progress("join", f"{self.n_matched} rows matched")
         if self.n_matched == 0:
             raise InputError("empty intersection: no member of the client dataset is among the Tester's members",
                              parameter="client dataset")
+        if not self.metric.needs_he:
+            return self._local_result()
         return self._aggregate()
 
-    def _aggregate(self) -> Iterator[pb.PeerMessage]:
+    # ------------------------------------------------------------------ step 5: open
+    def _open(self) -> tuple[list[np.ndarray], np.ndarray | None, np.ndarray | None]:
+        """The matched rows' probability vectors (one array per id slot), units and strata."""
         k = len(self.groups)
-        probs = self._sealer.open_rows(b"".join(self._matched_sealed), k)
+        probs = [self._sealer.open_rows(b"".join(row[s] for row in self._matched_sealed), k)
+                 for s in range(self.metric.n_ids)]
         self._matched_sealed = []
         self._sealer = None
-        q = encoding.quantize_probabilities(probs, encoding.PROBABILITY_BITS)
-        del probs
-        rng = np.random.default_rng(self.spec.seed)
-        buckets = boot.assign_buckets(self.n_matched, self._n_buckets, rng)
-        m = len(buckets)
-        counts = boot.resample_counts(m, self.spec.bootstrap, rng)
-        count_rows = np.vstack([np.ones((1, m), dtype=np.int64), counts])
+        units = np.concatenate(self._matched_units) if self._matched_units else None
+        strata = np.concatenate(self._matched_strata) if self._matched_strata else None
+        self._matched_units, self._matched_strata = [], []
+        return probs, units, strata
 
-        # slot plan: the largest |Num| or |Den| any replicate can reach, then its mask
-        sizes = np.array([len(b) for b in buckets], dtype=object)
-        worst = max(int(np.dot(row.astype(object), sizes)) for row in count_rows)
-        bound = worst * self._value_bound * (1 << encoding.PROBABILITY_BITS)
-        if self.spec.result_recipient == "client":
-            masked_bits = RatioMask.max_bits(bound.bit_length())
+    def _local_result(self) -> list[pb.PeerMessage]:
+        """A metric without HE (probabilistic count): computed here from the joined rows."""
+        probs, _, strata = self._open()
+        report = self.metric.local_result(probs, strata, self._strata_labels, self.groups, self.spec.metric_option,
+                                          self.params, self._info, confidence=self.spec.confidence,
+                                          tau=self.spec.tau)
+        self._lap("local_statistic")
+        return self._finish(report, {})
+
+    # ------------------------------------------------------------------ step 6: aggregate
+    def _aggregate(self) -> Iterator[pb.PeerMessage]:
+        metric = self.metric
+        probs, units, strata = self._open()
+        q = [encoding.quantize_probabilities(p, encoding.PROBABILITY_BITS) for p in probs]
+        del probs
+        n = self.n_matched
+        rng = np.random.default_rng(self.spec.seed)
+        if metric.resampling == "unit":
+            used = np.unique(units)
+            units = np.searchsorted(used, units)
+            n_units = len(used)
         else:
-            masked_bits = AdditiveMask.max_bits(bound.bit_length())
-        self._slot.check_bound(1 << masked_bits, "a masked aggregate")
+            count = metric.random_groups if metric.resampling == "random_groups" else self._n_buckets
+            buckets = boot.assign_buckets(n, count, rng)
+            units = np.empty(n, dtype=np.int64)
+            for m, idx in enumerate(buckets):
+                units[idx] = m
+            n_units = len(buckets)
+        facts = metric.tester_facts(q, strata, units)
+        weights = metric.weights(q, strata, units, self.groups, self.spec.metric_option, self.params)
+        del q
         self._lap("open_probabilities")
 
-        # rerandomise with a base of our own, never the Test-Client's h (see paillier.randomizer_base)
-        n, h = self._pub.n, paillier.randomizer_base(self._pub.n)
+        # aggregate: per (unit, stratum) and weight column and row ciphertext
+        n_cts = self._layout.n_ciphertexts
+        n_strata = len(self._strata_labels) if metric.strata_cells else 1
+        key = units * n_strata + (strata if metric.strata_cells else 0)
+        order = np.argsort(key, kind="stable")
+        bounds = np.flatnonzero(np.diff(key[order])) + 1
+        groups_idx = np.split(order, bounds)
+        keys = [int(key[idx[0]]) for idx in groups_idx]
+        explicit = [w for w, col in enumerate(weights) if not isinstance(col, (int, tuple))]
+        const = [w for w, col in enumerate(weights) if isinstance(col, int)]
+        need_ones = bool(const)
         cts = self._matched_cts
-        tasks = [(n, [([cts[i] for i in idx], [q[idx, j].tolist() for j in range(k)]) for idx in part])
-                 for part in parallel.split(buckets, parallel.chunk_count(parallel.CHECKPOINT_CHUNKS))]
         self._matched_cts = []
+        jobs = []
+        for idx in groups_idx:
+            lst = idx.tolist()
+            columns = [np.asarray(weights[w])[idx].tolist() for w in explicit]
+            if need_ones:
+                columns.append([1] * len(lst))
+            for t in range(n_cts):
+                jobs.append(([cts[i][t] for i in lst], columns))
+        del cts
+        pub = self._pub
+        tasks = [(pub.n, part) for part in parallel.split(jobs, parallel.chunk_count(parallel.CHECKPOINT_CHUNKS))]
+        del jobs
         ticks = chunk_ticks(len(tasks), partial(self._tick, "aggregation"))
-        bucket_sums = [s for part in parallel.run_chunks(aggregation.bucket_sums_chunk, tasks, checkpoint=ticks)
-                       for s in part]
+        sums = [s for part in parallel.run_chunks(aggregation.bucket_sums_chunk, tasks, checkpoint=ticks)
+                for s in part]
+        # agg[key][w][t]: every weight column, explicit, constant or a sum of others
+        agg: dict[int, list[list[int]]] = {}
+        n2 = pub.n2
+        for g, kk in enumerate(keys):
+            per_w: list[list[int] | None] = [None] * len(weights)
+            for t in range(n_cts):
+                row = sums[g * n_cts + t]
+                for pos, w in enumerate(explicit):
+                    per_w[w] = (per_w[w] or []) + [row[pos]]
+                for w in const:
+                    per_w[w] = (per_w[w] or []) + [paillier.scalar_pow(pub.n, row[-1], weights[w])]
+            for w, col in enumerate(weights):
+                if isinstance(col, tuple):
+                    prod = [1] * n_cts
+                    for other in col:
+                        prod = [a * b % n2 for a, b in zip(prod, per_w[other])]
+                    per_w[w] = prod
+            agg[kk] = per_w
         self._lap("aggregation")
-        self._progress("aggregation", f"aggregated {self.n_matched} rows into {m} buckets x {k} groups")
+        self._progress("aggregation", f"aggregated {n} rows into {len(keys)} buckets x {len(weights)} weights")
 
-        shift = self._slot.slot_bits
-        rows = count_rows.tolist()
+        if metric.needs_squares:
+            self._squares_state, requests = metric.square_requests(agg, n_units, pub, facts)
+            self.phase = Phase.WAIT_SQUARES
+            self._reader = wire.TableReader(wire.ciphertext_table(pb.SQUARES, pub.ciphertext_bytes))
+            yield from wire.table_messages(wire.ciphertext_table(pb.SQUARE_REQUEST, pub.ciphertext_bytes),
+                                           len(requests),
+                                           ciphertexts=paillier.ciphertexts_to_bytes(requests, pub.ciphertext_bytes))
+            return
+
+        self._plan = metric.plan(self.groups, self._strata_labels, self._layout, self.spec.metric_option,
+                                 self.params, self._info)
+        # bootstrap: replicate r draws the units with multinomial counts (row 0: all ones)
+        counts = boot.resample_counts(n_units, self.spec.bootstrap, rng)
+        count_rows = np.vstack([np.ones((1, n_units), dtype=np.int64), counts]).tolist()
+        columns = []
+        for item in self._plan.items:
+            col = []
+            for u in range(n_units):
+                c = 1
+                strata_range = range(n_strata) if (metric.strata_cells and item.stratum is None) else \
+                    [item.stratum if metric.strata_cells else 0]
+                for s in strata_range:
+                    part = agg.get(u * n_strata + s)
+                    if part is not None:
+                        c = c * part[item.weight][item.ciphertext] % n2
+                col.append(c)
+            columns.append(col)
+        tasks = [(pub.n, columns, part) for part in
+                 parallel.split(count_rows, parallel.chunk_count(parallel.CHECKPOINT_CHUNKS))]
+        ticks = chunk_ticks(len(tasks), partial(self._tick, "bootstrap"))
+        items = [c for part in parallel.run_chunks(aggregation.replicate_chunk, tasks, checkpoint=ticks)
+                 for c in part]
+        yield from self._send_items(items, self.spec.bootstrap)
+
+    def _after_squares(self) -> Iterator[pb.PeerMessage]:
+        """MQOS-AUC exact: the squares are back; form the cells of every random group."""
+        items = self.metric.combine(self._squares_state, self._squares, self._pub, self._layout)
+        self._squares_state, self._squares = None, []
+        self._plan = self.metric.plan(self.groups, self._strata_labels, self._layout, self.spec.metric_option,
+                                      self.params, self._info)
+        self._lap("squares")
+        yield from self._send_items(items, self.metric.random_groups)
+
+    def _send_items(self, items: list[int], replicates: int) -> Iterator[pb.PeerMessage]:
+        """Mask every item of every replicate, rerandomise, and send (step 6's end)."""
+        pub, layout, plan = self._pub, self._layout, self._plan
+        shift = layout.slot_bits
+        slots = plan.item_slots
         if self.spec.result_recipient == "client":
-            masks = [[RatioMask.draw() for _ in range(k)] for _ in rows]
-            ratio = [[(mk.r, mk.e_num + (mk.e_den << shift)) for mk in row] for row in masks]
+            ratio = []
+            for _ in items:
+                mk = RatioMask.draw()
+                noise = sum(secrets.randbits(NOISE_BITS) << (s * shift) for s in range(slots))
+                ratio.append((mk.r, noise))
             pads = None
         else:
-            pad_bits = bound.bit_length()
-            draws = [[AdditiveMask.draw(2, pad_bits) for _ in range(k)] for _ in rows]
-            self._pads = [[list(d.pads) for d in row] for row in draws]
-            pads = [[d.pads[0] + (d.pads[1] << shift) for d in row] for row in draws]
+            pad_bits = layout.slot_bits - AdditiveMask.max_bits(0) - 1
+            draws = [AdditiveMask.draw(slots, pad_bits) for _ in items]
+            self._pads = [list(d.pads) for d in draws]
+            pads = [sum(p << (s * shift) for s, p in enumerate(d.pads)) for d in draws]
             ratio = None
-        tasks = []
-        for part in parallel.split(list(range(len(rows))), parallel.chunk_count(parallel.CHECKPOINT_CHUNKS)):
-            tasks.append((n, h, bucket_sums, [rows[b] for b in part],
-                          [ratio[b] for b in part] if ratio else None,
-                          [pads[b] for b in part] if pads else None))
+        h = paillier.randomizer_base(pub.n)  # our own base, never the Test-Client's h
+        parts = parallel.split(list(range(len(items))), parallel.chunk_count(parallel.CHECKPOINT_CHUNKS))
+        tasks = [(pub.n, h, [items[i] for i in part], [ratio[i] for i in part] if ratio else None,
+                  [pads[i] for i in part] if pads else None) for part in parts]
         ticks = chunk_ticks(len(tasks), partial(self._tick, "bootstrap"))
-        out = [c for part in parallel.run_chunks(aggregation.replicate_chunk, tasks, checkpoint=ticks) for c in part]
+        out = [c for part in parallel.run_chunks(aggregation.mask_chunk, tasks, checkpoint=ticks) for c in part]
         self._lap("bootstrap_and_mask")
-        self._progress("bootstrap", f"{self.spec.bootstrap} replicates masked; sending to the Test-Client")
+        self._progress("bootstrap", f"{replicates} replicates masked; sending to the Test-Client")
         self.phase = Phase.WAIT_RESULT
-        width = self._pub.ciphertext_bytes
-        header = pb.PeerMessage(aggregates_header=pb.AggregatesHeader(
-            groups=list(self.groups), replicates=self.spec.bootstrap, confidence=self.spec.confidence,
-            slot_bits=shift, mask="ratio" if ratio else "additive"))
-        yield header
-        yield from table_messages(pb.AGGREGATES, len(out), ciphertexts=paillier.ciphertexts_to_bytes(out, width),
-                                  ciphertext_width=width)
+        width = pub.ciphertext_bytes
+        yield pb.PeerMessage(aggregates_header=pb.AggregatesHeader(
+            groups=list(self.groups), replicates=replicates, confidence=self.spec.confidence,
+            slot_bits=shift, mask="ratio" if ratio else "additive", items=len(plan.items), item_slots=slots,
+            tau=self.spec.tau))
+        yield from wire.table_messages(wire.ciphertext_table(pb.AGGREGATES, width), len(out),
+                                       ciphertexts=paillier.ciphertexts_to_bytes(out, width))
 
-    def _finish(self, groups: list[GroupResult], client_seconds: dict[str, float]) -> list[pb.PeerMessage]:
+    # ------------------------------------------------------------------ step 7
+    def _replicates(self) -> int:
+        return self.metric.random_groups if self.metric.resampling == "random_groups" else self.spec.bootstrap
+
+    def _finish(self, report: AuditReport, client_seconds: dict[str, float]) -> list[pb.PeerMessage]:
         self._lap("wait_for_client_result")
         seconds = dict(self.phase_seconds)
         seconds.update({f"client_{k}": v for k, v in client_seconds.items()})
         seconds["total"] = self._clock.total()
-        self.result = AuditReport(metric=self.spec.metric, n_matched=self.n_matched,
-                                  bootstrap=self.spec.bootstrap, confidence=self.spec.confidence, groups=groups,
-                                  result_recipient=self.spec.result_recipient,
-                                  metric_option=self.spec.metric_option, tau=self.spec.tau,
-                                  phase_seconds=seconds, preparation=self._preparation)
+        self.result = dataclasses.replace(
+            report, metric=self.spec.metric, metric_option=self.spec.metric_option, n_matched=self.n_matched,
+            result_recipient=self.spec.result_recipient, tau=self.spec.tau, phase_seconds=seconds,
+            preparation=self._preparation)
         self.phase = Phase.DONE
         self._progress("done", "result received")
         self.close()
@@ -357,10 +556,13 @@ class TesterSession:
         self._expect(Phase.WAIT_RESULT)
         if self.spec.result_recipient != "client":
             raise ProtocolError("a result was sent although only the Tester may learn it")
-        if [g.group for g in res.groups] != list(self.groups):
+        report = AuditReport.from_json(res.report_json)
+        if report.metric != self.spec.metric or report.bootstrap != self._replicates():
+            raise ProtocolError("the result does not describe this audit")
+        expected = [c.group for c in self._plan.cells if c.kind == "group"]
+        if [g.group for g in report.groups] != expected:
             raise ProtocolError("the result's groups do not match the audit's groups")
-        groups = [GroupResult.from_proto(g) for g in res.groups]
-        return self._finish(groups, dict(res.phase_seconds))
+        return self._finish(report, dict(res.phase_seconds))
 
     def _on_masked_plaintexts(self, mp: pb.MaskedPlaintexts) -> list[pb.PeerMessage]:
         self._expect(Phase.WAIT_RESULT)
@@ -371,25 +573,31 @@ class TesterSession:
             raise ProtocolError("masked plaintext table is malformed")
         self._masked_values += [int.from_bytes(mp.values[i:i + width], "big", signed=True)
                                 for i in range(0, len(mp.values), width)]
-        k = len(self.groups)
-        expected = (self.spec.bootstrap + 1) * k
+        plan = self._plan
+        n_items = len(plan.items)
+        replicates = self._replicates()
+        expected = (replicates + 1) * n_items
         if len(self._masked_values) > expected:
             raise ProtocolError("too many masked plaintexts")
         if not mp.last:
             return []
         if len(self._masked_values) != expected:
             raise ProtocolError(f"{len(self._masked_values)} masked plaintexts received, {expected} expected")
-        num = np.empty((self.spec.bootstrap + 1, k))
-        den = np.empty_like(num)
+        layout = encoding.SlotLayout(self._layout.slot_bits, plan.item_slots)
+        slots = []
         for idx, value in enumerate(self._masked_values):
-            b, j = divmod(idx, k)
             try:
-                num_b, den_b = AdditiveMask(tuple(self._pads[b][j])).remove(self._slot.unpack(value))
+                slots.append(AdditiveMask(tuple(self._pads[idx])).remove(layout.unpack(value)))
             except EncodingOverflowError:
                 raise ProtocolError("a masked plaintext does not decode") from None
-            num[b, j], den[b, j] = float(num_b), float(den_b)
-        ratios = boot.ratios(num, den)
-        low, high = boot.percentile_interval(ratios[1:], self.spec.confidence)
-        groups = [GroupResult.from_values(g, ratios[0, j], low[j], high[j]) for j, g in enumerate(self.groups)]
-        return self._finish(groups, dict(mp.phase_seconds))
-
+        values = np.full((replicates + 1, len(plan.cells)), np.nan)
+        for b in range(replicates + 1):
+            for c, cell in enumerate(plan.cells):
+                item = slots[b * n_items + cell.item]
+                num, den = item[cell.num_slot], item[cell.den_slot]
+                if den != 0:
+                    values[b, c] = float(num) / float(den) * 2.0 ** cell.scale_shift
+        report = finish(self.metric, plan, values, option=self.spec.metric_option, confidence=self.spec.confidence,
+                        tau=self.spec.tau, params=self.params, info=self._info, replicates=replicates,
+                        result_recipient="tester")
+        return self._finish(report, dict(mp.phase_seconds))

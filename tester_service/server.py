@@ -25,7 +25,7 @@ from common.admission import SessionTable
 from common.errors import InputError, PeerAborted, PeerTimeoutError, PPREError, ShuttingDownError
 from common.memory import release_freed_memory
 from common.peer_stream import Inbox, Outbox, ProgressState
-from common.report import DEFAULT_TAU
+from common.results import DEFAULT_TAU
 from proto import ppre_pb2 as pb
 from proto import ppre_pb2_grpc as pb_grpc
 from tester_service.inputs import read_probability_table
@@ -59,9 +59,9 @@ class TesterConfig:
             raise InputError("must be at least 1", parameter="max sessions")
 
     @classmethod
-    def from_probability_file(cls, client_address: str, path: str | Path, **kw) -> "TesterConfig":
-        """Issue 2's input: a prepared probability table, used as given."""
-        return cls(client_address, lambda: read_probability_table(path), **kw)
+    def from_probability_file(cls, client_address: str, path: str | Path, mapping=None, **kw) -> "TesterConfig":
+        """A prepared probability table, used as given (or coarsened by a group mapping)."""
+        return cls(client_address, lambda: read_probability_table(path, mapping), **kw)
 
     @classmethod
     def from_members(cls, client_address: str, members: str | Path, self_id: str | Path | None,
@@ -203,7 +203,7 @@ class _AuditRun:
             confidence=request.confidence if request.HasField("confidence") else boot_defaults.DEFAULT_CONFIDENCE,
             seed=request.seed if request.has_seed else None,
             result_recipient=request.result_recipient or "client",
-            metric_option=request.metric_option,
+            metric_option=request.metric_option, params=dict(request.metric_params),
             tau=request.tau if request.HasField("tau") else DEFAULT_TAU).validated()
 
     def _audit(self) -> pb.AuditEvent | None:

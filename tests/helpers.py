@@ -40,6 +40,15 @@ def make_inputs(n_tester: int, n_client: int, overlap: int, *, seed: int = 0, on
     return tester, client
 
 
+def plain_ratio(probabilities: np.ndarray, f: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """The plaintext weighted formula mu[j] = Σ p_ij f_i / Σ p_ij d_i (SPEC.md section 5)."""
+    p = np.asarray(probabilities, dtype=np.float64)
+    num = p.T @ np.asarray(f, dtype=np.float64)
+    den = p.T @ np.asarray(d, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
+
+
 def run_sessions(tester: TesterSession, client: ClientSession, tap=None):
     """Drive both state machines in one process, as the gRPC layer would."""
     to_client = deque(tester.start())
@@ -63,7 +72,9 @@ def local_audit(tester_df, client_df, *, spec: AuditSpec | None = None, tap=None
 
     def loader(name, metric):
         assert name == spec.client_dataset
-        return client_df
+        frame = client_df.copy()
+        frame["member_id"] = frame["member_id"].astype(str)
+        return frame
 
     tester = TesterSession(spec, tester_df, min_modulus_bits=TEST_BITS, n_buckets=n_buckets)
     client = ClientSession(loader, modulus_bits=TEST_BITS, allow_insecure=True)

@@ -26,7 +26,7 @@ import pytest
 from client_service.datasets import DatasetRegistry
 from common import tables
 from common.errors import InputError
-from common.estimators import ERO
+from common.metrics.ero import METRIC as ERO
 from common.races import RACES
 from tester_service.inputs import read_probability_table
 from tester_service.preparation import PreparationConfig, prepare, read_members, read_self_id
@@ -81,7 +81,9 @@ def _read_self_id(path: Path, directory: Path):
 
 
 def _read_client(path: Path, directory: Path):
-    return DatasetRegistry(named={"d": path}).load("d", ERO)
+    frame = DatasetRegistry(named={"d": path}).load("d", ERO)
+    ERO.client_rows(frame, str(path), "fpr", {}, np.random.default_rng(0))  # the metric's own checks
+    return frame
 
 
 KINDS = {

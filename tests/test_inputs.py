@@ -6,7 +6,7 @@ import pytest
 
 from client_service.datasets import DatasetRegistry
 from common.errors import InputError
-from common.estimators import ERO
+from common.metrics.ero import METRIC as ERO
 from tester_service.inputs import read_probability_table
 from tests.helpers import make_inputs
 

@@ -20,7 +20,9 @@ from client_service.datasets import DatasetRegistry
 from client_service.protocol import ClientSession
 from client_service.server import ClientConfig
 from client_service.server import serve as serve_client
-from common import channels, estimators
+from common import channels
+from common.metrics.base import Component
+from common.metrics.ero import METRIC as ERO
 from common.channels import LinkSettings
 from common.errors import InputError, PeerAborted, ProtocolError
 from ppre.cli import main as ppre_main
@@ -309,20 +311,21 @@ def test_operator_gets_a_clean_error_for_an_unreachable_tester(capsys):
 
 # --------------------------------------------------------------------------- sans-I/O checks
 
-def test_value_bound_comes_from_the_metric_on_both_sides(inputs, monkeypatch):
+def test_slot_plan_and_value_bounds_come_from_the_metric_on_both_sides(inputs, monkeypatch):
     tester, client, _, _ = inputs
     session = TesterSession(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester,
                             min_modulus_bits=TEST_BITS)
     client_session = ClientSession(lambda name, metric: client, modulus_bits=TEST_BITS, allow_insecure=True)
     [hello] = session.start()
     [ack] = client_session.receive(hello)
-    ack.hello_ack.value_bound = 1 << 20  # a Test-Client claiming larger values than ERO's
-    with pytest.raises(ProtocolError, match="value bound"):
+    ack.hello_ack.slot_bits -= 8  # a Test-Client packing narrower slots than ERO's values need
+    with pytest.raises(ProtocolError, match="slot plan"):
         list(session.receive(ack))
     session.close()
     client_session.close()
     # and a Test-Client whose own values exceed the metric's bound refuses to encrypt them
-    monkeypatch.setitem(estimators.METRICS, "ero", dataclasses.replace(estimators.ERO, value_bound=0))
+    monkeypatch.setattr(ERO, "components", lambda option, params, info: (Component("f", 0, 0),
+                                                                          Component("d", 0, 1)))
     other = TesterSession(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester,
                           min_modulus_bits=TEST_BITS)
     strict = ClientSession(lambda name, metric: client, modulus_bits=TEST_BITS, allow_insecure=True)

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from client_service.protocol import ClientSession
-from common import aggregation, bootstrap as boot, commutative, encoding, paillier
+from common import bootstrap as boot, commutative, encoding, paillier
+from tester_service import aggregation
 from common.errors import ProtocolError
 from common.masking import NOISE_BITS, R_MAX_BITS, R_MIN_BITS, STATISTICAL_BITS, AdditiveMask, RatioMask
 from proto import ppre_pb2 as pb
@@ -275,7 +276,9 @@ def test_replicates_are_rerandomised_before_they_leave_the_tester(key, variant):
     else:
         masks = None
         pads = [[11 + (13 << 200), 0] for _ in counts]
-    out = aggregation.replicate_chunk(n, pub.h, sums, counts, masks, pads)
+    reps = aggregation.replicate_chunk(n, [[s[j] for s in sums] for j in range(2)], counts)
+    out = aggregation.mask_chunk(n, pub.h, reps, [m for row in masks for m in row] if masks else None,
+                                 [p for row in pads for p in row] if pads else None)
     deterministic = []
     for b, row in enumerate(counts):
         for j in range(2):

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from client_service.protocol import ClientSession
 from common import commutative, symmetric, wire
 from common.errors import InputError, ProtocolError
-from common.estimators import plain_ratio
+from tests.helpers import plain_ratio
 from common.races import RACES
 from proto import ppre_pb2 as pb
 from tester_service.protocol import AuditSpec, Phase, TesterSession
@@ -37,7 +37,7 @@ def test_one_hot_ero_equals_pandas_fpr(recipient):
     negatives = merged[merged.y_true == 0]
     fpr = negatives.groupby("race").y_pred.mean()  # the plain per-group FPR, with pandas
     assert result.n_matched == 200
-    for j, g in enumerate(result.groups):
+    for j, g in enumerate(result.by_group):
         assert g.group == RACES[j]
         if j in fpr.index:
             assert abs(g.estimate - fpr[j]) < 1e-9
@@ -51,7 +51,7 @@ def test_fractional_ero_equals_the_weighted_formula(recipient):
     tester, client = make_inputs(300, 300, 250, seed=2)
     spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=20, seed=1, result_recipient=recipient)
     result, _, _ = local_audit(tester, client, spec=spec)
-    assert np.abs(np.array([g.estimate for g in result.groups]) - _plain(tester, client)).max() < 1e-9
+    assert np.abs(np.array([g.estimate for g in result.by_group]) - _plain(tester, client)).max() < 1e-9
 
 
 def test_unconditional_ero_form():
@@ -59,7 +59,7 @@ def test_unconditional_ero_form():
     spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=10, metric_option="unconditional")
     result, _, _ = local_audit(tester, client, spec=spec)
     assert result.metric_option == "unconditional"
-    assert np.abs(np.array([g.estimate for g in result.groups]) - _plain(tester, client, "uncond")).max() < 1e-9
+    assert np.abs(np.array([g.estimate for g in result.by_group]) - _plain(tester, client, "uncond")).max() < 1e-9
 
 
 def test_zero_denominator_group_is_reported_undefined():
@@ -67,7 +67,7 @@ def test_zero_denominator_group_is_reported_undefined():
     race = tester[list(RACES)].to_numpy().argmax(axis=1)
     client.loc[race == 0, "y_true"] = 1  # no negatives among 'white' members: FPR undefined
     result, _, _ = local_audit(tester, client)
-    assert result.groups[0].estimate is None and result.groups[0].ci_low is None
+    assert result.by_group[0].estimate is None and result.by_group[0].ci_low is None
     assert result.to_dict()["groups"][0]["estimate"] is None
 
 
@@ -208,7 +208,7 @@ def test_garbage_and_off_curve_points_are_protocol_errors():
     with pytest.raises(ProtocolError, match="bytes for 2 rows"):
         c.receive(pb.PeerMessage(chunk=pb.TableChunk(table=pb.TESTER_ROWS, rows=2, points=b"garbage")))
     _, c, _ = _client_after_hello()
-    width = c._reader.sealed_width
+    width = c._reader.layout.sealed
     twist = next(u for u in range(2, 1000) if not commutative._on_curve(u))
     with pytest.raises(ProtocolError, match="not on Curve25519"):
         c.receive(pb.PeerMessage(chunk=pb.TableChunk(table=pb.TESTER_ROWS, rows=1,
@@ -265,9 +265,22 @@ def test_tampered_result_is_refused():
 
     def tamper(direction, msg):
         if msg.HasField("client_result"):
-            msg.client_result.groups[0].group = "nobody"
+            msg.client_result.report_json = msg.client_result.report_json.replace('"group": "white"',
+                                                                                  '"group": "nobody"')
     with pytest.raises(ProtocolError, match="groups do not match"):
         run_sessions(t, c, tap=tamper)
+
+
+@pytest.mark.parametrize("garbage", ["", "[]", "{}", '{"metric": "ero"}', "not json"])
+def test_malformed_result_is_a_protocol_error(garbage):
+    tester, client = make_inputs(30, 30, 20)
+    t = TesterSession(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester, min_modulus_bits=TEST_BITS)
+
+    def tamper(direction, msg):
+        if msg.HasField("client_result"):
+            msg.client_result.report_json = garbage
+    with pytest.raises(ProtocolError):
+        run_sessions(t, _client(client), tap=tamper)
 
 
 @pytest.mark.parametrize("bad", [dict(bootstrap=0), dict(confidence=1.0), dict(metric="auc"),
@@ -283,8 +296,7 @@ def test_a_million_rows_never_make_a_large_message():
     n = 1_000_000
     points = bytes(32) * n
     sealed = bytes(76) * n
-    sizes = [m.ByteSize() for m in wire.table_messages(pb.TESTER_ROWS, n, points=points, point_width=32,
-                                                        sealed=sealed, sealed_width=76)]
+    sizes = [m.ByteSize() for m in wire.table_messages(wire.tester_rows(76), n, points=points, sealed=sealed)]
     assert len(sizes) > 100 and max(sizes) < wire.CHUNK_BYTES + 1024 < wire.MAX_MESSAGE_BYTES
     # the widest row (a 4096-bit ciphertext and a point) too
     assert wire.rows_per_chunk(512 + 32) * (512 + 32) <= wire.CHUNK_BYTES

@@ -1,9 +1,12 @@
-"""`ppre audit`: the operator's command (issue 2, point 7).
+"""`ppre audit`: the operator's command.
 
 Against running services: `ppre audit --tester HOST:PORT --client-dataset NAME --metric ero`.
 Locally: `ppre audit --local --metric ero --tester-probabilities FILE --client-data FILE`
 starts both services as real gRPC servers on loopback ports for that one audit.
 With --json it prints exactly one JSON object (the result, or {"error": ...}).
+Metrics (`common.metrics`): ero, lot, mqos-ndcg, pot, mqos-auc, output, prob-count; a
+metric's option with --metric-option, its parameters with --metric-param NAME=VALUE
+(or the named flags below).
 """
 from __future__ import annotations
 
@@ -13,23 +16,47 @@ import sys
 
 from common.bootstrap import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES
 from common.errors import InputError
-from common.report import DEFAULT_TAU
+from common.metrics import METRICS
+from common.results import DEFAULT_TAU
 from ppre.commands.tester import add_preparation_arguments, preparation_config
 
 
 LOCAL_DATASET = "local"
+#: named flags for the metrics' parameters (each also settable with --metric-param)
+PARAM_FLAGS = {"reference-scores": "reference_scores", "bandwidth": "bandwidth", "dti-weights": "dti_weights",
+               "pairs": "pairs", "count-threshold": "count_threshold", "inclusion-level": "inclusion_level",
+               "same-group-pairs": "same_group_pairs"}
+
+
+def metric_params(args: argparse.Namespace) -> dict[str, str]:
+    params = {}
+    for item in args.metric_param:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise InputError(f"'{item}' is not NAME=VALUE", parameter="--metric-param")
+        params[name.strip()] = value.strip()
+    for name in PARAM_FLAGS.values():
+        value = getattr(args, f"param_{name}", None)
+        if value is not None:
+            params[name] = value
+    return params
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("audit", help="run one audit through the Tester's RunAudit")
     s.add_argument("--tester", help="HOST:PORT of the Tester service")
     s.add_argument("--client-dataset", help="dataset name known to the Test-Client")
-    s.add_argument("--metric", required=True, help="metric to audit (ero)")
+    s.add_argument("--metric", required=True, choices=list(METRICS), help="metric to audit")
     s.add_argument("--metric-option", "--ero-form", dest="metric_option", default="",
-                   help="ERO: fpr (default) or unconditional (paper eq. 6)")
+                   help="; ".join(f"{m.name}: {m.option_help}" for m in METRICS.values() if m.option_help))
+    s.add_argument("--metric-param", action="append", default=[], metavar="NAME=VALUE",
+                   help="a metric parameter: " + "; ".join(
+                       f"{m.name}: {', '.join(p.name for p in m.params)}" for m in METRICS.values() if m.params))
+    for flag, name in PARAM_FLAGS.items():
+        s.add_argument(f"--{flag}", dest=f"param_{name}", default=None, help=f"same as --metric-param {name}=...")
     s.add_argument("--bootstrap", type=int, default=DEFAULT_REPLICATES, help="replicates B (default 1000)")
     s.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE, help="CI level (default 0.95)")
-    s.add_argument("--seed", type=int, help="seed of the bootstrap resampling (not of any key or mask)")
+    s.add_argument("--seed", type=int, help="seed of the Tester's bucket assignment and resampling (not of any key, mask, or the Test-Client's own random choices)")
     s.add_argument("--tau", type=float, default=DEFAULT_TAU, help="disparity threshold of the verdict")
     s.add_argument("--result-recipient", choices=("client", "tester"), default="client",
                    help="who may learn the result: the Test-Client (default) or only the Tester")
@@ -53,7 +80,8 @@ def build_request(args: argparse.Namespace, dataset: str):
         raise InputError("must be strictly between 0 and 1", parameter="--confidence")
     return pb.AuditRequest(metric=args.metric, client_dataset=dataset, bootstrap=args.bootstrap,
                            confidence=args.confidence, has_seed=args.seed is not None, seed=args.seed or 0,
-                           result_recipient=args.result_recipient, metric_option=args.metric_option, tau=args.tau)
+                           result_recipient=args.result_recipient, metric_option=args.metric_option, tau=args.tau,
+                           metric_params=metric_params(args))
 
 
 def _progress(args):
@@ -73,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("--local needs --client-data and one of --tester-probabilities, --tester-members",
                              parameter="--local")
         if args.tester_probabilities:
-            path = args.tester_probabilities
-            load = lambda: read_probability_table(path)  # noqa: E731
+            path, mapping = args.tester_probabilities, preparation_config(args).group_mapping
+            load = lambda: read_probability_table(path, mapping)  # noqa: E731
         else:
             from tester_service.server import prepare_from_files
             members, self_id, preparation = args.tester_members, args.self_id, preparation_config(args)
@@ -93,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_event(event, *, as_json: bool) -> int:
-    from common.report import AuditReport
+    from common.results import AuditReport
 
     if event.WhichOneof("event") == "error":
         if as_json:

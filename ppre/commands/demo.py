@@ -44,7 +44,7 @@ def write_inputs(data, tester_dir: Path, client_dir: Path) -> tuple[Path, Path, 
 
 def run(args: argparse.Namespace) -> int:
     from client_service.datasets import DatasetRegistry
-    from common.report import AuditReport
+    from common.results import AuditReport
     from ppre.local import local_services
     from ppre.synth import SynthConfig, synthesize
     from proto import ppre_pb2 as pb
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     print(report.to_table())
     print("\nbeside each privacy-preserving estimate, the FPR computed with the hidden true races:")
     print(f"{'group':<12}{'members':>8}{'PPRE':>9}{'true race':>11}{'in CI':>7}")
-    for g in report.groups:
+    for g in report.by_group:
         t = truth[g.group]
         inside = g.estimate is not None and not math.isnan(t) and g.ci_low <= t <= g.ci_high
         est = f"{g.estimate:.4f}" if g.estimate is not None else "n/a"

@@ -66,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
                          parameter="--probabilities/--members")
     service = dict(n_buckets=args.buckets, settings=link_settings(args), max_sessions=args.max_sessions)
     if args.probabilities:
-        config = TesterConfig.from_probability_file(args.client, args.probabilities, **service)
+        mapping = preparation_config(args).group_mapping
+        config = TesterConfig.from_probability_file(args.client, args.probabilities, mapping, **service)
+        config.load_probabilities()  # check the table now, not at the first audit
     else:
         config = TesterConfig.from_members(args.client, args.members, args.self_id, preparation_config(args),
                                            **service)

@@ -1,0 +1,35 @@
+"""The metric catalog (SPEC.md section 5): one module per metric, one registry.
+
+A new metric is a new module with a `METRIC` object (a `common.metrics.base.Metric`)
+listed here; nothing else in the system names a metric.
+"""
+from __future__ import annotations
+
+from common.errors import InputError
+from common.metrics.base import Metric
+
+_MODULES = ("ero", "lot", "mqos_ndcg", "pot", "mqos_auc", "output", "prob_count")
+
+
+def _load() -> dict[str, Metric]:
+    import importlib
+    found: dict[str, Metric] = {}
+    for module in _MODULES:
+        try:
+            metric = importlib.import_module(f"common.metrics.{module}").METRIC
+        except ModuleNotFoundError as exc:
+            if exc.name != f"common.metrics.{module}":
+                raise
+            continue
+        found[metric.name] = metric
+    return found
+
+
+METRICS: dict[str, Metric] = _load()
+
+
+def get_metric(name: str) -> Metric:
+    try:
+        return METRICS[name]
+    except KeyError:
+        raise InputError(f"unknown metric '{name}' (known: {', '.join(METRICS)})", parameter="metric") from None

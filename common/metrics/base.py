@@ -1,0 +1,350 @@
+"""What a metric declares (SPEC.md section 5): the unit of extension of the catalog.
+
+Every metric of the catalog is, under encryption, a set of ratio cells
+`Num[c] / Den[c]` with `Num[c] = Σ_rows w_c(row)·v_num(row)`: the Test-Client turns
+its dataset into rows of values in plaintext (comparisons, sorting, IDCG, kernels:
+"pre-encryption comparison", SPEC 4), the Tester weights them with plaintext weights
+computed from the members' race probabilities, and both sides finish the decrypted
+cells the same way (fairlearn's MetricFrame idea: compute the cells once, then compare
+them). A metric module subclasses `Metric` and declares:
+
+* its dataset: the columns it reads (`numeric_columns`, `text_columns`, whether a
+  member id may repeat) and `client_rows`, the plaintext values of each row;
+* its rows: how many member ids a row carries (`n_ids`: 2 for LOT's adjacent pairs and
+  sampled AUC pairs), its value `components` (fixed-point scale, bound, sign), an
+  optional plaintext stratum per row (LOT's rank pair, a pool) and its resampling unit
+  (`resampling`: the Tester's random row buckets, the Test-Client's units such as
+  queries, or random groups);
+* the Tester's side: `weight_bits` and `weights` (one column per weight kind);
+* its cells (`plan`): which weight column, stratum, ciphertext and slots make each
+  (Num, Den) cell, labelled as a group, a group pair or a curve point;
+* its verdict rule (`verdict_rule`, see `common.results`) and whether it needs HE.
+
+Nothing here does I/O or cryptography; the sessions (`tester_service.protocol`,
+`client_service.protocol`) run every metric through the same machinery.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from common.errors import EncodingOverflowError, InputError
+
+#: the fixed-point scale of one probability (SPEC 4): q_ij = round(2^32 p_ij), rows sum to 2^32
+PROBABILITY_BITS = 32
+
+
+# ----------------------------------------------------------------------------------
+# Parameters an operator may set (besides the metric option)
+# ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Param:
+    """A metric parameter, travelling as text from the operator to both parties."""
+
+    name: str
+    help: str
+    parse: Callable[[str], Any]
+    default: Any = None
+
+    def value(self, text: str | None) -> Any:
+        if text is None or text == "":
+            return self.default
+        try:
+            return self.parse(text)
+        except InputError:
+            raise
+        except (ValueError, TypeError) as exc:
+            raise InputError(f"cannot be read: {exc}", parameter=self.name) from None
+
+
+def positive_int(limit: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if not 1 <= value <= limit:
+            raise ValueError(f"must be a whole number from 1 to {limit}")
+        return value
+    return parse
+
+
+def float_list(text: str) -> tuple[float, ...]:
+    values = tuple(float(v) for v in text.split(",") if v.strip())
+    if not values or not all(math.isfinite(v) for v in values):
+        raise ValueError("must be a comma-separated list of finite numbers")
+    return values
+
+
+def probability(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value < 1.0:
+        raise ValueError("must be strictly between 0 and 1")
+    return value
+
+
+def boolean(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError("must be true or false")
+    return value in ("true", "1", "yes")
+
+
+# ----------------------------------------------------------------------------------
+# Rows, components, layout
+# ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Component:
+    """One value a row carries, encrypted: integer = round(value · 2^scale_bits), |integer| <= bound."""
+
+    name: str
+    scale_bits: int
+    bound: int
+
+    def quantize(self, values: np.ndarray) -> np.ndarray:
+        scaled = np.rint(np.asarray(values, dtype=np.float64) * float(1 << self.scale_bits))
+        if scaled.size and not np.all(np.abs(scaled) <= self.bound):
+            raise EncodingOverflowError(f"the {self.name} values exceed the metric's bound "
+                                        f"({self.bound / (1 << self.scale_bits):g})")
+        return scaled.astype(np.int64) if self.bound < (1 << 62) else np.array(
+            [int(v) for v in scaled], dtype=object)
+
+
+@dataclass
+class ClientRows:
+    """The Test-Client's plaintext rows, before encryption (no probabilities: it has none)."""
+
+    ids: tuple[np.ndarray, ...]             # n_ids arrays of member ids, one per id slot
+    values: np.ndarray | None               # (n, components) float64; None when no HE
+    units: np.ndarray | None = None         # (n,) int64 resampling unit (query, ...), or None
+    strata: np.ndarray | None = None        # (n,) int64 plaintext stratum (rank pair, pool, order)
+    strata_labels: tuple[str, ...] = ()
+    info: dict[str, Any] = field(default_factory=dict)  # dataset facts for the result (aggregates only)
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.ids[0])
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How row values are packed: `slots` signed slots of `slot_bits` per ciphertext."""
+
+    slot_bits: int
+    slots: int
+    n_components: int
+
+    @property
+    def n_ciphertexts(self) -> int:
+        return -(-self.n_components // self.slots) if self.n_components else 0
+
+    def position(self, component: int) -> tuple[int, int]:
+        """(ciphertext, slot) of a component."""
+        return divmod(component, self.slots)
+
+    def pack(self, values: np.ndarray) -> list[int]:
+        """(n, components) integers -> n·n_ciphertexts packed plaintexts, row-major."""
+        n = values.shape[0]
+        out: list[int] = []
+        cols = [values[:, c].tolist() for c in range(self.n_components)]
+        for i in range(n):
+            for ct in range(self.n_ciphertexts):
+                total = 0
+                for s in range(self.slots):
+                    c = ct * self.slots + s
+                    if c < self.n_components:
+                        total += int(cols[c][i]) << (s * self.slot_bits)
+                out.append(total)
+        return out
+
+
+def bits(x: int) -> int:
+    return max(1, int(x).bit_length())
+
+
+def choose_layout(item_bits: int, mask_bits: int, n_components: int, modulus_bits: int) -> Layout:
+    """Slots wide enough for any masked cell value; as many per ciphertext as fit below a
+    third of the plaintext space modulo p (decryption works modulo p, SPEC 4 signed)."""
+    slot_bits = max(64, item_bits + mask_bits + 2)
+    p_bits = modulus_bits // 2 - 2
+    fit = p_bits // slot_bits
+    if fit < 2:
+        raise EncodingOverflowError(f"a masked cell may need {slot_bits} bits; the key's plaintext space "
+                                    f"holds {p_bits} (use fewer rows or a larger key)")
+    slots = fit - fit % 2 if n_components > 1 else 1
+    return Layout(slot_bits, max(1, min(slots, n_components + n_components % 2)), n_components)
+
+
+# ----------------------------------------------------------------------------------
+# Cells and items
+# ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Cell:
+    """One reported ratio. kind: "group" (a group or "overall"), "pair" (higher group,
+    lower group, rank pair or None for pooled) or "curve" (group at a reference score)."""
+
+    kind: str
+    group: str
+    other: str = ""
+    rank_pair: str | None = None
+    score: float | None = None
+    item: int = 0
+    num_slot: int = 0
+    den_slot: int = 1
+    scale_shift: int = 0  # ratio = num / den · 2^scale_shift (den scale − num scale)
+
+
+@dataclass(frozen=True)
+class Item:
+    """A masked ciphertext per replicate: weight column × row ciphertext × stratum (None: all)."""
+
+    weight: int
+    ciphertext: int
+    stratum: int | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    cells: tuple[Cell, ...]
+    items: tuple[Item, ...]
+    item_slots: int
+
+
+#: a weight column: per-row integers; an int = the same weight for every row; a tuple of
+#: column indices = the sum of those columns (the Tester multiplies their aggregates)
+WeightColumn = Any
+
+
+class Metric:
+    """Defaults for a single-id ratio metric reported per group and overall."""
+
+    name = ""
+    description = ""
+    options: tuple[str, ...] = ("default",)
+    option_help = ""
+    params: tuple[Param, ...] = ()
+    numeric_columns: tuple[str, ...] = ()
+    text_columns: tuple[str, ...] = ()
+    optional_columns: tuple[str, ...] = ()
+    unique_ids = True
+    n_ids = 1
+    needs_he = True
+    #: "row": the Tester's random buckets; "unit": the Test-Client's units (queries), which
+    #: it maps to random buckets itself; "random_groups": a random partition (MQOS-AUC exact)
+    resampling = "row"
+    #: the aggregates are kept apart per stratum (LOT's rank pairs)
+    strata_cells = False
+    #: "percentile" (bootstrap) or "random_groups" (t interval over random groups)
+    interval = "percentile"
+    #: see common.results: "range", "below_overall", "negative_cells", "nonzero_pairs", "inclusion"
+    verdict_rule = "range"
+    #: whether the squares round trip is needed (MQOS-AUC exact)
+    needs_squares = False
+    #: whether rows carry a plaintext stratum (LOT's rank pair, a pool, a score rank)
+    uses_strata = False
+    #: random groups G (resampling "random_groups")
+    random_groups = 0
+
+    def for_option(self, option: str) -> "Metric":
+        """The metric as the option makes it (MQOS-AUC's option picks its algorithm)."""
+        return self
+
+    # ------------------------------------------------------------- parameters
+    def parse_params(self, given: dict[str, str]) -> dict[str, Any]:
+        known = {p.name: p for p in self.params}
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            names = ", ".join(known) or "none"
+            raise InputError(f"'{unknown[0]}' is not a parameter of {self.name} (known: {names})",
+                             parameter="metric parameter")
+        return {name: p.value(given.get(name)) for name, p in known.items()}
+
+    def check_option(self, option: str) -> str:
+        option = option or self.options[0]
+        if option not in self.options:
+            raise InputError(f"'{option}' is not an option of {self.name} ({', '.join(self.options)})",
+                             parameter="metric option")
+        return option
+
+    # ------------------------------------------------------------- the Test-Client
+    def read(self, path: str) -> pd.DataFrame:
+        from common.tables import read_table
+        return read_table(path, self.numeric_columns, text=self.text_columns, optional=self.optional_columns,
+                          unique_ids=self.unique_ids)
+
+    def client_rows(self, frame: pd.DataFrame, file: str, option: str, params: dict[str, Any],
+                    rng: np.random.Generator) -> ClientRows:
+        raise NotImplementedError
+
+    def components(self, option: str, params: dict[str, Any], info: dict[str, Any]) -> tuple[Component, ...]:
+        raise NotImplementedError
+
+    def check_info(self, info: dict[str, Any], strata_labels: Sequence[str]) -> None:
+        """The Tester's check of the dataset facts the Test-Client announced (raise ValueError)."""
+
+    # ------------------------------------------------------------- sizes
+    def weight_bits(self, n_rows: int) -> int:
+        return PROBABILITY_BITS * self.n_ids
+
+    def item_bits(self, n_rows: int, n_units: int, components: Sequence[Component]) -> int:
+        """Bits of the largest unmasked cell value any replicate can reach."""
+        value = max(bits(c.bound) for c in components)
+        return bits(n_rows * n_units) + self.weight_bits(n_rows) + value
+
+    # ------------------------------------------------------------- the Tester
+    def weights(self, q: Sequence[np.ndarray], strata: np.ndarray | None, units: np.ndarray,
+                groups: Sequence[str], option: str, params: dict[str, Any]) -> list[WeightColumn]:
+        """Per-row integer weights, one column per weight kind; `q` holds each id slot's
+        quantised probabilities (n, k), `units` each row's resampling unit. Default: one
+        column per group (q_ij), then "overall" as the sum of them (Σ_j q_ij = 2^32)."""
+        (q1,) = q
+        k = len(groups)
+        return [q1[:, j] for j in range(k)] + [tuple(range(k))]
+
+    def tester_facts(self, q: Sequence[np.ndarray], strata: np.ndarray | None, units: np.ndarray) -> Any:
+        """Plaintext facts of the Tester's own weights a metric needs later (MQOS-AUC: S_j)."""
+        return None
+
+    def local_result(self, probabilities, strata, strata_labels, groups, option, params, info, *,
+                     confidence: float, tau: float):
+        """The result of a metric without HE, computed by the Tester from the joined rows."""
+        raise NotImplementedError
+
+    def plan(self, groups: Sequence[str], strata_labels: Sequence[str], layout: Layout, option: str,
+             params: dict[str, Any], info: dict[str, Any]) -> Plan:
+        """Default: cells per group and overall from one (numerator, denominator) pair of
+        components, 0 and 1."""
+        comps = self.components(option, params, info)
+        ct, num_slot = layout.position(0)
+        _, den_slot = layout.position(1)
+        shift = comps[1].scale_bits - comps[0].scale_bits
+        names = list(groups) + ["overall"]
+        items = tuple(Item(w, ct) for w in range(len(names)))
+        cells = tuple(Cell("group", g, item=w, num_slot=num_slot, den_slot=den_slot, scale_shift=shift)
+                      for w, g in enumerate(names))
+        return Plan(cells, items, layout.slots)
+
+    def derived(self, cells: Sequence[Cell], values: np.ndarray,
+                params: dict[str, Any], info: dict[str, Any]) -> tuple[list[Cell], np.ndarray]:
+        """Further reported quantities computed from the cells' values per replicate (POT's DTI)."""
+        return [], np.empty((values.shape[0], 0))
+
+
+def required(frame: pd.DataFrame, column: str) -> np.ndarray:
+    return frame[column].to_numpy()
+
+
+def finite_column(frame: pd.DataFrame, column: str, file: str, *, limit: float | None = None) -> np.ndarray:
+    """A numeric column whose values are finite (and |v| <= limit): InputError naming the row."""
+    from common.tables import first_row
+    values = frame[column].to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        raise InputError("must be a finite number", file=file, column=column, row=first_row(bad))
+    if limit is not None:
+        big = np.abs(values) > limit
+        if big.any():
+            raise InputError(f"magnitude above the supported {limit:g}", file=file, column=column,
+                             row=first_row(big))
+    return values

@@ -1,0 +1,570 @@
+"""Score-based metrics in plaintext: POT, MQOS-AUC (exact and sampled), probabilistic count.
+
+Definitions: SPEC.md section 5 ("POT", "MQOS-AUC", "Probabilistic count") and the
+paper (papers/ppre-productionized-2026.txt), appendix B and C, equations (10)-(19).
+Every function here is pure numpy on plaintext arrays; the encryption layer calls them
+to prepare the per-row values it encrypts (or the plaintext weights it multiplies) and
+the tests use the reference forms to check what comes out of the encrypted protocol.
+``p`` is always the (n, k) matrix of group probabilities p_ij = Pr(R_i = j).
+
+POT (pointwise outcome test, eqs. (10)-(12))
+    Nadaraya-Watson regression of the outcome on the score per group at reference
+    scores s_q (by default the score deciles), with a Gaussian kernel of Silverman
+    bandwidth h:  m_j(s_q) = sum_i p_ij K((S_i - s_q)/h) Y_i / sum_i p_ij K((S_i - s_q)/h).
+    The kernel is left unnormalised (no 1/(h sqrt(2 pi))): the factor cancels in the
+    ratio. P2 computes the per-row columns (``kernel_components``), P1 weights them
+    by p_ij. Summary (eq. (11)): DTI_ab = sum_q w_q (m_a(s_q) - m_b(s_q)).
+
+MQOS-AUC, exact (eqs. (13)-(16), in the linear form of SPEC.md section 5, "Decision")
+    With w(i, l) = 1 if s_i > s_l, 1/2 if tied, 0 otherwise,
+    A_j(i) = sum_{l != i} w(i, l) p_lj (P1, in plaintext, from P2's score ranks),
+    L_j = sum_i p_ij A_j(i) y_i,  T_j = sum_i p_ij y_i,  Q_j = sum_i p_ij^2 y_i,
+    S_j = sum_i p_ij, and
+        AUC_j = (L_j - (T_j^2 - Q_j)/2) / (T_j (S_j - T_j)),
+    which equals the double sum over positive-negative pairs
+    sum_{i,l} p_ij p_lj y_i (1 - y_l) w(i, l) / sum_{i,l} p_ij p_lj y_i (1 - y_l), and the
+    trapezoidal ROC area of eq. (16) (scikit-learn's AUC on hard groups, ties included).
+    Uncertainty: the random-groups method (Wolter): the rows are split at random into
+    G groups, the statistic is recomputed inside each group (A over that group's rows
+    only), and est +- t_{G'-1} sd(theta_g) / sqrt(G') is the interval.
+
+MQOS-AUC, sampled Mann-Whitney (eq. (17))
+    m positive-negative pairs drawn with replacement; each pair's members are sent in
+    random order so the receiver cannot tell the positive; the pair weight is
+    p_fj p_sj and the encrypted value the comparison indicator (1, 1/2 for a tie, 0).
+
+Probabilistic count (eqs. (18)-(19), C.2)
+    Pr(N_j >= T) for N_j = sum_i Bernoulli(p_ij) over a pool (Poisson-binomial tail);
+    T = 1 gives eq. (19), 1 - prod_i (1 - p_ij). Not linear: computed by P1 without HE.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from common.errors import InputError
+from common.tables import first_row
+
+__all__ = [
+    "DEFAULT_RANDOM_GROUPS",
+    "DECILES",
+    "MAX_REFERENCE_SCORES",
+    "MAX_EXACT_ROWS",
+    "WEIGHT_SCALE",
+    "reference_scores",
+    "silverman_bandwidth",
+    "kernel_components",
+    "pot_curves",
+    "dti",
+    "dense_score_rank",
+    "doubled_a_weights",
+    "auc_from_aggregates",
+    "linear_auc",
+    "linear_auc_by_group",
+    "random_groups",
+    "random_group_interval",
+    "student_t_quantile",
+    "sample_pairs",
+    "sampled_auc",
+    "poisson_binomial_tail",
+    "count_summary",
+]
+
+#: Default number of random groups for the MQOS-AUC interval, chosen by simulation
+#: (binormal scores, 3 groups, 1000 data sets each, 95% intervals): with G = 10 the
+#: coverage of the group AUCs and of the global-minus-group differences was 0.95-0.96
+#: for n = 2000 (equal groups), n = 3000 (a group of 5%, about 150 rows) and n = 5000.
+#: Larger G over-covers small groups (G = 20: up to 0.98, G = 50: up to 0.996, the
+#: within-group AUC of a few rows is noisier than the full-data variance implies);
+#: smaller G widens the interval through the t quantile (G = 5: 15-20% wider).
+DEFAULT_RANDOM_GROUPS = 10
+
+#: The default POT reference points are the score deciles.
+DECILES = tuple(q / 10 for q in range(1, 10))
+
+#: At most this many POT reference scores (each one is two encrypted columns per row).
+MAX_REFERENCE_SCORES = 64
+
+#: Integer probability weights are scaled by 2^32 (each row sums to WEIGHT_SCALE).
+WEIGHT_SCALE = 1 << 32
+
+#: ``doubled_a_weights`` is exact in int64 below this many rows: with every weight at
+#: most 2^32, 2A_j(i) <= 2 n 2^32 = n 2^33 < 2^62 (a factor 2 of headroom below 2^63).
+MAX_EXACT_ROWS = 1 << 29
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _as_matrix(p: np.ndarray, n: int | None = None, name: str = "p") -> np.ndarray:
+    arr = np.asarray(p, dtype=np.float64)
+    if arr.ndim == 1:
+        arr = arr[:, None]
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be an (n, k) matrix")
+    if n is not None and arr.shape[0] != n:
+        raise ValueError(f"{name} has {arr.shape[0]} rows, expected {n}")
+    return arr
+
+
+def _as_vector(x: np.ndarray, n: int | None = None, name: str = "array",
+               dtype=np.float64) -> np.ndarray:
+    arr = np.asarray(x, dtype=dtype)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional")
+    if n is not None and arr.shape[0] != n:
+        raise ValueError(f"{name} has {arr.shape[0]} rows, expected {n}")
+    return arr
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """num / den elementwise, NaN where den == 0 (no warning)."""
+    num = np.asarray(num, dtype=np.float64)
+    den = np.asarray(den, dtype=np.float64)
+    out = np.full(np.broadcast(num, den).shape, np.nan)
+    np.divide(num, den, out=out, where=den != 0)
+    return out
+
+
+# --------------------------------------------------------------------------- POT
+
+def reference_scores(scores: np.ndarray, given: Sequence[float] | None = None) -> np.ndarray:
+    """The POT reference points s_q (eqs. (10)-(12)), sorted ascending.
+
+    By default the deciles of ``scores`` (quantiles 0.1, ..., 0.9: up to 9 points, with
+    duplicates removed). ``given`` is used as is (sorted): it must hold 1 to
+    MAX_REFERENCE_SCORES finite values, all different (InputError on the parameter
+    "reference scores" otherwise).
+    """
+    if given is not None:
+        try:
+            refs = np.asarray(list(given), dtype=np.float64)
+        except (TypeError, ValueError):
+            raise InputError("must be a list of numbers", parameter="reference scores") from None
+        if refs.ndim != 1 or refs.size == 0:
+            raise InputError("needs at least one score", parameter="reference scores")
+        if refs.size > MAX_REFERENCE_SCORES:
+            raise InputError(f"at most {MAX_REFERENCE_SCORES} scores are allowed",
+                             parameter="reference scores")
+        if not np.isfinite(refs).all():
+            raise InputError("must be finite numbers", parameter="reference scores")
+        refs = np.sort(refs)
+        if (np.diff(refs) <= 0).any():
+            raise InputError("must all be different", parameter="reference scores")
+        return refs
+    s = _as_vector(scores, name="scores")
+    if s.size == 0:
+        raise ValueError("no scores to take deciles of")
+    return np.unique(np.quantile(s, DECILES))
+
+
+def silverman_bandwidth(scores: np.ndarray, file: str) -> float:
+    """Silverman's rule of thumb h = 0.9 min(sd, IQR/1.34) n^(-1/5).
+
+    When the IQR is 0 (more than half the scores equal) sd alone is used; when sd is 0
+    too (all scores equal, or a single row) there is no bandwidth: InputError naming
+    ``file`` and the column "score". A non-finite score is an InputError with its row.
+    """
+    s = _as_vector(scores, name="scores")
+    bad = ~np.isfinite(s)
+    if bad.any():
+        raise InputError("is not a finite number", file=file, column="score", row=first_row(bad))
+    n = s.size
+    if n < 2:
+        raise InputError("needs at least two scores to choose a kernel bandwidth",
+                         file=file, column="score")
+    if s.max() == s.min():     # sd would be 0 (or rounding noise)
+        raise InputError("all scores are equal; the kernel bandwidth would be zero",
+                         file=file, column="score")
+    sd = float(np.std(s, ddof=1))
+    q75, q25 = np.percentile(s, [75.0, 25.0])
+    spread = min(sd, float(q75 - q25) / 1.34)
+    if spread <= 0:
+        spread = sd
+    return 0.9 * spread * n ** (-0.2)
+
+
+def _kernel(scores: np.ndarray, refs: np.ndarray, h: float) -> np.ndarray:
+    if not (np.isfinite(h) and h > 0):
+        raise ValueError("the bandwidth must be a positive number")
+    z = (scores[:, None] - refs[None, :]) / h
+    return np.exp(-0.5 * z * z)
+
+
+def kernel_components(scores: np.ndarray, outcome: np.ndarray, refs: np.ndarray,
+                      h: float) -> np.ndarray:
+    """P2's per-row POT values, shape (n, 2Q): columns [K_1 Y, K_1, K_2 Y, K_2, ...] with
+    K_q = exp(-((S_i - s_q)/h)^2 / 2) (unnormalised Gaussian kernel)."""
+    s = _as_vector(scores, name="scores")
+    y = _as_vector(outcome, s.size, name="outcome")
+    r = _as_vector(refs, name="reference scores")
+    k = _kernel(s, r, h)
+    out = np.empty((s.size, 2 * r.size))
+    out[:, 0::2] = k * y[:, None]
+    out[:, 1::2] = k
+    return out
+
+
+def pot_curves(p: np.ndarray, scores: np.ndarray, outcome: np.ndarray, refs: np.ndarray,
+               h: float) -> np.ndarray:
+    """m_j(s_q) of eq. (12), shape (Q, k); NaN where the denominator is 0."""
+    s = _as_vector(scores, name="scores")
+    y = _as_vector(outcome, s.size, name="outcome")
+    w = _as_matrix(p, s.size)
+    k = _kernel(s, _as_vector(refs, name="reference scores"), h)
+    return _ratio((k * y[:, None]).T @ w, k.T @ w)
+
+
+def dti(curves: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """DTI_ab = sum_q w_q (m_a(s_q) - m_b(s_q)) of eq. (11), shape (k, k) (antisymmetric).
+
+    ``curves`` is the (Q, k) output of ``pot_curves``; a NaN point makes the cells of
+    its group NaN."""
+    m = np.asarray(curves, dtype=np.float64)
+    w = _as_vector(weights, name="weights")
+    if m.ndim != 2 or m.shape[0] != w.size:
+        raise ValueError("curves must be (Q, k) with one weight per reference score")
+    return np.einsum("q,qab->ab", w, m[:, :, None] - m[:, None, :])
+
+
+# --------------------------------------------------------------------------- exact AUC
+
+def dense_score_rank(scores: np.ndarray) -> np.ndarray:
+    """Ascending dense rank of the scores (0 for the lowest; tied scores share a rank)."""
+    s = _as_vector(scores, name="scores")
+    _, inverse = np.unique(s, return_inverse=True)
+    return inverse.reshape(-1).astype(np.int64)
+
+
+def _doubled_a(rank: np.ndarray, q: np.ndarray, groups: np.ndarray | None) -> np.ndarray:
+    """2 A_j(i) for int64 or float64 weights q (n, k); A only over rows of i's group."""
+    n = rank.size
+    if n == 0:
+        return np.zeros_like(q)
+    keys = (rank,) if groups is None else (rank, groups)
+    order = np.lexsort(keys)                  # by group, then by rank
+    qs = q[order]
+    new_level = np.empty(n, dtype=bool)
+    new_level[0] = True
+    new_level[1:] = rank[order][1:] != rank[order][:-1]
+    if groups is not None:
+        gs = groups[order]
+        new_group = np.empty(n, dtype=bool)
+        new_group[0] = True
+        new_group[1:] = gs[1:] != gs[:-1]
+        new_level |= new_group
+    starts = np.flatnonzero(new_level)
+    level_sum = np.add.reduceat(qs, starts, axis=0)               # (levels, k)
+    below = np.zeros_like(level_sum)
+    np.cumsum(level_sum[:-1], axis=0, out=below[1:])               # sum over lower levels
+    if groups is not None:
+        # subtract what lies below the first level of the level's own group
+        level_group_start = new_group[starts]
+        first_level = np.flatnonzero(level_group_start)
+        owner = first_level[np.cumsum(level_group_start) - 1]
+        below = below - below[owner]
+    level_of_row = np.cumsum(new_level) - 1
+    doubled = 2 * below[level_of_row] + level_sum[level_of_row] - qs
+    out = np.empty_like(doubled)
+    out[order] = doubled
+    return out
+
+
+def _check_groups(groups: np.ndarray | None, n: int) -> np.ndarray | None:
+    if groups is None:
+        return None
+    g = _as_vector(groups, n, name="groups", dtype=np.int64)
+    return g
+
+
+def doubled_a_weights(rank: np.ndarray, q: np.ndarray,
+                      groups: np.ndarray | None = None) -> np.ndarray:
+    """2 A_j(i) exactly, as int64 (n, k), from dense score ranks and integer weights.
+
+    ``rank`` (n,): dense ranks (``dense_score_rank``); ``q`` (n, k) integer weights in
+    [0, WEIGHT_SCALE] (probabilities scaled by 2^32, rows summing to 2^32). Returns
+        2 A_j(i) = 2 sum_{l: rank_l < rank_i} q_lj + sum_{l != i: rank_l = rank_i} q_lj
+    (doubled, so that the half weight of ties stays an integer), in O(n log n + n k):
+    one sort and cumulative sums per rank level. With ``groups`` (n,) given, l runs only
+    over the rows of i's own group (the random-groups interval).
+
+    Exact for n < MAX_EXACT_ROWS = 2^29 (every value is at most n 2^33 < 2^62); larger
+    inputs, or weights outside [0, 2^32], raise ValueError.
+    """
+    r = _as_vector(rank, name="rank", dtype=np.int64)
+    qa = np.asarray(q)
+    if qa.ndim == 1:
+        qa = qa[:, None]
+    if qa.ndim != 2 or qa.shape[0] != r.size:
+        raise ValueError("q must be an (n, k) matrix with one row per rank")
+    if not np.issubdtype(qa.dtype, np.integer):
+        raise ValueError("q must hold integers (probabilities scaled by 2^32)")
+    if r.size >= MAX_EXACT_ROWS:
+        raise ValueError(f"{r.size} rows: doubled_a_weights is exact only below 2^29 rows")
+    qa = qa.astype(np.int64, copy=False)
+    if qa.size and (qa.min() < 0 or qa.max() > WEIGHT_SCALE):
+        raise ValueError("q must lie in [0, 2^32]")
+    return _doubled_a(r, qa, _check_groups(groups, r.size))
+
+
+def auc_from_aggregates(L: np.ndarray, T: np.ndarray, Q: np.ndarray,
+                        S: np.ndarray) -> np.ndarray:
+    """AUC_j = (L_j - (T_j^2 - Q_j)/2) / (T_j (S_j - T_j)); NaN where the group has no
+    positive or no negative weight."""
+    L, T, Q, S = (np.asarray(v, dtype=np.float64) for v in (L, T, Q, S))
+    return _ratio(L - (T * T - Q) / 2.0, T * (S - T))
+
+
+def _auc_inputs(p, y, scores):
+    s = _as_vector(scores, name="scores")
+    yy = _as_vector(y, s.size, name="y")
+    w = _as_matrix(p, s.size)
+    if not np.isin(yy, (0.0, 1.0)).all():
+        raise ValueError("y must be 0 or 1")
+    return w, yy, s
+
+
+def linear_auc(p: np.ndarray, y: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """Plaintext reference of the exact MQOS-AUC (linear form), shape (k,)."""
+    w, yy, s = _auc_inputs(p, y, scores)
+    a = _doubled_a(dense_score_rank(s), w, None) / 2.0
+    wy = w * yy[:, None]
+    return auc_from_aggregates((wy * a).sum(0), wy.sum(0), (wy * w).sum(0), w.sum(0))
+
+
+def linear_auc_by_group(p: np.ndarray, y: np.ndarray, scores: np.ndarray,
+                        groups: np.ndarray, n_groups: int) -> np.ndarray:
+    """The exact AUC inside each random group, shape (n_groups, k): A, L, T, Q, S are all
+    computed over that group's rows only (so each value is the AUC of that subsample);
+    NaN where a group lacks positive or negative weight."""
+    w, yy, s = _auc_inputs(p, y, scores)
+    g = _check_groups(groups, s.size)
+    if g.size and (g.min() < 0 or g.max() >= n_groups):
+        raise ValueError("group indices must lie in [0, n_groups)")
+    a = _doubled_a(dense_score_rank(s), w, g) / 2.0
+    wy = w * yy[:, None]
+
+    def per_group(values: np.ndarray) -> np.ndarray:
+        return np.stack([np.bincount(g, weights=values[:, c], minlength=n_groups)
+                         for c in range(values.shape[1])], axis=1)
+
+    return auc_from_aggregates(per_group(wy * a), per_group(wy), per_group(wy * w),
+                               per_group(w))
+
+
+def random_groups(n: int, G: int, rng: np.random.Generator) -> np.ndarray:
+    """A random partition of n rows into G groups whose sizes differ by at most one:
+    int64 group index (0..G-1) per row."""
+    if int(G) != G or G < 2:
+        raise InputError("must be an integer of at least 2", parameter="random groups")
+    if n < G:
+        raise InputError(f"needs at least as many rows as groups ({G})",
+                         parameter="random groups")
+    out = np.empty(n, dtype=np.int64)
+    out[rng.permutation(n)] = np.arange(n, dtype=np.int64) % int(G)
+    return out
+
+
+def _student_t_two_sided(t: np.ndarray, df: np.ndarray) -> np.ndarray:
+    """Pr(|T| < t) for Student's t with integer df >= 1, t >= 0 (Abramowitz & Stegun
+    26.7.3-26.7.4: a finite trigonometric series, exact up to rounding)."""
+    theta = np.arctan(t / np.sqrt(df))
+    c2 = np.cos(theta) ** 2
+    sin = np.sin(theta)
+    odd = df % 2 == 1
+    # even df: sin(theta) (1 + 1/2 c^2 + 1.3/(2.4) c^4 + ... up to c^(df-2))
+    # odd df:  2/pi (theta + sin cos (1 + 2/3 c^2 + 2.4/(3.5) c^4 + ... up to c^(df-3)))
+    term = np.ones_like(theta)
+    total = np.ones_like(theta)
+    top = int(df.max()) if df.size else 0
+    for m in range(1, (top - 1) // 2 + 1):
+        # the m-th factor: even df (2m-1)/(2m), odd df (2m)/(2m+1)
+        factor = np.where(odd, 2.0 * m / (2 * m + 1), (2.0 * m - 1) / (2 * m))
+        used = np.where(odd, 2 * m <= df - 3, 2 * m <= df - 2)
+        term = term * factor * c2
+        total = total + np.where(used, term, 0.0)
+    even_value = sin * total
+    odd_value = np.where(df == 1, 2 * theta / np.pi,
+                         2 / np.pi * (theta + sin * np.sqrt(c2) * total))
+    return np.where(odd, odd_value, even_value)
+
+
+def student_t_quantile(level: float, df: np.ndarray) -> np.ndarray:
+    """The ``level`` quantile (0.5 < level < 1) of Student's t with integer df >= 1,
+    elementwise over ``df`` (bisection on the exact CDF; numpy only)."""
+    df = np.asarray(df, dtype=np.int64)
+    if not 0.5 < level < 1:
+        raise ValueError("level must lie in (0.5, 1)")
+    if (df < 1).any():
+        raise ValueError("degrees of freedom must be at least 1")
+    target = 2.0 * level - 1.0                 # Pr(|T| < t)
+    dff = df.astype(np.float64)
+    lo = np.zeros(df.shape)
+    hi = np.ones(df.shape)
+    while True:                                 # bracket: grow hi until it covers target
+        short = _student_t_two_sided(hi, dff) < target
+        if not short.any():
+            break
+        hi = np.where(short, hi * 4.0, hi)
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        below = _student_t_two_sided(mid, dff) < target
+        lo = np.where(below, mid, lo)
+        hi = np.where(below, hi, mid)
+        if (hi - lo <= 1e-13 * hi).all():
+            break
+    return 0.5 * (lo + hi)
+
+
+def random_group_interval(full: np.ndarray, per_group: np.ndarray,
+                          confidence: float) -> tuple[np.ndarray, np.ndarray]:
+    """Random-groups (Wolter) confidence interval, per column.
+
+    ``full`` (C,): the estimates on all rows; ``per_group`` (G, C): the same statistics
+    recomputed within each random group. Over the G' groups where a column's value is
+    defined (NaN ignored): est +- t_{G'-1, 1-alpha/2} sd(theta_g) / sqrt(G') with
+    alpha = 1 - confidence. NaN where G' < 2 or the full estimate is NaN.
+    """
+    if not 0 < confidence < 1:
+        raise ValueError("confidence must lie in (0, 1)")
+    est = np.atleast_1d(np.asarray(full, dtype=np.float64))
+    theta = np.asarray(per_group, dtype=np.float64)
+    if theta.ndim == 1:
+        theta = theta[:, None]
+    if theta.ndim != 2 or theta.shape[1] != est.size:
+        raise ValueError("per_group must be (G, C) with C = len(full)")
+    ok = np.isfinite(theta)
+    g_eff = ok.sum(axis=0)
+    safe = np.where(ok, theta, 0.0)
+    mean = _ratio(safe.sum(0), g_eff)
+    dev = np.where(ok, theta - mean, 0.0)
+    var = _ratio((dev * dev).sum(0), g_eff - 1)
+    half = np.full(est.shape, np.nan)
+    enough = g_eff >= 2
+    if enough.any():
+        t = student_t_quantile(0.5 + confidence / 2.0, g_eff[enough] - 1)
+        half[enough] = t * np.sqrt(var[enough] / g_eff[enough])
+    return est - half, est + half
+
+
+# --------------------------------------------------------------------------- sampled AUC
+
+def sample_pairs(y: np.ndarray, scores: np.ndarray, m: int, rng: np.random.Generator,
+                 file: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """m positive-negative pairs for the sampled Mann-Whitney AUC (eq. (17)).
+
+    Positive and negative row indices are drawn independently and uniformly with
+    replacement; each pair's two members are then put in random order, so whoever
+    receives (first, second) cannot tell which one is the positive. Returns
+    ``first`` (m,) int64, ``second`` (m,) int64 and ``indicator`` (m,) float64:
+    1 if s_pos > s_neg, 0.5 if equal, 0 otherwise. No positive or no negative row is
+    an InputError naming ``file`` and the column "y_true".
+    """
+    s = _as_vector(scores, name="scores")
+    yy = _as_vector(y, s.size, name="y")
+    bad = ~np.isin(yy, (0.0, 1.0))
+    if bad.any():
+        raise InputError("must be 0 or 1", file=file, column="y_true", row=first_row(bad))
+    if int(m) != m or m < 1:
+        raise InputError("must be a positive integer", parameter="sampled pairs")
+    pos = np.flatnonzero(yy == 1)
+    neg = np.flatnonzero(yy == 0)
+    if pos.size == 0:
+        raise InputError("has no positive outcome (1); the AUC needs both classes",
+                         file=file, column="y_true")
+    if neg.size == 0:
+        raise InputError("has no negative outcome (0); the AUC needs both classes",
+                         file=file, column="y_true")
+    m = int(m)
+    i = pos[rng.integers(0, pos.size, m)]
+    l = neg[rng.integers(0, neg.size, m)]
+    indicator = np.where(s[i] > s[l], 1.0, np.where(s[i] == s[l], 0.5, 0.0))
+    swap = rng.random(m) < 0.5
+    first = np.where(swap, l, i).astype(np.int64)
+    second = np.where(swap, i, l).astype(np.int64)
+    return first, second, indicator
+
+
+def sampled_auc(p: np.ndarray, first: np.ndarray, second: np.ndarray,
+                indicator: np.ndarray) -> np.ndarray:
+    """Plaintext reference of eq. (17): sum p_fj p_sj ind / sum p_fj p_sj, shape (k,)."""
+    w = _as_matrix(p)
+    f = _as_vector(first, name="first", dtype=np.int64)
+    s = _as_vector(second, f.size, name="second", dtype=np.int64)
+    ind = _as_vector(indicator, f.size, name="indicator")
+    pair = w[f] * w[s]
+    return _ratio(ind @ pair, pair.sum(0))
+
+
+# --------------------------------------------------------------------------- count
+
+def _tail_states(p: np.ndarray, T: int) -> np.ndarray:
+    """Pr(N_j >= T) per column of p (n, k), for 1 <= T <= n.
+
+    State of a set of rows: [Pr(N=0), ..., Pr(N=T-1), Pr(N>=T)] - only sums and products
+    of non-negative numbers, so even a tiny tail keeps its relative precision (no
+    1 - sum cancellation). The rows are cut into B blocks of b >= max(sqrt(n), T) rows:
+    a step-by-step DP runs inside all blocks at once (b numpy steps), then the block
+    states are merged pairwise in a tree (log2 B rounds of O(T) numpy steps). Work
+    O(n T) in all.
+    """
+    n, k = p.shape
+    b = max(math.isqrt(n - 1) + 1, T)
+    blocks = -(-n // b)
+    padded = np.zeros((blocks * b, k))
+    padded[:n] = p
+    probs = padded.reshape(blocks, b, k)
+    state = np.zeros((blocks, k, T + 1))
+    state[..., 0] = 1.0
+    for t in range(b):
+        pt = probs[:, t, :][..., None]                           # (blocks, k, 1)
+        new = state * (1.0 - pt)
+        new[..., 1:T] += state[..., 0:T - 1] * pt
+        new[..., T] = state[..., T] + state[..., T - 1] * pt[..., 0]
+        state = new
+    while state.shape[0] > 1:
+        if state.shape[0] % 2:
+            identity = np.zeros((1, k, T + 1))
+            identity[..., 0] = 1.0
+            state = np.concatenate([state, identity])
+        a, c = state[0::2], state[1::2]
+        # tail_c[t] = Pr(N_c >= t) for t = 1..T (as sums of non-negative terms)
+        tail_c = np.cumsum(c[..., ::-1], axis=-1)[..., ::-1]    # tail_c[..., t] = Pr(N >= t)
+        merged = np.zeros_like(a)
+        for x in range(T):
+            ax = a[..., x:x + 1]
+            merged[..., x:T] += ax * c[..., 0:T - x]
+            merged[..., T] += ax[..., 0] * tail_c[..., T - x]
+        merged[..., T] += a[..., T]
+        state = merged
+    return np.minimum(state[0, :, T], 1.0)
+
+
+def _count_inputs(p: np.ndarray, T: int) -> tuple[np.ndarray, int]:
+    if isinstance(T, bool) or int(T) != T or T < 0:
+        raise InputError("must be a non-negative integer", parameter="count threshold")
+    w = _as_matrix(p)
+    if not (np.isfinite(w).all() and (w >= 0).all() and (w <= 1).all()):
+        raise ValueError("probabilities must lie in [0, 1]")
+    return w, int(T)
+
+
+def count_summary(p: np.ndarray, T: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per group of p (n, k): ``prob_at_least`` (k,) = Pr(N_j >= T) (exact
+    Poisson-binomial tail, eq. (19) for T = 1) and ``expected`` (k,) = E[N_j] =
+    sum_i p_ij. T = 0 gives 1; T > n gives 0."""
+    w, T = _count_inputs(p, T)
+    n, k = w.shape
+    expected = w.sum(axis=0)
+    if T == 0:
+        return np.ones(k), expected
+    if T > n:
+        return np.zeros(k), expected
+    return _tail_states(w, T), expected
+
+
+def poisson_binomial_tail(p: np.ndarray, T: int) -> float:
+    """Pr(N >= T) for N = sum_i Bernoulli(p_i), exactly (DP truncated at T, O(n T))."""
+    w = _as_vector(p, name="p")
+    return float(count_summary(w[:, None], T)[0][0])
