@@ -1,4 +1,4 @@
-"""Bootstrap percentile confidence intervals for ratio estimators (SPEC.md section 4).
+"""The bootstrap's resampling plan for ratio estimators (SPEC.md section 4).
 
 Method: **random-bucket (cluster) bootstrap.** P1 partitions the joined rows at
 random into M buckets of (almost) equal size and aggregates each bucket once under
@@ -10,7 +10,8 @@ Why it agrees with the row bootstrap: rows are i.i.d., so bucket sums are i.i.d.
 with mean (n/M)mu and variance (n/M)sigma^2; resampling M of them reproduces the
 row-level bootstrap variance n*sigma^2 and, the bucket sums being near normal, its
 percentile intervals. When n <= M every bucket is one row and the method *is* the
-row bootstrap. `row_bootstrap_ratios` is the plain reference it is tested against.
+row bootstrap (`tests/test_bootstrap.py` holds the plain references it is tested
+against). Intervals are formed from the replicates by `common.results`.
 """
 from __future__ import annotations
 
@@ -31,37 +32,3 @@ def assign_buckets(n_rows: int, n_buckets: int, rng: np.random.Generator) -> lis
 def resample_counts(n_buckets: int, replicates: int, rng: np.random.Generator) -> np.ndarray:
     """(B, M) multinomial counts: how often each bucket is drawn in each replicate."""
     return rng.multinomial(n_buckets, np.full(n_buckets, 1.0 / n_buckets), size=replicates)
-
-
-def ratios(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(den != 0, num / np.where(den != 0, den, 1), np.nan)
-
-
-def percentile_interval(replicates: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
-    """Percentile CI per column of a (B, k) replicate array (NaN replicates ignored)."""
-    alpha = 1.0 - confidence
-    reps = np.asarray(replicates, dtype=np.float64)
-    low = np.full(reps.shape[1], np.nan)
-    high = np.full(reps.shape[1], np.nan)
-    for j in range(reps.shape[1]):
-        col = reps[:, j][~np.isnan(reps[:, j])]
-        if col.size:
-            low[j], high[j] = np.quantile(col, [alpha / 2, 1 - alpha / 2])
-    return low, high
-
-
-def bucket_bootstrap_ratios(num_rows: np.ndarray, den_rows: np.ndarray, buckets: list[np.ndarray],
-                            counts: np.ndarray) -> np.ndarray:
-    """Plain-arithmetic twin of the HE computation: (B, k) replicate ratios."""
-    num_b = np.stack([num_rows[idx].sum(axis=0) for idx in buckets])  # (M, k)
-    den_b = np.stack([den_rows[idx].sum(axis=0) for idx in buckets])
-    return ratios(counts @ num_b, counts @ den_b)
-
-
-def row_bootstrap_ratios(num_rows: np.ndarray, den_rows: np.ndarray, replicates: int,
-                         rng: np.random.Generator) -> np.ndarray:
-    """The classic row-resampling bootstrap, in plaintext: (B, k) replicate ratios."""
-    n = num_rows.shape[0]
-    w = rng.multinomial(n, np.full(n, 1.0 / n), size=replicates)  # (B, n)
-    return ratios(w @ num_rows, w @ den_rows)

@@ -22,10 +22,38 @@ Test-Client ERO data: ``y_true ~ Bernoulli(positive_rate)``; ``y_pred = 1`` with
 probability ``tpr`` when ``y_true = 1`` and with the false-positive rate
 ``base_fpr + disparity[race]`` when ``y_true = 0`` (SPEC.md section 5, ERO), so the
 injected FPR gap is known.
+
+Test-Client data for the other metrics (`metric_datasets`, one table per metric, drawn
+from the same members with their true races; an independent random stream per table,
+so the tables above do not change). Each race's ``disparity`` value d (default black
+0.08) is also that race's injected disadvantage in every table:
+
+* ``lot`` (``query_id, member_id, rank, relevance``): ⌊n/10⌋ queries per round, two
+  rounds, each a list of 10 different members (a random partition of the members per
+  round). Relevance grades 0-4 (shares 35/25/20/12/8%); the list is ordered by
+  ``grade + N(0, 1) − 10·d`` (a black member is ranked as if 0.8 grades less
+  relevant), ranks 1..10;
+* ``mqos_ndcg`` (``query_id, member_id, rank, relevance``; member_id = the viewer):
+  every member issues 1-3 queries; each shows 10 results with grades 0-4 ordered by
+  ``grade + N(0, σ)``, σ = max(0, 1 + 10·d) for the viewer's race (mean NDCG ≈ 0.93 at
+  σ = 1, ≈ 0.85 at σ = 1.8: the gap is about d);
+* ``pot`` (``member_id, score, outcome``): score ~ Beta(2, 2), outcome ~
+  Bernoulli(clip(score + d, 0, 1)): at the same score the group's outcome is d higher
+  (the score under-rates it: the outcome test's signature of a higher bar);
+* ``mqos_auc`` (``member_id, y_true, score``): y_true ~ Bernoulli(``positive_rate``),
+  score = logistic(μ·y_true + N(0, 1)) with μ = √2·Φ⁻¹(AUC_r), AUC_r = 0.85 − d
+  (clipped to [0.5, 0.99]): the score ranks the group's members worse;
+* ``output`` (``member_id, outcome``): outcome ~ N(1, 0.5) − d (a real-valued
+  outcome, 4 decimals);
+* ``prob_count`` (``member_id, pool``): the members split at random into pools
+  ``tiny`` (5 members), ``small`` (30), ``medium`` (10%) and ``large`` (the rest);
+  the small pools are where small groups fail the inclusion level (no disparity is
+  injected).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 import numpy as np
 import pandas as pd
@@ -43,6 +71,28 @@ _SYLLABLES = ("ka", "lo", "mi", "ru", "ten", "vos", "da", "shi", "qua", "zel", "
 
 #: Default injected disparity: black members' FPR is 8 points above the base FPR.
 DEFAULT_DISPARITY: dict[str, float] = {"black": 0.08}
+
+#: The Test-Client datasets besides ``ero`` (`metric_datasets`), as ``client/NAME.csv``.
+METRIC_DATASETS = ("lot", "mqos_ndcg", "pot", "mqos_auc", "output", "prob_count")
+#: items per ranked list (LOT, MQOS-NDCG)
+LIST_LENGTH = 10
+#: LOT: each member appears in this many queries (one random partition per round)
+LOT_ROUNDS = 2
+#: shares of the relevance grades 0..4 (LOT, MQOS-NDCG)
+GRADE_SHARES = (0.35, 0.25, 0.20, 0.12, 0.08)
+#: ranking-score noise (grades) and how many grades one unit of disparity costs (LOT),
+#: or adds to the noise (MQOS-NDCG)
+RANK_NOISE = 1.0
+RANK_EFFECT = 10.0
+#: MQOS-NDCG: queries per viewer, uniform from 1 to this
+MAX_QUERIES_PER_VIEWER = 3
+#: MQOS-AUC: the score's AUC for a race without disparity
+BASE_AUC = 0.85
+#: output metric: the outcome's mean and standard deviation
+OUTCOME_MEAN, OUTCOME_SD = 1.0, 0.5
+#: probabilistic count: fixed-size pools (the rest: 10% "medium", then "large")
+SMALL_POOLS = (("tiny", 5), ("small", 30))
+MEDIUM_POOL_SHARE = 0.10
 
 
 def parse_race_values(text: str | None, parameter: str) -> dict[str, float]:
@@ -186,3 +236,114 @@ def synthesize(cfg: SynthConfig) -> SynthData:
         truth=pd.DataFrame({"member_id": ids, "race": race_names}),
         ero=pd.DataFrame({"member_id": ids, "y_true": y_true, "y_pred": y_pred}),
     )
+
+
+# ----------------------------------------------------------------------------------
+# Test-Client datasets of the other metrics (module docstring)
+# ----------------------------------------------------------------------------------
+def _stream(seed: int, table: int) -> np.random.Generator:
+    """An independent random stream per table (the population's own stream is untouched)."""
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0x5EED, table)))
+
+
+def _query_ids(n: int) -> np.ndarray:
+    width = max(6, len(str(n)))
+    return np.char.add("q", np.char.zfill(np.arange(1, n + 1).astype(str), width)).astype(object)
+
+
+def _ranked(grade: np.ndarray, score: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's order by score (descending) and its grades in that order."""
+    order = np.argsort(-score, axis=1, kind="stable")
+    return order, np.take_along_axis(grade, order, axis=1)
+
+
+def _lists_frame(query: np.ndarray, member: np.ndarray, relevance: np.ndarray) -> pd.DataFrame:
+    """(queries, length) arrays -> query_id, member_id, rank, relevance rows by query, then rank."""
+    n_q, length = relevance.shape
+    return pd.DataFrame({
+        "query_id": np.repeat(query, length),
+        "member_id": member.ravel(),
+        "rank": np.tile(np.arange(1, length + 1, dtype=np.int64), n_q),
+        "relevance": relevance.ravel().astype(np.int64),
+    })
+
+
+def _lot(ids: np.ndarray, race: np.ndarray, d: np.ndarray, rng: np.random.Generator) -> pd.DataFrame:
+    n = len(ids)
+    length = min(LIST_LENGTH, n)
+    per_round = n // length
+    members = np.vstack([rng.permutation(n)[:per_round * length].reshape(per_round, length)
+                         for _ in range(LOT_ROUNDS)])
+    grade = rng.choice(len(GRADE_SHARES), size=members.shape, p=GRADE_SHARES)
+    score = grade + rng.normal(0.0, RANK_NOISE, members.shape) - RANK_EFFECT * d[race[members]]
+    order, shown = _ranked(grade, score)
+    members = np.take_along_axis(members, order, axis=1)
+    return _lists_frame(_query_ids(len(members)), ids[members], shown)
+
+
+def _mqos_ndcg(ids: np.ndarray, race: np.ndarray, d: np.ndarray, rng: np.random.Generator) -> pd.DataFrame:
+    viewer = np.repeat(np.arange(len(ids)), rng.integers(1, MAX_QUERIES_PER_VIEWER + 1, len(ids)))
+    shape = (len(viewer), LIST_LENGTH)
+    grade = rng.choice(len(GRADE_SHARES), size=shape, p=GRADE_SHARES)
+    sigma = np.maximum(0.0, RANK_NOISE + RANK_EFFECT * d[race[viewer]])
+    _, shown = _ranked(grade, grade + rng.normal(0.0, 1.0, shape) * sigma[:, None])
+    return _lists_frame(_query_ids(len(viewer)), np.repeat(ids[viewer], LIST_LENGTH).reshape(shape), shown)
+
+
+def _pot(ids: np.ndarray, race: np.ndarray, d: np.ndarray, rng: np.random.Generator) -> pd.DataFrame:
+    score = np.round(rng.beta(2.0, 2.0, len(ids)), 4)
+    outcome = (rng.random(len(ids)) < np.clip(score + d[race], 0.0, 1.0)).astype(np.int8)
+    return pd.DataFrame({"member_id": ids, "score": score, "outcome": outcome})
+
+
+def _mqos_auc(ids: np.ndarray, race: np.ndarray, d: np.ndarray, rng: np.random.Generator,
+              positive_rate: float) -> pd.DataFrame:
+    n = len(ids)
+    y = (rng.random(n) < positive_rate).astype(np.int8)
+    if n >= 2 and y.min() == y.max():  # the AUC needs both classes
+        y[0] = 1 - y[0]
+    normal = NormalDist()
+    mu = np.array([np.sqrt(2.0) * normal.inv_cdf(a) for a in np.clip(BASE_AUC - d, 0.5, 0.99)])
+    z = mu[race] * y + rng.normal(0.0, 1.0, n)
+    return pd.DataFrame({"member_id": ids, "y_true": y, "score": np.round(1.0 / (1.0 + np.exp(-z)), 6)})
+
+
+def _output(ids: np.ndarray, race: np.ndarray, d: np.ndarray, rng: np.random.Generator) -> pd.DataFrame:
+    outcome = np.round(rng.normal(OUTCOME_MEAN, OUTCOME_SD, len(ids)) - d[race], 4)
+    return pd.DataFrame({"member_id": ids, "outcome": outcome})
+
+
+def _prob_count(ids: np.ndarray, rng: np.random.Generator) -> pd.DataFrame:
+    n = len(ids)
+    rest = max(0, n - sum(size for _, size in SMALL_POOLS))
+    sizes = list(SMALL_POOLS) + [("medium", int(round(MEDIUM_POOL_SHARE * rest)))]
+    sizes.append(("large", n - sum(size for _, size in sizes)))
+    pool = np.empty(n, dtype=object)
+    start, perm = 0, rng.permutation(n)
+    for name, size in sizes:
+        size = max(0, min(size, n - start))
+        pool[perm[start:start + size]] = name
+        start += size
+    return pd.DataFrame({"member_id": ids, "pool": pool})
+
+
+def metric_datasets(cfg: SynthConfig, data: SynthData) -> dict[str, pd.DataFrame]:
+    """The Test-Client datasets of the metrics other than ERO, named as `METRIC_DATASETS`
+    (module docstring), for the population ``data = synthesize(cfg)``; pure, seeded."""
+    _validate(cfg)
+    ids = data.members["member_id"].to_numpy(dtype=object)
+    truth = data.truth.set_index("member_id")["race"].reindex(ids)
+    race = pd.Categorical(truth, categories=RACES).codes.astype(np.int64)
+    if (race < 0).any():
+        raise InputError("every member needs a true race", parameter="truth")
+    d = np.zeros(K)
+    for r, delta in cfg.disparity.items():
+        d[RACES.index(r)] = delta
+    return {
+        "lot": _lot(ids, race, d, _stream(cfg.seed, 1)),
+        "mqos_ndcg": _mqos_ndcg(ids, race, d, _stream(cfg.seed, 2)),
+        "pot": _pot(ids, race, d, _stream(cfg.seed, 3)),
+        "mqos_auc": _mqos_auc(ids, race, d, _stream(cfg.seed, 4), cfg.positive_rate),
+        "output": _output(ids, race, d, _stream(cfg.seed, 5)),
+        "prob_count": _prob_count(ids, _stream(cfg.seed, 6)),
+    }

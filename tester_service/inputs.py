@@ -17,7 +17,7 @@ import pandas as pd
 
 from common.errors import InputError
 from common.races import RACES, GroupMapping
-from common.tables import first_row, numeric_column, read_table
+from common.tables import first_row, misspelling_hint, numeric_column, read_table
 
 SUM_TOLERANCE = 1e-6
 
@@ -47,6 +47,14 @@ def read_probability_table(path: str | Path, mapping: GroupMapping | None = None
     label = str(path)
     frame = read_table(path, None)
     columns = tuple(c for c in frame.columns if c != "member_id")
+    if any(c in RACES for c in columns):
+        # a table of the six races: all six are needed, other columns are ignored (but a
+        # misspelt race is named, never taken for a group of its own)
+        missing = [r for r in RACES if r not in columns]
+        if missing:
+            hint = misspelling_hint(missing[0], [c for c in columns if c not in RACES])
+            raise InputError(f"required column is missing{hint}", file=label, column=missing[0])
+        columns = RACES
     if not columns:
         raise InputError("has no group columns (member_id and one column per group)", file=label)
     if len(columns) > MAX_GROUPS:

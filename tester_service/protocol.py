@@ -390,6 +390,14 @@ class TesterSession:
         q = [encoding.quantize_probabilities(p, encoding.PROBABILITY_BITS) for p in probs]
         del probs
         n = self.n_matched
+        # The Test-Client sends its rows in a random order; put them in an order of our
+        # own (by probability vectors) so that --seed fixes the buckets and the resampling
+        # (rows with identical vectors keep their random order among themselves).
+        canonical = np.lexsort([col for qs in reversed(q) for col in reversed(qs.T)])
+        q = [qs[canonical] for qs in q]
+        units = units[canonical] if units is not None else None
+        strata = strata[canonical] if strata is not None else None
+        self._matched_cts = [self._matched_cts[i] for i in canonical]
         rng = np.random.default_rng(self.spec.seed)
         if metric.resampling == "unit":
             used = np.unique(units)

@@ -4,6 +4,32 @@ from __future__ import annotations
 import numpy as np
 
 from common import bootstrap as boot
+from common.results import marginal_intervals
+
+
+def ratios(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den != 0, num / np.where(den != 0, den, 1), np.nan)
+
+
+def bucket_bootstrap_ratios(num_rows, den_rows, buckets, counts) -> np.ndarray:
+    """Plain-arithmetic twin of the HE computation: (B, k) replicate ratios."""
+    num_b = np.stack([num_rows[idx].sum(axis=0) for idx in buckets])  # (M, k)
+    den_b = np.stack([den_rows[idx].sum(axis=0) for idx in buckets])
+    return ratios(counts @ num_b, counts @ den_b)
+
+
+def row_bootstrap_ratios(num_rows, den_rows, replicates: int, rng) -> np.ndarray:
+    """The classic row-resampling bootstrap, in plaintext: (B, k) replicate ratios."""
+    n = num_rows.shape[0]
+    w = rng.multinomial(n, np.full(n, 1.0 / n), size=replicates)  # (B, n)
+    return ratios(w @ num_rows, w @ den_rows)
+
+
+def percentile_interval(replicates: np.ndarray, confidence: float):
+    """The production percentile interval (common.results) of a (B, k) replicate array."""
+    estimate = np.zeros((1, replicates.shape[1]))
+    return marginal_intervals(np.vstack([estimate, replicates]), confidence, "percentile")
 
 
 def _data(n: int, seed: int):
@@ -20,12 +46,12 @@ def test_bucket_bootstrap_intervals_agree_with_row_bootstrap():
     """Same data, B = 2000: endpoints agree within a fifth of the interval width (all groups)."""
     num, den = _data(5000, 11)
     rng = np.random.default_rng(5)
-    row = boot.row_bootstrap_ratios(num, den, 2000, rng)
+    row = row_bootstrap_ratios(num, den, 2000, rng)
     buckets = boot.assign_buckets(5000, boot.DEFAULT_BUCKETS, rng)
     counts = boot.resample_counts(len(buckets), 2000, rng)
-    bucket = boot.bucket_bootstrap_ratios(num, den, buckets, counts)
-    lo_r, hi_r = boot.percentile_interval(row, 0.95)
-    lo_b, hi_b = boot.percentile_interval(bucket, 0.95)
+    bucket = bucket_bootstrap_ratios(num, den, buckets, counts)
+    lo_r, hi_r = percentile_interval(row, 0.95)
+    lo_b, hi_b = percentile_interval(bucket, 0.95)
     width = hi_r - lo_r
     assert (np.abs(lo_b - lo_r) < 0.2 * width).all(), (lo_b, lo_r)
     assert (np.abs(hi_b - hi_r) < 0.2 * width).all(), (hi_b, hi_r)
@@ -51,8 +77,8 @@ def test_coverage_of_bucket_intervals_matches_nominal():
         idx = rng.integers(0, 400_000, 2000)
         num, den = truth_num[idx], truth_den[idx]
         buckets = boot.assign_buckets(2000, 128, rng)
-        reps = boot.bucket_bootstrap_ratios(num, den, buckets, boot.resample_counts(len(buckets), 400, rng))
-        lo, hi = boot.percentile_interval(reps, 0.90)
+        reps = bucket_bootstrap_ratios(num, den, buckets, boot.resample_counts(len(buckets), 400, rng))
+        lo, hi = percentile_interval(reps, 0.90)
         covered += (lo <= truth) & (truth <= hi)
     coverage = covered / trials
     assert ((0.80 <= coverage) & (coverage <= 0.97)).all(), coverage
@@ -67,8 +93,9 @@ def test_small_samples_are_the_row_bootstrap_exactly():
 
 def test_encrypted_bootstrap_equals_its_plaintext_twin():
     """The HE aggregation computes exactly the plaintext bucket bootstrap (same buckets, counts)."""
-    from common import aggregation, encoding, paillier
+    from common import encoding, paillier
     from common.masking import masked_ratio
+    from tester_service import aggregation
 
     key = paillier.generate_keypair(1024, allow_insecure=True)
     pub, slot = key.public, encoding.SlotLayout(200, 2)
@@ -85,22 +112,23 @@ def test_encrypted_bootstrap_equals_its_plaintext_twin():
         pub.n, [([cts[i] for i in idx], [q[idx, j].tolist() for j in range(3)]) for idx in buckets])
     from common.masking import RatioMask
     masks = [[(m.r, m.e_num + (m.e_den << 200)) for m in (RatioMask.draw() for _ in range(3))] for _ in counts]
-    out = aggregation.replicate_chunk(pub.n, pub.h, sums, counts.tolist(), masks, None)
+    reps = aggregation.replicate_chunk(pub.n, [[s[j] for s in sums] for j in range(3)], counts.tolist())
+    out = aggregation.mask_chunk(pub.n, pub.h, reps, [m for row in masks for m in row], None)
     he = np.array([masked_ratio(*slot.unpack(encoding.decode_signed(m, key.p)))
                    for m in key.decrypt_mod_p(out)]).reshape(len(counts), 3)
     qf = q / 2**32
-    plain = boot.bucket_bootstrap_ratios(qf * f[:, None], qf * d[:, None], buckets, counts)
+    plain = bucket_bootstrap_ratios(qf * f[:, None], qf * d[:, None], buckets, counts)
     assert np.allclose(he, plain, rtol=0, atol=1e-12, equal_nan=True)
 
 
 def test_percentile_interval_ignores_undefined_replicates():
     reps = np.array([[1.0, np.nan], [2.0, np.nan], [3.0, np.nan]])
-    lo, hi = boot.percentile_interval(reps, 0.5)
+    lo, hi = percentile_interval(reps, 0.5)
     assert lo[0] == 1.5 and hi[0] == 2.5 and np.isnan(lo[1]) and np.isnan(hi[1])
     assert lo.dtype == hi.dtype == np.float64
 
 
 def test_ratio_of_a_zero_denominator_is_undefined():
     """A replicate whose Den is zero has no ratio (NaN), never Num itself."""
-    r = boot.ratios(np.array([[3.0, 2.0, 0.0]]), np.array([[0.0, 1.0, 4.0]]))
+    r = ratios(np.array([[3.0, 2.0, 0.0]]), np.array([[0.0, 1.0, 4.0]]))
     assert np.isnan(r[0, 0]) and r[0, 1] == 2.0 and r[0, 2] == 0.0

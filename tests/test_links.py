@@ -22,6 +22,7 @@ from client_service.server import ClientConfig
 from client_service.server import serve as serve_client
 from common import channels
 from common.metrics.base import Component
+from common.results import AuditReport
 from common.metrics.ero import METRIC as ERO
 from common.channels import LinkSettings
 from common.errors import InputError, PeerAborted, ProtocolError
@@ -291,8 +292,9 @@ def test_zero_parameters_in_run_audit_are_refused_not_defaulted(inputs, field, v
         # absent fields still take the defaults
         default = pb.AuditRequest(metric="ero", client_dataset="ero", bootstrap=10)
         ok = run_audit(svc.tester_address, default, timeout=60)
-        assert ok.WhichOneof("event") == "result" and ok.result.tau == pytest.approx(0.05)
-        assert ok.result.confidence == pytest.approx(0.95)
+        assert ok.WhichOneof("event") == "result"
+        report = AuditReport.from_proto(ok.result)
+        assert report.tau == pytest.approx(0.05) and report.confidence == pytest.approx(0.95)
 
 
 def test_operator_gets_a_clean_error_for_an_unreachable_tester(capsys):

@@ -29,7 +29,7 @@ def test_local_audit_prepares_bisg_probabilities(files, capsys):
     assert ppre_main(_audit(files, "--threshold", "0.825")) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["n_matched"] == 300
-    assert [g["group"] for g in report["groups"]] == ["white", "black", "api", "aian", "multiple", "hispanic"]
+    assert [g["group"] for g in report["groups"]] == ["white", "black", "api", "aian", "multiple", "hispanic", "overall"]
 
 
 def test_preparation_counts_reach_the_result(files, capsys):
@@ -57,7 +57,7 @@ def test_preparation_counts_reach_the_result(files, capsys):
 def test_group_mapping_coarsens_the_audit(files, capsys):
     assert ppre_main(_audit(files, "--group-mapping", "hsm=black+hispanic+aian,non_hsm=white+api+multiple")) == 0
     report = json.loads(capsys.readouterr().out)
-    assert [g["group"] for g in report["groups"]] == ["hsm", "non_hsm"]
+    assert [g["group"] for g in report["groups"]] == ["hsm", "non_hsm", "overall"]
     for g in report["groups"]:
         assert g["ci_low"] <= g["estimate"] <= g["ci_high"]
 

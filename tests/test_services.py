@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from client_service.datasets import DatasetRegistry
+from common.results import AuditReport
 from common import channels, commutative, paillier
 from common.races import RACES
 from common.symmetric import RowSealer
@@ -183,7 +184,7 @@ def test_misbehaving_peer_gets_a_clean_error_over_grpc(inputs):
             list(typed(iter([pb.PeerMessage(chunk=pb.TableChunk(points=b"\x00" * (9 << 20)))]), timeout=10))
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         # a stream that stops half-way (missing messages) ends the session cleanly
-        hello = pb.PeerMessage(hello=pb.Hello(protocol_version=1, metric="ero", client_dataset="ero",
+        hello = pb.PeerMessage(hello=pb.Hello(protocol_version=2, metric="ero", client_dataset="ero", buckets=128,
                                               salt_share=b"\x01" * 32, probability_bits=32,
                                               result_recipient="client", sealed_width=76))
         replies = list(typed(iter([hello]), timeout=20))
@@ -203,7 +204,7 @@ def test_cli_local_audit_prints_one_json_object(inputs, capsys):
     report = json.loads(out)  # exactly one JSON object
     assert report["metric"] == "ero" and report["n_matched"] == 100 and report["bootstrap"] == 30
     assert report["confidence"] == 0.95
-    assert [g["group"] for g in report["groups"]] == list(RACES)
+    assert [g["group"] for g in report["groups"]] == [*RACES, "overall"]
     for g in report["groups"]:
         assert set(g) >= {"group", "estimate", "ci_low", "ci_high"}
         assert g["ci_low"] <= g["estimate"] <= g["ci_high"]
@@ -352,7 +353,7 @@ def test_two_concurrent_audits_both_succeed(inputs):
         futures = [pool.submit(run_audit, svc.tester_address, _request(bootstrap=15)) for _ in range(2)]
         events = [f.result(timeout=120) for f in futures]
         assert all(e.WhichOneof("event") == "result" for e in events), events
-        estimates = [[g.estimate for g in e.result.groups] for e in events]
+        estimates = [[g.estimate for g in AuditReport.from_proto(e.result).groups] for e in events]
         assert np.allclose(estimates[0], estimates[1], atol=1e-9)  # same data, same answer
         assert wait_until(lambda: svc.client_servicer.active_sessions == 0 and svc.tester_config.sessions == [])
 

@@ -23,7 +23,8 @@ import math
 import numpy as np
 
 from common.metrics.base import Cell, ClientRows, Component, Item, Metric, Param, Plan, finite_column, float_list
-from common.metrics.scoring import MAX_REFERENCE_SCORES, kernel_components, reference_scores, silverman_bandwidth
+from common.metrics.scoring import (DECILES, MAX_REFERENCE_SCORES, kernel_components, reference_scores,
+                                    silverman_bandwidth)
 
 SCALE_BITS = 24
 MAX_OUTCOME = 1e9
@@ -47,6 +48,28 @@ class Pot(Metric):
     )
     numeric_columns = ("score", "outcome")
     verdict_rule = "nonzero_pairs"
+
+    def parse_params(self, given):
+        """The parameters, with what can be checked before any data is read: the
+        reference scores (at most MAX_REFERENCE_SCORES, all different) and the number of
+        DTI weights (one per reference score; without given reference scores, at most
+        one per decile)."""
+        from common.errors import InputError
+        params = super().parse_params(given)
+        refs, weights = params.get("reference_scores"), params.get("dti_weights")
+        if refs is not None:
+            if len(refs) > MAX_REFERENCE_SCORES:
+                raise InputError(f"gives {len(refs)} scores; at most {MAX_REFERENCE_SCORES} are allowed",
+                                 parameter="reference_scores")
+            if len(set(refs)) != len(refs):
+                raise InputError("must all be different", parameter="reference_scores")
+            if weights is not None and len(weights) != len(refs):
+                raise InputError(f"gives {len(weights)} weights for {len(refs)} reference scores",
+                                 parameter="dti_weights")
+        elif weights is not None and len(weights) > len(DECILES):
+            raise InputError(f"gives {len(weights)} weights; the default reference scores are at most "
+                             f"{len(DECILES)} deciles", parameter="dti_weights")
+        return params
 
     def components(self, option, params, info):
         q = len(info["reference_scores"])

@@ -150,7 +150,7 @@ def reference_scores(scores: np.ndarray, given: Sequence[float] | None = None) -
         if not np.isfinite(refs).all():
             raise InputError("must be finite numbers", parameter="reference scores")
         refs = np.sort(refs)
-        if (np.diff(refs) <= 0).any():
+        if (refs[1:] <= refs[:-1]).any():
             raise InputError("must all be different", parameter="reference scores")
         return refs
     s = _as_vector(scores, name="scores")
@@ -164,7 +164,8 @@ def silverman_bandwidth(scores: np.ndarray, file: str) -> float:
 
     When the IQR is 0 (more than half the scores equal) sd alone is used; when sd is 0
     too (all scores equal, or a single row) there is no bandwidth: InputError naming
-    ``file`` and the column "score". A non-finite score is an InputError with its row.
+    ``file`` and the column "score"; so is a spread too wide for float64 (scores near
+    1e308, where sd or h would overflow). A non-finite score is an InputError with its row.
     """
     s = _as_vector(scores, name="scores")
     bad = ~np.isfinite(s)
@@ -177,19 +178,25 @@ def silverman_bandwidth(scores: np.ndarray, file: str) -> float:
     if s.max() == s.min():     # sd would be 0 (or rounding noise)
         raise InputError("all scores are equal; the kernel bandwidth would be zero",
                          file=file, column="score")
-    sd = float(np.std(s, ddof=1))
-    q75, q25 = np.percentile(s, [75.0, 25.0])
-    spread = min(sd, float(q75 - q25) / 1.34)
+    with np.errstate(over="ignore", invalid="ignore"):
+        sd = float(np.std(s, ddof=1))
+        q75, q25 = np.percentile(s, [75.0, 25.0])
+        spread = min(sd, float(q75 - q25) / 1.34)
     if spread <= 0:
         spread = sd
-    return 0.9 * spread * n ** (-0.2)
+    h = 0.9 * spread * n ** (-0.2)
+    if not (math.isfinite(h) and h > 0):  # scores near the float64 limit: their spread overflows
+        raise InputError("the scores are spread too widely for a kernel bandwidth (set the bandwidth parameter, or "
+                         "rescale the scores)", file=file, column="score")
+    return h
 
 
 def _kernel(scores: np.ndarray, refs: np.ndarray, h: float) -> np.ndarray:
     if not (np.isfinite(h) and h > 0):
         raise ValueError("the bandwidth must be a positive number")
-    z = (scores[:, None] - refs[None, :]) / h
-    return np.exp(-0.5 * z * z)
+    with np.errstate(over="ignore"):  # a distance beyond float64 gives a kernel of exactly 0
+        z = (scores[:, None] - refs[None, :]) / h
+        return np.exp(-0.5 * z * z)
 
 
 def kernel_components(scores: np.ndarray, outcome: np.ndarray, refs: np.ndarray,

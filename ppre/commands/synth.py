@@ -6,7 +6,14 @@ Files written under ``--out DIR``:
 * ``self_id.csv``  – ``member_id, race`` (a ``--self-id-share`` subset, default 6%);
 * ``truth.csv``    – ``member_id, race``: the hidden true race, for evaluation only;
 * ``client/ero.csv`` – ``member_id, y_true, y_pred`` (the Test-Client's data) with an
-  injected false-positive-rate disparity (``--base-fpr``, ``--disparity``).
+  injected false-positive-rate disparity (``--base-fpr``, ``--disparity``);
+* one Test-Client dataset per other metric, drawn from the same members, each with the
+  ``--disparity`` races disadvantaged (``ppre.synth``, "Test-Client data for the other
+  metrics"): ``client/lot.csv`` (``query_id, member_id, rank, relevance``),
+  ``client/mqos_ndcg.csv`` (the same columns, member_id the viewer),
+  ``client/pot.csv`` (``member_id, score, outcome``), ``client/mqos_auc.csv``
+  (``member_id, y_true, score``), ``client/output.csv`` (``member_id, outcome``) and
+  ``client/prob_count.csv`` (``member_id, pool``).
 """
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ import pyarrow as pa
 
 from common.errors import InputError
 from ppre.commands.bisg import write_table_atomic
-from ppre.synth import SynthConfig, parse_race_values, synthesize
+from ppre.synth import SynthConfig, metric_datasets, parse_race_values, synthesize
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="relative Self-ID response propensity by race, e.g. 'white=1.5,black=0.7'")
     p.add_argument("--base-fpr", type=float, default=0.10, help="false-positive rate of every race (default 0.10)")
     p.add_argument("--disparity", default="black=0.08",
-                   help="FPR added per race, e.g. 'black=0.08,hispanic=0.03' or 'none' (default black=0.08)")
+                   help="FPR added per race, e.g. 'black=0.08,hispanic=0.03' or 'none' (default black=0.08); "
+                        "the same races are disadvantaged in the other metrics' datasets")
     p.add_argument("--positive-rate", type=float, default=0.30, help="share of y_true = 1 (default 0.30)")
     p.add_argument("--tpr", type=float, default=0.80, help="true-positive rate (default 0.80)")
     p.set_defaults(func=run)
@@ -48,8 +56,11 @@ def run(args: argparse.Namespace) -> int:
         (out / "client").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"cannot be created ({exc.strerror})", file=str(out)) from None
-    for name, df in (("members.csv", data.members), ("self_id.csv", data.self_id),
-                     ("truth.csv", data.truth), ("client/ero.csv", data.ero)):
+    tables = [("members.csv", data.members), ("self_id.csv", data.self_id),
+              ("truth.csv", data.truth), ("client/ero.csv", data.ero)]
+    tables += [(f"client/{name}.csv", df) for name, df in metric_datasets(cfg, data).items()]
+    for name, df in tables:
         write_table_atomic(pa.Table.from_pandas(df, preserve_index=False), out / name)
-    print(f"wrote {len(data.members)} members, {len(data.self_id)} Self-ID rows to {out}")
+    print(f"wrote {len(data.members)} members, {len(data.self_id)} Self-ID rows to {out} "
+          f"(Test-Client datasets in {out / 'client'}: {', '.join(n[7:-4] for n, _ in tables[3:])})")
     return 0
