@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -479,6 +479,3 @@ def _jsonable(params: dict[str, Any]) -> dict[str, Any]:
         out[k] = list(v) if isinstance(v, tuple) else v
     return out
 
-
-def with_metadata(report: AuditReport, **kw) -> AuditReport:
-    return replace(report, **kw)

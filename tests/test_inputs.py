@@ -66,3 +66,43 @@ def test_cli_flags_with_bad_values_are_named(capsys, monkeypatch):
     from common import parallel
     with pytest.raises(InputError, match="PPRE_WORKERS"):
         parallel.worker_count()
+
+
+def test_a_probability_table_may_carry_any_group_columns(tmp_path):
+    """A split made elsewhere (member_id, hsm, non_hsm) is used as given, in its column order."""
+    path = tmp_path / "p.csv"
+    path.write_text("member_id,HSM,non_hsm\na,0.25,0.75\nb,1,0\n")
+    frame = read_probability_table(path)
+    assert list(frame.columns) == ["member_id", "hsm", "non_hsm"]
+    assert frame.hsm.tolist() == [0.25, 1.0]
+    path.write_text("member_id,hsm,non_hsm\na,0.25,0.7\n")
+    with pytest.raises(InputError, match="sum to 1"):
+        read_probability_table(path)
+    path.write_text("member_id,overall,rest\na,0.25,0.75\n")
+    with pytest.raises(InputError, match="reserved") as info:
+        read_probability_table(path)
+    assert info.value.column == "overall"
+    path.write_text("member_id\na\n")
+    with pytest.raises(InputError, match="no group columns"):
+        read_probability_table(path)
+
+
+def test_the_group_mapping_coarsens_a_prepared_race_table(tmp_path):
+    from common.races import RACES, GroupMapping
+    tester, _ = make_inputs(40, 40, 10, seed=3)
+    path = tmp_path / "p.csv"
+    tester.to_csv(path, index=False)
+    mapping = GroupMapping.parse("hsm=black+hispanic+aian,non_hsm=white+api+multiple")
+    coarse = read_probability_table(path, mapping)
+    assert list(coarse.columns) == ["member_id", "hsm", "non_hsm"]
+    expected = tester[["black", "hispanic", "aian"]].sum(axis=1).to_numpy()
+    assert abs(coarse.hsm.to_numpy() - expected).max() < 1e-12
+    assert abs(coarse[["hsm", "non_hsm"]].sum(axis=1) - 1).max() < 1e-9
+    assert list(read_probability_table(path).columns) == ["member_id", *RACES]
+    # a table of other groups cannot be mapped from races
+    other = tmp_path / "o.csv"
+    other.write_text("member_id,hsm,non_hsm\na,0.25,0.75\n")
+    with pytest.raises(InputError, match="six race columns"):
+        read_probability_table(other, mapping)
+    with pytest.raises(InputError, match="reserved"):
+        GroupMapping.parse("overall=black+hispanic+aian,rest=white+api+multiple")

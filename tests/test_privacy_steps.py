@@ -2,8 +2,9 @@
 
 Each test here fails when one privacy step of SPEC.md sections 3, 4 and 7 is left
 out, although the audit's numbers stay correct without it: full-length one-time pads,
-a jointly chosen random-oracle salt, P2's shuffle, P1 dropping its plaintext table,
-M draws per bootstrap replicate, rerandomised replicates.
+a jointly chosen random-oracle salt, P2's shuffle, P2's own rows in random order, P1
+dropping its plaintext table, M draws per bootstrap replicate, rerandomised replicates,
+sampled AUC pairs in random order, masked MQOS-AUC squaring requests.
 """
 from __future__ import annotations
 
@@ -363,3 +364,67 @@ def test_a_weak_randomizer_base_from_the_test_client_does_not_switch_rerandomisa
     for j in range(k):
         column = cts[j::k][1:]  # the replicates (one bucket: every count equal)
         assert len(set(column)) == len(column), f"group {j}: replicates share a ciphertext"
+
+
+# ---------------------------------------------------------------- the metric catalog's steps
+def test_client_sends_its_own_rows_in_random_order(monkeypatch):
+    """Step 4: P2's own rows leave in a random order, never its file's (a file sorted by
+    prediction or label would otherwise tell P1 which joined rows are which). The order in
+    which P2 hashes its ids is the order of its rows on the wire."""
+    from client_service import protocol as client_protocol
+    calls: list[list[str]] = []
+    real = client_protocol.commutative.hash_ids
+    monkeypatch.setattr(client_protocol.commutative, "hash_ids",
+                        lambda salt, ids: calls.append(list(ids)) or real(salt, ids))
+    tester, client = make_inputs(200, 200, 150, seed=12)
+    local_audit(tester, client, spec=AuditSpec(metric="ero", client_dataset="d", bootstrap=3, seed=1))
+    seen = calls[-1]  # the Tester hashes its own table first (step 2), P2 its rows last
+    assert sorted(seen) == sorted(client.member_id) and seen != list(client.member_id)
+
+
+def test_sampled_auc_pairs_hide_which_member_is_the_positive():
+    """MQOS-AUC sampled (B.2.2): each pair's two members are in random order, so P1 (which
+    sees the pair's ids in order) cannot tell the positive: the first member is the
+    positive in about half of the pairs, not always."""
+    import pandas as pd
+    from common.metrics import get_metric
+    rng = np.random.default_rng(5)
+    n = 400
+    frame = pd.DataFrame({"member_id": [f"m{i}" for i in range(n)], "y_true": rng.integers(0, 2, n),
+                          "score": rng.random(n)})
+    metric = get_metric("mqos-auc").for_option("sampled")
+    rows = metric.client_rows(frame, "d.csv", "sampled", metric.parse_params({"pairs": "20000"}), rng)
+    positive = dict(zip(frame.member_id, frame.y_true))
+    first_is_positive = np.mean([positive[i] for i in rows.ids[0]])
+    assert abs(first_is_positive - 0.5) < 4 * 0.5 / np.sqrt(20000), first_is_positive
+
+
+def test_auc_square_requests_are_masked_beyond_the_sums(monkeypatch):
+    """MQOS-AUC exact: P2 squares what P1 sends, so P1 sends Enc(T + r) with r 64 bits
+    wider than any T: what P2 decrypts is statistically independent of T. Without the
+    mask P2 would read each group's weighted count of positives."""
+    import pandas as pd
+    from client_service import protocol as client_protocol
+    decrypted: list[int] = []
+    real = client_protocol.paillier.decrypt_mod_p_chunk
+
+    def spy(p, q, cts):
+        out = real(p, q, cts)
+        decrypted.extend(out)
+        return out
+    tester, _ = make_inputs(300, 10, 0, seed=13)
+    rng = np.random.default_rng(13)
+    client = pd.DataFrame({"member_id": tester.member_id[:250], "y_true": rng.integers(0, 2, 250),
+                           "score": rng.random(250).round(2)})
+    t_session = TesterSession(AuditSpec(metric="mqos-auc", client_dataset="d", bootstrap=5), tester,
+                              min_modulus_bits=TEST_BITS)
+    c_session = _client(client)
+
+    def tap(direction, msg):
+        if msg.HasField("table_end") and msg.table_end.table == pb.SQUARE_REQUEST:
+            monkeypatch.setattr(client_protocol.paillier, "decrypt_mod_p_chunk", spy)
+        if msg.HasField("table_end") and msg.table_end.table == pb.SQUARES:
+            monkeypatch.setattr(client_protocol.paillier, "decrypt_mod_p_chunk", real)
+    run_sessions(t_session, c_session, tap=tap)
+    largest_sum = 250 << encoding.PROBABILITY_BITS  # no T exceeds n * 2^32
+    assert decrypted and min(decrypted) > largest_sum << 32

@@ -13,16 +13,8 @@ _MODULES = ("ero", "lot", "mqos_ndcg", "pot", "mqos_auc", "output", "prob_count"
 
 def _load() -> dict[str, Metric]:
     import importlib
-    found: dict[str, Metric] = {}
-    for module in _MODULES:
-        try:
-            metric = importlib.import_module(f"common.metrics.{module}").METRIC
-        except ModuleNotFoundError as exc:
-            if exc.name != f"common.metrics.{module}":
-                raise
-            continue
-        found[metric.name] = metric
-    return found
+    metrics = (importlib.import_module(f"common.metrics.{module}").METRIC for module in _MODULES)
+    return {metric.name: metric for metric in metrics}
 
 
 METRICS: dict[str, Metric] = _load()

@@ -331,10 +331,6 @@ class Metric:
         return [], np.empty((values.shape[0], 0))
 
 
-def required(frame: pd.DataFrame, column: str) -> np.ndarray:
-    return frame[column].to_numpy()
-
-
 def finite_column(frame: pd.DataFrame, column: str, file: str, *, limit: float | None = None) -> np.ndarray:
     """A numeric column whose values are finite (and |v| <= limit): InputError naming the row."""
     from common.tables import first_row
