@@ -21,9 +21,12 @@ group and overall (the global AUC). Verdict: a group significantly below overall
   and the interval is est ± t_{G−1}·sd/√G (coverage measured by a test: 0.95-0.97 at
   95%, `tests/test_metric_scoring.py`).
 * `sampled` (B.2.2). The Test-Client draws `pairs` (default 100,000) positive-negative
-  pairs uniformly with replacement, puts each pair's two members in random order (so
-  the Tester cannot tell the positive) and encrypts 1(s_pos > s_neg) (½ for a tie);
-  the pair weight is p_ij·p_lj; the bootstrap resamples pairs.
+  pairs with replacement, puts each pair's two members in random order (so the Tester
+  cannot tell the positive) and encrypts 1(s_pos > s_neg) (½ for a tie); the pair
+  weight is p_ij·p_lj. Pairs are drawn within random clusters of members (up to 128,
+  each cluster's share of pairs proportional to its positives × negatives), and the
+  bootstrap resamples clusters: resampling pairs that share members would ignore the
+  members' own variation and make the intervals far too narrow.
 """
 from __future__ import annotations
 
@@ -38,6 +41,10 @@ from common.metrics.scoring import DEFAULT_RANDOM_GROUPS, dense_score_rank, doub
 from common.tables import binary_column
 
 DEFAULT_PAIRS = 100_000
+#: sampled pairs are drawn within this many random clusters of members (fewer for small
+#: datasets: at least MIN_CLUSTER_MEMBERS members each)
+PAIR_CLUSTERS = 128
+MIN_CLUSTER_MEMBERS = 20
 MAX_PAIRS = 50_000_000
 #: bits by which the squaring mask r is wider than the masked sum (statistical hiding)
 SQUARE_MASK_BITS = 64
@@ -182,13 +189,37 @@ class SampledAuc(MqosAuc):
     def components(self, option, params, info):
         return (Component("win", 1, 2), Component("two", 1, 2))
 
+    resampling = "unit"
+
     def client_rows(self, frame, file, option, params, rng):
+        """Pairs are drawn within random clusters of members (the resampling units): pairs
+        of different clusters share no member, so resampling clusters gives intervals
+        that include the members' own variation, not only the pairs' (resampling pairs
+        that share members would make them far too narrow)."""
         y, scores = _labels_and_scores(frame, file)
-        first, second, indicator = sample_pairs(y, scores, params["pairs"], rng, file)
+        n = len(y)
+        clusters = max(1, min(PAIR_CLUSTERS, n // MIN_CLUSTER_MEMBERS))
+        cluster = rng.permutation(n) % clusters
+        pos = np.bincount(cluster[y == 1], minlength=clusters)
+        neg = np.bincount(cluster[y == 0], minlength=clusters)
+        weight = (pos * neg).astype(np.float64)
+        if not weight.any():
+            clusters, cluster = 1, np.zeros(n, dtype=np.int64)
+            weight = np.array([1.0])
+        m = int(params["pairs"])
+        per_cluster = rng.multinomial(m, weight / weight.sum())
+        firsts, seconds, indicators, units = [], [], [], []
+        for c in np.flatnonzero(per_cluster):
+            members = np.flatnonzero(cluster == c)
+            first, second, indicator = sample_pairs(y[members], scores[members], int(per_cluster[c]), rng, file)
+            firsts.append(members[first])
+            seconds.append(members[second])
+            indicators.append(indicator)
+            units.append(np.full(len(first), c, dtype=np.int64))
+        first, second, indicator = (np.concatenate(x) for x in (firsts, seconds, indicators))
         ids = frame["member_id"].to_numpy(dtype=object)
-        return ClientRows(ids=(ids[first], ids[second]),
-                          values=np.column_stack([indicator, np.ones_like(indicator)]),
-                          info={"pairs": int(params["pairs"])})
+        return ClientRows(ids=(ids[first], ids[second]), values=np.column_stack([indicator, np.ones_like(indicator)]),
+                          units=np.concatenate(units), info={"pairs": m, "clusters": int(clusters)})
 
     def weights(self, q, strata, units, groups, option, params):
         qa, qb = (x.astype(object) for x in q)
