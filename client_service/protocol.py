@@ -191,6 +191,8 @@ class ClientSession:
         if metric.resampling == "unit":
             keys, inverse = np.unique(rows.units[order], return_inverse=True)
             self._units = rng.integers(0, hello.buckets, size=len(keys))[inverse]
+        elif metric.resampling == "client_groups":
+            self._units = np.asarray(rows.units, dtype=np.int64)[order]
         if metric.uses_strata:
             self._strata = np.asarray(rows.strata, dtype=np.int64)[order]
         self.dataset = hello.client_dataset
@@ -302,7 +304,8 @@ class ClientSession:
         n_cts = 0
         if metric.needs_he:
             pub = self._paillier.public
-            values = self._values
+            # signed encoding (SPEC 4): a packed value whose top slot is negative is x + n
+            values = [v % pub.n if v < 0 else v for v in self._values]
             self._values = None
             step = wire.rows_per_chunk(pub.ciphertext_bytes)
             tasks = [(pub.n, pub.h, values[i:i + step]) for i in range(0, len(values), step)]

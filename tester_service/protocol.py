@@ -287,7 +287,8 @@ class TesterSession:
         metric = self.metric
         return wire.client_rows(metric.n_ids, self._layout.n_ciphertexts if self._layout else 0,
                                 self._pub.ciphertext_bytes if self._pub else 0,
-                                units=metric.resampling == "unit", strata=bool(metric.uses_strata))
+                                units=metric.resampling in ("unit", "client_groups"),
+                                strata=bool(metric.uses_strata))
 
     def _on_chunk(self, chunk: pb.TableChunk) -> list[pb.PeerMessage]:
         self._expect(Phase.WAIT_SHUFFLED, Phase.WAIT_CLIENT_ROWS, Phase.WAIT_SQUARES)
@@ -316,7 +317,8 @@ class TesterSession:
         cts = paillier.ciphertexts_from_bytes(chunk.ciphertexts, self._pub) if per_row else []
         units = wire.unpack_indices(chunk.units) if chunk.units else None
         strata = wire.unpack_indices(chunk.strata) if chunk.strata else None
-        if units is not None and units.size and units.max() >= self._n_buckets:
+        limit = self.metric.random_groups + 1 if self.metric.resampling == "client_groups" else self._n_buckets
+        if units is not None and units.size and units.max() >= limit:
             raise ProtocolError("a row's resampling bucket is out of range")
         if strata is not None and self._strata_labels and strata.size and strata.max() >= len(self._strata_labels):
             raise ProtocolError("a row's stratum is out of range")
@@ -403,6 +405,8 @@ class TesterSession:
             used = np.unique(units)
             units = np.searchsorted(used, units)
             n_units = len(used)
+        elif metric.resampling == "client_groups":
+            n_units = metric.random_groups + 1
         else:
             count = metric.random_groups if metric.resampling == "random_groups" else self._n_buckets
             buckets = boot.assign_buckets(n, count, rng)
@@ -475,9 +479,14 @@ class TesterSession:
 
         self._plan = metric.plan(self.groups, self._strata_labels, self._layout, self.spec.metric_option,
                                  self.params, self._info)
-        # bootstrap: replicate r draws the units with multinomial counts (row 0: all ones)
-        counts = boot.resample_counts(n_units, self.spec.bootstrap, rng)
-        count_rows = np.vstack([np.ones((1, n_units), dtype=np.int64), counts]).tolist()
+        if metric.resampling == "client_groups":
+            # row 0 every unit (the estimate), then each of the G groups alone
+            count_rows = np.vstack([np.ones((1, n_units), dtype=np.int64),
+                                    np.eye(metric.random_groups, n_units, dtype=np.int64)]).tolist()
+        else:
+            # bootstrap: replicate r draws the units with multinomial counts (row 0: all ones)
+            counts = boot.resample_counts(n_units, self.spec.bootstrap, rng)
+            count_rows = np.vstack([np.ones((1, n_units), dtype=np.int64), counts]).tolist()
         columns = []
         for item in self._plan.items:
             col = []
@@ -496,7 +505,7 @@ class TesterSession:
         ticks = chunk_ticks(len(tasks), partial(self._tick, "bootstrap"))
         items = [c for part in parallel.run_chunks(aggregation.replicate_chunk, tasks, checkpoint=ticks)
                  for c in part]
-        yield from self._send_items(items, self.spec.bootstrap)
+        yield from self._send_items(items, self._replicates())
 
     def _after_squares(self) -> Iterator[pb.PeerMessage]:
         """MQOS-AUC exact: the squares are back; form the cells of every random group."""
@@ -544,7 +553,8 @@ class TesterSession:
 
     # ------------------------------------------------------------------ step 7
     def _replicates(self) -> int:
-        return self.metric.random_groups if self.metric.resampling == "random_groups" else self.spec.bootstrap
+        """B, or the number of random groups where the interval comes from random groups."""
+        return self.metric.random_groups if self.metric.interval == "random_groups" else self.spec.bootstrap
 
     def _finish(self, report: AuditReport, client_seconds: dict[str, float]) -> list[pb.PeerMessage]:
         self._lap("wait_for_client_result")

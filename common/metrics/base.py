@@ -144,7 +144,8 @@ class Layout:
         return divmod(component, self.slots)
 
     def pack(self, values: np.ndarray) -> list[int]:
-        """(n, components) integers -> n·n_ciphertexts packed plaintexts, row-major."""
+        """(n, components) integers -> n·n_ciphertexts packed plaintexts, row-major; a
+        plaintext is negative when its top slot is (encode it mod n before encrypting)."""
         n = values.shape[0]
         out: list[int] = []
         cols = [values[:, c].tolist() for c in range(self.n_components)]
@@ -231,7 +232,9 @@ class Metric:
     n_ids = 1
     needs_he = True
     #: "row": the Tester's random buckets; "unit": the Test-Client's units (queries), which
-    #: it maps to random buckets itself; "random_groups": a random partition (MQOS-AUC exact)
+    #: it maps to random buckets itself; "random_groups": the Tester's random partition of
+    #: the rows (MQOS-AUC exact); "client_groups": the Test-Client's random groups 0..G−1
+    #: and G for rows in no group, which count only in the estimate (MQOS-AUC sampled)
     resampling = "row"
     #: the aggregates are kept apart per stratum (LOT's rank pairs)
     strata_cells = False

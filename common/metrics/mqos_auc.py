@@ -23,10 +23,12 @@ group and overall (the global AUC). Verdict: a group significantly below overall
 * `sampled` (B.2.2). The Test-Client draws `pairs` (default 100,000) positive-negative
   pairs with replacement, puts each pair's two members in random order (so the Tester
   cannot tell the positive) and encrypts 1(s_pos > s_neg) (½ for a tie); the pair
-  weight is p_ij·p_lj. Pairs are drawn within random clusters of members (up to 128,
-  each cluster's share of pairs proportional to its positives × negatives), and the
-  bootstrap resamples clusters: resampling pairs that share members would ignore the
-  members' own variation and make the intervals far too narrow.
+  weight is p_ij·p_lj. Pairs share members, so resampling pairs would ignore the
+  members' own variation and give far too narrow intervals; instead the Test-Client
+  puts its members in G = 10 random groups and labels each pair with its group (both
+  members in group g) or "across"; the estimate uses all pairs, the interval is the
+  random-groups t interval over the G within-group estimates (conservative: their
+  pair-sampling part is G times the full sample's).
 """
 from __future__ import annotations
 
@@ -41,10 +43,6 @@ from common.metrics.scoring import DEFAULT_RANDOM_GROUPS, dense_score_rank, doub
 from common.tables import binary_column
 
 DEFAULT_PAIRS = 100_000
-#: sampled pairs are drawn within this many random clusters of members (fewer for small
-#: datasets: at least MIN_CLUSTER_MEMBERS members each)
-PAIR_CLUSTERS = 128
-MIN_CLUSTER_MEMBERS = 20
 MAX_PAIRS = 50_000_000
 #: bits by which the squaring mask r is wider than the masked sum (statistical hiding)
 SQUARE_MASK_BITS = 64
@@ -189,37 +187,24 @@ class SampledAuc(MqosAuc):
     def components(self, option, params, info):
         return (Component("win", 1, 2), Component("two", 1, 2))
 
-    resampling = "unit"
+    resampling = "client_groups"
+    interval = "random_groups"
+    random_groups = DEFAULT_RANDOM_GROUPS
 
     def client_rows(self, frame, file, option, params, rng):
-        """Pairs are drawn within random clusters of members (the resampling units): pairs
-        of different clusters share no member, so resampling clusters gives intervals
-        that include the members' own variation, not only the pairs' (resampling pairs
-        that share members would make them far too narrow)."""
+        """Pairs drawn uniformly from all positive-negative pairs (B.2.2). For the interval,
+        every member is put in one of G random groups; a pair of two members of group g is
+        in unit g, any other pair in unit G. The estimate uses every pair; the interval is
+        the random-groups t interval over the G within-group estimates, which vary with
+        the members (G groups of n/G members each), not only with the pairs."""
         y, scores = _labels_and_scores(frame, file)
-        n = len(y)
-        clusters = max(1, min(PAIR_CLUSTERS, n // MIN_CLUSTER_MEMBERS))
-        cluster = rng.permutation(n) % clusters
-        pos = np.bincount(cluster[y == 1], minlength=clusters)
-        neg = np.bincount(cluster[y == 0], minlength=clusters)
-        weight = (pos * neg).astype(np.float64)
-        if not weight.any():
-            clusters, cluster = 1, np.zeros(n, dtype=np.int64)
-            weight = np.array([1.0])
         m = int(params["pairs"])
-        per_cluster = rng.multinomial(m, weight / weight.sum())
-        firsts, seconds, indicators, units = [], [], [], []
-        for c in np.flatnonzero(per_cluster):
-            members = np.flatnonzero(cluster == c)
-            first, second, indicator = sample_pairs(y[members], scores[members], int(per_cluster[c]), rng, file)
-            firsts.append(members[first])
-            seconds.append(members[second])
-            indicators.append(indicator)
-            units.append(np.full(len(first), c, dtype=np.int64))
-        first, second, indicator = (np.concatenate(x) for x in (firsts, seconds, indicators))
+        first, second, indicator = sample_pairs(y, scores, m, rng, file)
+        group = rng.permutation(len(y)) % self.random_groups
+        units = np.where(group[first] == group[second], group[first], self.random_groups)
         ids = frame["member_id"].to_numpy(dtype=object)
         return ClientRows(ids=(ids[first], ids[second]), values=np.column_stack([indicator, np.ones_like(indicator)]),
-                          units=np.concatenate(units), info={"pairs": m, "clusters": int(clusters)})
+                          units=units.astype(np.int64), info={"pairs": m})
 
     def weights(self, q, strata, units, groups, option, params):
         qa, qb = (x.astype(object) for x in q)
