@@ -9,7 +9,18 @@ from common.bisg import bisg
 from common.errors import InputError
 from common.races import RACES
 from ppre.cli import main
-from ppre.synth import SynthConfig, parse_race_values, synthesize
+from ppre.synth import METRIC_DATASETS, SynthConfig, metric_datasets, parse_race_values, synthesize
+
+#: the columns of each Test-Client dataset `ppre synth` writes
+DATASET_COLUMNS = {
+    "ero": ["member_id", "y_true", "y_pred"],
+    "lot": ["query_id", "member_id", "rank", "relevance"],
+    "mqos_ndcg": ["query_id", "member_id", "rank", "relevance"],
+    "pot": ["member_id", "score", "outcome"],
+    "mqos_auc": ["member_id", "y_true", "score"],
+    "output": ["member_id", "outcome"],
+    "prob_count": ["member_id", "pool"],
+}
 
 
 def test_synthesize_shapes_and_seed():
@@ -58,12 +69,27 @@ def test_cli_synth_then_bisg(tmp_path, capsys):
     out = tmp_path / "pop"
     assert main(["synth", "--members", "2000", "--seed", "3", "--out", str(out),
                  "--disparity", "black=0.1", "--self-id-bias", "white=1.5"]) == 0
-    for name in ("members.csv", "self_id.csv", "truth.csv", "client/ero.csv"):
+    for name in ("members.csv", "self_id.csv", "truth.csv", *(f"client/{n}.csv" for n in DATASET_COLUMNS)):
         assert (out / name).is_file()
+    assert sorted(p.name for p in (out / "client").iterdir()) == sorted(f"{n}.csv" for n in DATASET_COLUMNS)
     members = pd.read_csv(out / "members.csv", dtype=str)
     assert len(members) == 2000
     ero = pd.read_csv(out / "client" / "ero.csv", dtype={"member_id": str})
     assert set(ero["y_pred"]) <= {0, 1}
+    # every dataset: its columns, ids among the members, and readable by its own metric
+    # (the Test-Client's reader and plaintext rows, as an audit would load it)
+    from common.metrics import get_metric
+    for name, columns in DATASET_COLUMNS.items():
+        path = out / "client" / f"{name}.csv"
+        frame = pd.read_csv(path, dtype={"member_id": str, "query_id": str, "pool": str})
+        assert list(frame.columns) == columns, name
+        assert frame["member_id"].isin(members["member_id"]).all(), name
+        metric = get_metric(name.replace("_", "-"))
+        for option in metric.options:
+            m = metric.for_option(option)
+            params = m.parse_params({"pairs": "500"} if option == "sampled" else {})
+            rows = m.client_rows(m.read(str(path)), str(path), option, params, np.random.default_rng(0))
+            assert rows.n_rows > 0, name
 
     probs = tmp_path / "probs.csv"
     assert main(["bisg", "--input", str(out / "members.csv"), "--output", str(probs)]) == 0
@@ -118,3 +144,99 @@ def test_csv_writer_quotes_only_when_needed(tmp_path):
     assert list(back["member_id"]) == ['x,1', 'y"2', "z\n3"]
     np.testing.assert_allclose(back["p"], [0.1, 0.2, 0.3])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["odd.csv", "plain.csv"]
+
+
+def _one_hot(races: pd.Series) -> np.ndarray:
+    return (races.to_numpy(dtype=object)[:, None] == np.asarray(RACES, dtype=object)[None, :]).astype(np.float64)
+
+
+def test_metric_datasets_schemas():
+    cfg = SynthConfig(members=5003, seed=4)
+    d = synthesize(cfg)
+    sets = metric_datasets(cfg, d)
+    assert tuple(sets) == METRIC_DATASETS
+    ids = set(d.members["member_id"])
+    for name, frame in sets.items():
+        assert list(frame.columns) == DATASET_COLUMNS[name], name
+        assert set(frame["member_id"]) <= ids, name
+        assert frame.notna().all().all(), name
+
+    # LOT: lists of 10 different members, ranks 1..10, grades 0-4, each member in at most 2 queries
+    lot = sets["lot"]
+    assert lot.groupby("query_id").size().eq(10).all() and lot["query_id"].nunique() == 2 * (5003 // 10)
+    assert lot.groupby("query_id")["rank"].apply(list).map(lambda r: r == list(range(1, 11))).all()
+    assert not lot.duplicated(["query_id", "member_id"]).any()
+    assert lot["member_id"].value_counts().max() == 2 and set(lot["relevance"]) <= set(range(5))
+    # MQOS-NDCG: every member is a viewer of 1-3 queries of 10 results; one viewer per query
+    nd = sets["mqos_ndcg"]
+    assert nd.groupby("query_id")["member_id"].nunique().eq(1).all()
+    assert nd.groupby("query_id")["rank"].apply(list).map(lambda r: r == list(range(1, 11))).all()
+    per_viewer = nd.groupby("member_id")["query_id"].nunique()
+    assert set(per_viewer.index) == ids and per_viewer.between(1, 3).all() and set(nd["relevance"]) <= set(range(5))
+    # one row per member, in the members' order
+    for name in ("pot", "mqos_auc", "output", "prob_count"):
+        assert list(sets[name]["member_id"]) == list(d.members["member_id"]), name
+    pot, auc = sets["pot"], sets["mqos_auc"]
+    assert pot["score"].between(0, 1).all() and set(pot["outcome"]) == {0, 1}
+    assert auc["score"].between(0, 1).all() and set(auc["y_true"]) == {0, 1}
+    assert np.isfinite(sets["output"]["outcome"]).all()
+    pools = sets["prob_count"]["pool"].value_counts()
+    assert pools.to_dict() == {"large": 5003 - 35 - 497, "medium": 497, "small": 30, "tiny": 5}
+
+    # seeded, and the population's own tables are untouched by drawing them
+    again = metric_datasets(cfg, synthesize(cfg))
+    for name in METRIC_DATASETS:
+        pd.testing.assert_frame_equal(sets[name], again[name])
+    pd.testing.assert_frame_equal(synthesize(cfg).ero, d.ero)
+    other = metric_datasets(SynthConfig(members=5003, seed=5), synthesize(SynthConfig(members=5003, seed=5)))
+    assert not other["pot"]["score"].equals(sets["pot"]["score"])
+
+
+def test_metric_datasets_tiny_populations():
+    for n in (1, 2, 7, 40):
+        cfg = SynthConfig(members=n, seed=1)
+        sets = metric_datasets(cfg, synthesize(cfg))
+        assert len(sets["prob_count"]) == n and sets["prob_count"]["pool"].notna().all()
+        assert len(sets["lot"]) == 2 * (n // min(10, n)) * min(10, n)
+        if n >= 2:
+            assert set(sets["mqos_auc"]["y_true"]) == {0, 1}
+
+
+def test_metric_datasets_injected_disparity():
+    """The --disparity races are disadvantaged in every dataset (measured with the true races)."""
+    from common.metrics.ranking import lot_rows, ranked_lists, viewer_ndcg
+    from common.metrics.scoring import linear_auc
+
+    def effects(disparity):
+        cfg = SynthConfig(members=30_000, seed=6, disparity=disparity)
+        d = synthesize(cfg)
+        sets = metric_datasets(cfg, d)
+        race = d.truth.set_index("member_id")["race"]
+        out = {}
+        o = sets["output"].assign(race=lambda f: f["member_id"].map(race))
+        means = o.groupby("race")["outcome"].mean()
+        out["output"] = means["black"] - means["white"]
+        p = sets["pot"].assign(race=lambda f: f["member_id"].map(race), gap=lambda f: f["outcome"] - f["score"])
+        gaps = p.groupby("race")["gap"].mean()
+        out["pot"] = gaps["black"] - gaps["white"]
+        a = sets["mqos_auc"]
+        aucs = linear_auc(_one_hot(a["member_id"].map(race)), a["y_true"].to_numpy(), a["score"].to_numpy())
+        out["auc"] = aucs[RACES.index("black")] - aucs[RACES.index("white")]
+        v = viewer_ndcg(ranked_lists(sets["mqos_ndcg"], "ndcg", one_viewer_per_query=True))
+        ndcg = pd.DataFrame({"race": pd.Series(v.viewer_ids).map(race), "s": v.ndcg_sum, "q": v.n_queries})
+        sums = ndcg.groupby("race")[["s", "q"]].sum()
+        out["ndcg"] = sums.loc["black", "s"] / sums.loc["black", "q"] - sums.loc["white", "s"] / sums.loc["white", "q"]
+        rows = lot_rows(ranked_lists(sets["lot"], "lot"), "raw")
+        hi = pd.Series(rows.higher_ids).map(race).eq("black").to_numpy()
+        lo = pd.Series(rows.lower_ids).map(race).eq("black").to_numpy()
+        out["lot"] = rows.delta[~hi & lo].mean() - rows.delta[hi & ~lo].mean()
+        return out
+
+    null, black = effects({}), effects({"black": 0.08})
+    for name, value in null.items():
+        assert abs(value) < (0.1 if name == "lot" else 0.03), (name, value)
+    assert abs(black["output"] + 0.08) < 0.03 and abs(black["pot"] - 0.08) < 0.03
+    assert abs(black["auc"] + 0.08) < 0.03 and abs(black["ndcg"] + 0.08) < 0.03
+    # LOT (raw grades): a non-black member directly above a black one is less relevant than
+    # in the reverse order (by about 0.9 grades at 0.8 grades of penalty)
+    assert black["lot"] < -0.6
