@@ -413,7 +413,8 @@ class ClientSession:
                     if r is not None:
                         values[b, c] = r * 2.0 ** cell.scale_shift
         report = finish(self._metric, plan, values, option=self._option, confidence=header.confidence,
-                        tau=header.tau, params=self._params, info=self._info, replicates=header.replicates)
+                        tau=header.tau, params=self._params, info=self._info, replicates=header.replicates,
+                        small_groups=[g for g in header.small_groups if g in header.groups])
         self._lap("finish_statistic")
         self.close()
         return [pb.PeerMessage(client_result=pb.ClientResult(report_json=report.to_json(),

@@ -17,7 +17,9 @@ report the same thing. Its parts:
   pair of groups; the largest significant gap), "below_overall" (MQOS: overall −
   group > 0), "negative_cells" (LOT: a cell significantly below 0, the lower-ranked
   member more relevant), "nonzero_pairs" (POT: DTI ≠ 0), "inclusion" (probabilistic
-  count: Pr(N_j ≥ T) below the inclusion level in some pool).
+  count: Pr(N_j ≥ T) below the inclusion level in some pool; severity "none" or
+  "flagged"). A group whose effective size among the joined rows (Σ_i p_ij) is below
+  MIN_EFFECTIVE_SIZE takes no part in the verdict (listed in `excluded_groups`).
 
 Intervals: bootstrap percentile intervals (B replicates), or for random groups
 (MQOS-AUC exact) the t interval est ± t_{G−1}·sd/√G over G random groups.
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -36,7 +38,13 @@ import numpy as np
 from common.errors import ProtocolError
 
 DEFAULT_TAU = 0.05
-SEVERITIES = ("none", "low", "moderate", "high", "insufficient data")
+#: "flagged" is the inclusion rule's (probabilistic count) only
+SEVERITIES = ("none", "low", "moderate", "high", "insufficient data", "flagged")
+#: a group whose effective size among the joined rows (Σ_i p_ij) is below this takes no
+#: part in a verdict: with a handful of effective members the bootstrap cannot see how
+#: much the estimate could vary (a few members with no event give a narrow interval
+#: around a rate far from the truth). Its estimate is still reported.
+MIN_EFFECTIVE_SIZE = 30.0
 #: the preparation counts in the order a reader follows them (others, e.g. BISG sources, after)
 PREPARATION_ORDER = ("members_read", "dropped_opt_out", "dropped_non_us", "dropped_excluded_state",
                      "self_id_used", "self_id_not_among_kept", "clipped_rows", "threshold")
@@ -172,6 +180,8 @@ class Verdict:
     significant_comparisons: tuple[str, ...] = ()
     non_overlapping: tuple[tuple[str, str], ...] = ()
     message: str = ""
+    #: groups left out of the verdict (effective size below MIN_EFFECTIVE_SIZE)
+    excluded_groups: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -227,6 +237,7 @@ class AuditReport:
         v = asdict(self.verdict)
         v["significant_comparisons"] = list(v["significant_comparisons"])
         v["non_overlapping"] = [list(p) for p in v["non_overlapping"]]
+        v["excluded_groups"] = list(v["excluded_groups"])
         d.update({
             "differences": [asdict(x) for x in self.differences],
             "verdict": v,
@@ -252,7 +263,8 @@ class AuditReport:
                               compared=v.get("compared"),
                               significant_comparisons=tuple(str(s) for s in v.get("significant_comparisons", ())),
                               non_overlapping=tuple((str(a), str(b)) for a, b in v.get("non_overlapping", ())),
-                              message=str(v.get("message", "")))
+                              message=str(v.get("message", "")),
+                              excluded_groups=tuple(str(g) for g in v.get("excluded_groups", ())))
             return cls(
                 metric=str(d["metric"]), metric_option=str(d["metric_option"]), n_matched=int(d["n_matched"]),
                 bootstrap=int(d["bootstrap"]), confidence=float(d["confidence"]), interval=str(d["interval"]),
@@ -403,8 +415,10 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
 
 def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, tau: float,
            params: dict[str, Any], info: dict[str, Any], replicates: int,
-           result_recipient: str = "client") -> AuditReport:
-    """The result from the cells' ratios `values` ((R+1, cells): row 0 the estimate)."""
+           result_recipient: str = "client", small_groups: Sequence[str] = ()) -> AuditReport:
+    """The result from the cells' ratios `values` ((R+1, cells): row 0 the estimate).
+    `small_groups` (effective size below MIN_EFFECTIVE_SIZE, from the Tester) take no
+    part in the verdict of a per-group metric."""
     cells = list(plan.cells)
     extra_cells, extra = metric.derived(cells, values, params, info)
     if extra_cells:
@@ -443,8 +457,10 @@ def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, 
                        for i, (kind, a, b) in enumerate(diff_labels)]
 
     rule = metric.verdict_rule
+    small = set(small_groups) if index else set()
     if rule == "range":
-        family = [i for i, (kind, _, _) in enumerate(diff_labels) if kind == "between"]
+        family = [i for i, (kind, a, b) in enumerate(diff_labels)
+                  if kind == "between" and a not in small and b not in small]
         labels, cols = [], []
         for i in family:  # every gap oriented as max − min by its estimate: the compared one reads positive
             _, a, b = diff_labels[i]
@@ -453,7 +469,7 @@ def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, 
             cols.append(-diffs[:, i] if flip else diffs[:, i])
         fam = np.column_stack(cols) if cols else np.empty((values.shape[0], 0))
     elif rule == "below_overall":
-        family = [i for i, (kind, _, _) in enumerate(diff_labels) if kind == "to_overall"]
+        family = [i for i, (kind, a, _) in enumerate(diff_labels) if kind == "to_overall" and a not in small]
         labels = [f"overall - {diff_labels[i][1]}" for i in family]
         fam = -diffs[:, family] if family else np.empty((values.shape[0], 0))
     elif rule in ("negative_cells", "nonzero_pairs"):
@@ -466,7 +482,13 @@ def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, 
         verdict = Verdict(rule, tau, "insufficient data", False, False, None, (), (),
                           "insufficient data (nothing to compare)")
     else:
-        verdict = verdict_from(rule, labels, fam, confidence, method, tau, groups)
+        verdict = verdict_from(rule, labels, fam, confidence, method, tau,
+                               [g for g in groups if g.group not in small])
+    excluded = tuple(g.group for g in groups if g.group in small)
+    if excluded:
+        verdict = replace(verdict, excluded_groups=excluded,
+                          message=verdict.message + f"; left out of the verdict (effective size below "
+                                                    f"{MIN_EFFECTIVE_SIZE:g}): {', '.join(excluded)}")
     return AuditReport(metric=metric.name, metric_option=option, n_matched=0, bootstrap=replicates,
                        confidence=confidence, interval=method, groups=groups, verdict=verdict, cells=pairs,
                        curves=curves, differences=differences, params=_jsonable(params), info=dict(info),

@@ -171,7 +171,7 @@ class TableEnd(_message.Message):
     def __init__(self, table: _Optional[_Union[Table, str]] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class AggregatesHeader(_message.Message):
-    __slots__ = ("groups", "replicates", "confidence", "slot_bits", "mask", "items", "item_slots", "tau")
+    __slots__ = ("groups", "replicates", "confidence", "slot_bits", "mask", "items", "item_slots", "tau", "small_groups")
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     REPLICATES_FIELD_NUMBER: _ClassVar[int]
     CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +180,7 @@ class AggregatesHeader(_message.Message):
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     ITEM_SLOTS_FIELD_NUMBER: _ClassVar[int]
     TAU_FIELD_NUMBER: _ClassVar[int]
+    SMALL_GROUPS_FIELD_NUMBER: _ClassVar[int]
     groups: _containers.RepeatedScalarFieldContainer[str]
     replicates: int
     confidence: float
@@ -188,7 +189,8 @@ class AggregatesHeader(_message.Message):
     items: int
     item_slots: int
     tau: float
-    def __init__(self, groups: _Optional[_Iterable[str]] = ..., replicates: _Optional[int] = ..., confidence: _Optional[float] = ..., slot_bits: _Optional[int] = ..., mask: _Optional[str] = ..., items: _Optional[int] = ..., item_slots: _Optional[int] = ..., tau: _Optional[float] = ...) -> None: ...
+    small_groups: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, groups: _Optional[_Iterable[str]] = ..., replicates: _Optional[int] = ..., confidence: _Optional[float] = ..., slot_bits: _Optional[int] = ..., mask: _Optional[str] = ..., items: _Optional[int] = ..., item_slots: _Optional[int] = ..., tau: _Optional[float] = ..., small_groups: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClientResult(_message.Message):
     __slots__ = ("phase_seconds", "report_json")

@@ -36,7 +36,7 @@ from common.errors import EncodingOverflowError, InputError, PeerAborted, Protoc
 from common.masking import NOISE_BITS, AdditiveMask, RatioMask
 from common.metrics import get_metric
 from common.metrics.base import Layout, choose_layout
-from common.results import DEFAULT_TAU, AuditReport, finish
+from common.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, AuditReport, finish
 from common.session import PhaseClock, chunk_ticks, expect_phase
 from common.symmetric import RowSealer, sealed_width
 from proto import ppre_pb2 as pb
@@ -159,6 +159,7 @@ class TesterSession:
         self._masked_values: list[int] = []
         self._squares_state: Any = None
         self._squares: list[int] = []
+        self._small_groups: list[str] = []
         self._n_sent = 0
 
     # ------------------------------------------------------------------ helpers
@@ -414,6 +415,9 @@ class TesterSession:
             for m, idx in enumerate(buckets):
                 units[idx] = m
             n_units = len(buckets)
+        # effective size of each group among the joined rows (first member of a row)
+        effective = q[0].sum(axis=0) / float(1 << encoding.PROBABILITY_BITS)
+        self._small_groups = [g for g, size in zip(self.groups, effective) if size < MIN_EFFECTIVE_SIZE]
         facts = metric.tester_facts(q, strata, units)
         weights = metric.weights(q, strata, units, self.groups, self.spec.metric_option, self.params)
         del q
@@ -547,7 +551,7 @@ class TesterSession:
         yield pb.PeerMessage(aggregates_header=pb.AggregatesHeader(
             groups=list(self.groups), replicates=replicates, confidence=self.spec.confidence,
             slot_bits=shift, mask="ratio" if ratio else "additive", items=len(plan.items), item_slots=slots,
-            tau=self.spec.tau))
+            tau=self.spec.tau, small_groups=self._small_groups))
         yield from wire.table_messages(wire.ciphertext_table(pb.AGGREGATES, width), len(out),
                                        ciphertexts=paillier.ciphertexts_to_bytes(out, width))
 
@@ -617,5 +621,5 @@ class TesterSession:
                     values[b, c] = float(num) / float(den) * 2.0 ** cell.scale_shift
         report = finish(self.metric, plan, values, option=self.spec.metric_option, confidence=self.spec.confidence,
                         tau=self.spec.tau, params=self.params, info=self._info, replicates=replicates,
-                        result_recipient="tester")
+                        result_recipient="tester", small_groups=self._small_groups)
         return self._finish(report, dict(mp.phase_seconds))

@@ -75,6 +75,7 @@ class MqosAuc(Metric):
 
 
 class ExactAuc(MqosAuc):
+    params = ()
     resampling = "random_groups"
     random_groups = DEFAULT_RANDOM_GROUPS
     interval = "random_groups"
