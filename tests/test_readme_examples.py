@@ -35,7 +35,7 @@ CURVE_KEYS = {"group", "score", "estimate", "ci_low", "ci_high"}
 POOL_KEYS = {"pool", "group", "members", "expected_count", "prob_at_least", "included"}
 DIFF_KEYS = {"kind", "a", "b", "estimate", "ci_low", "ci_high"}
 VERDICT_KEYS = {"rule", "tau", "severity", "significant", "flagged", "compared", "significant_comparisons",
-                "non_overlapping", "message"}
+                "non_overlapping", "message", "excluded_groups"}
 COMPARED_KEYS = {"label", "estimate", "ci_low", "ci_high", "band_low", "band_high"}
 RULES = {"ero": "range", "output": "range", "lot": "negative_cells", "mqos-ndcg": "below_overall",
          "mqos-auc": "below_overall", "pot": "nonzero_pairs", "prob-count": "inclusion"}
