@@ -314,7 +314,7 @@ class AuditReport:
                f"{self.bootstrap} random groups, {pct} t intervals" if self.interval == "random_groups" else
                "exact (no resampling)")
         option = f" ({self.metric_option})" if self.metric_option else ""
-        lines = [f"metric: {self.metric}{option}   matched members: {self.n_matched}   {how}"]
+        lines = [f"metric: {self.metric}{option}   joined rows: {self.n_matched}   {how}"]
 
         def num(x: float | None) -> str:
             return f"{x:>10.4f}" if x is not None else f"{'n/a':>10}"

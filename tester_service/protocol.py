@@ -491,8 +491,21 @@ class TesterSession:
             # bootstrap: replicate r draws the units with multinomial counts (row 0: all ones)
             counts = boot.resample_counts(n_units, self.spec.bootstrap, rng)
             count_rows = np.vstack([np.ones((1, n_units), dtype=np.int64), counts]).tolist()
+        # An item whose weight is a sum of other columns (e.g. "overall") is, in every
+        # replicate, the product of those columns' items: no multi-exponentiation of its own.
+        plan_items = list(self._plan.items)
+        position = {(it.weight, it.ciphertext, it.stratum): i for i, it in enumerate(plan_items)}
+        parts_of = {}
+        for i, it in enumerate(plan_items):
+            col = weights[it.weight]
+            if isinstance(col, tuple):
+                parts = [position.get((w, it.ciphertext, it.stratum)) for w in col]
+                if all(p is not None and not isinstance(weights[plan_items[p].weight], tuple) for p in parts):
+                    parts_of[i] = parts
+        direct = [i for i in range(len(plan_items)) if i not in parts_of]
         columns = []
-        for item in self._plan.items:
+        for i in direct:
+            item = plan_items[i]
             col = []
             for u in range(n_units):
                 c = 1
@@ -507,8 +520,20 @@ class TesterSession:
         tasks = [(pub.n, columns, part) for part in
                  parallel.split(count_rows, parallel.chunk_count(parallel.CHECKPOINT_CHUNKS))]
         ticks = chunk_ticks(len(tasks), partial(self._tick, "bootstrap"))
-        items = [c for part in parallel.run_chunks(aggregation.replicate_chunk, tasks, checkpoint=ticks)
-                 for c in part]
+        computed = [c for part in parallel.run_chunks(aggregation.replicate_chunk, tasks, checkpoint=ticks)
+                    for c in part]
+        slot = {i: d for d, i in enumerate(direct)}
+        items = []
+        for r in range(len(count_rows)):
+            row = computed[r * len(direct):(r + 1) * len(direct)]
+            for i in range(len(plan_items)):
+                if i in parts_of:
+                    c = 1
+                    for p in parts_of[i]:
+                        c = c * row[slot[p]] % n2
+                    items.append(c)
+                else:
+                    items.append(row[slot[i]])
         yield from self._send_items(items, self._replicates())
 
     def _after_squares(self) -> Iterator[pb.PeerMessage]:

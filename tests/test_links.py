@@ -6,7 +6,6 @@ own parts. Process-level faults (kills, SIGSTOP, a cut link) are in test_faults.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 import time

@@ -459,7 +459,7 @@ def _lot_plain_cells(client: pd.DataFrame, tester: pd.DataFrame, labels) -> dict
 
 def test_lot_raw_differences_at_the_bound_round_trip_with_their_sign():
     top = 2.0 ** 20
-    rows, groups = [], {}
+    rows = []
     for q in range(8):   # a at rank 1 (+2^20), b at rank 2 (-2^20): a>b gets +2^21
         rows += [(f"x{q}", 1, top), (f"x{q}", 2, -top)]
     for q in range(8):   # b at rank 1 (-2^20), a at rank 2 (+2^20), then b (-2^20): b>a -2^21, a>b +2^21

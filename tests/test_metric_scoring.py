@@ -11,6 +11,7 @@ from sklearn.metrics import roc_auc_score
 
 from common.errors import InputError
 from common.metrics import scoring as sc
+from tests import metric_reference as ref
 
 
 def _hard(g: np.ndarray, k: int) -> np.ndarray:
@@ -90,7 +91,7 @@ def test_kernel_components_and_pot_curves():
     kern = np.exp(-0.5 * ((s[:, None] - refs[None, :]) / h) ** 2)
     np.testing.assert_allclose(comp[:, 1::2], kern)
     np.testing.assert_allclose(comp[:, 0::2], kern * y[:, None])
-    curves = sc.pot_curves(p, s, y, refs, h)
+    curves = ref.pot_curves(p, s, y, refs, h)
     assert curves.shape == (refs.size, k)
     # P1's aggregation of P2's columns gives the same ratios
     agg = p.T @ comp                                     # (k, 2Q)
@@ -98,7 +99,7 @@ def test_kernel_components_and_pot_curves():
     assert np.isnan(curves[:, 2]).all()
     # normalised Gaussian kernel (scipy) on a hard group: the 1/h factor cancels
     g = rng.integers(0, 2, n)
-    hard = sc.pot_curves(_hard(g, 2), s, y, refs, h)
+    hard = ref.pot_curves(_hard(g, 2), s, y, refs, h)
     for j in range(2):
         dens = norm.pdf(s[g == j][:, None], loc=refs[None, :], scale=h)
         np.testing.assert_allclose(hard[:, j], (dens * y[g == j][:, None]).sum(0) / dens.sum(0))
@@ -108,7 +109,7 @@ def test_dti():
     rng = np.random.default_rng(3)
     curves = rng.random((9, 4))
     w = rng.random(9)
-    d = sc.dti(curves, w)
+    d = ref.dti(curves, w)
     assert d.shape == (4, 4)
     for a in range(4):
         for b in range(4):
@@ -116,7 +117,7 @@ def test_dti():
                                                 for q in range(9)))
     np.testing.assert_allclose(d, -d.T)
     curves[3, 1] = np.nan
-    d = sc.dti(curves, w)
+    d = ref.dti(curves, w)
     assert np.isnan(d[1, [0, 2, 3]]).all() and np.isnan(d[[0, 2, 3], 1]).all()
     assert np.isfinite(d[0, 2])
 
@@ -189,10 +190,10 @@ def test_linear_auc_equals_sklearn_on_hard_groups_with_ties():
     for seed in range(3):
         g, s, y = _tied_data(3000, 4, seed)
         assert len(np.unique(s)) < 200                    # heavily tied
-        auc = sc.linear_auc(_hard(g, 4), y, s)
+        auc = ref.linear_auc(_hard(g, 4), y, s)
         for j in range(4):
             assert abs(auc[j] - roc_auc_score(y[g == j], s[g == j])) < 1e-12
-        overall = sc.linear_auc(np.ones((s.size, 1)), y, s)
+        overall = ref.linear_auc(np.ones((s.size, 1)), y, s)
         assert overall.shape == (1,)
         assert abs(overall[0] - roc_auc_score(y, s)) < 1e-12
 
@@ -205,7 +206,7 @@ def test_linear_auc_equals_double_sum_on_soft_groups():
     y = (rng.random(n) < 0.4).astype(float)
     W = np.vectorize(_w)(s[:, None], s[None, :])         # w(i, l)
     pairs = y[:, None] * (1 - y)[None, :]
-    auc = sc.linear_auc(p, y, s)
+    auc = ref.linear_auc(p, y, s)
     for j in range(k):
         pp = p[:, j][:, None] * p[:, j][None, :] * pairs
         assert abs(auc[j] - (pp * W).sum() / pp.sum()) < 1e-12
@@ -216,14 +217,14 @@ def test_linear_auc_equals_double_sum_on_soft_groups():
     L = (pq * y[:, None] * a).sum(0)
     T = (pq * y[:, None]).sum(0)
     Q = (pq ** 2 * y[:, None]).sum(0)
-    np.testing.assert_allclose(sc.auc_from_aggregates(L, T, Q, pq.sum(0)), auc, atol=1e-8)
+    np.testing.assert_allclose(ref.auc_from_aggregates(L, T, Q, pq.sum(0)), auc, atol=1e-8)
 
 
 def test_linear_auc_nan_without_both_classes():
     s = np.array([0.1, 0.2, 0.3, 0.4])
     y = np.array([1.0, 1.0, 0.0, 0.0])
     p = np.array([[1, 0], [1, 0], [0, 1], [0, 1]], dtype=float)
-    auc = sc.linear_auc(p, y, s)
+    auc = ref.linear_auc(p, y, s)
     assert np.isnan(auc).all()
 
 
@@ -233,24 +234,24 @@ def test_linear_auc_by_group_is_the_auc_of_each_subsample():
     p = rng.dirichlet(np.ones(k), n)
     s = rng.integers(0, 20, n).astype(float)
     y = (rng.random(n) < 0.5).astype(float)
-    groups = sc.random_groups(n, G, rng)
-    per = sc.linear_auc_by_group(p, y, s, groups, G)
+    groups = ref.random_groups(n, G, rng)
+    per = ref.linear_auc_by_group(p, y, s, groups, G)
     assert per.shape == (G, k)
     for g in range(G):
         m = groups == g
-        np.testing.assert_allclose(per[g], sc.linear_auc(p[m], y[m], s[m]), atol=1e-12)
+        np.testing.assert_allclose(per[g], ref.linear_auc(p[m], y[m], s[m]), atol=1e-12)
 
 
 def test_random_groups_partition():
     rng = np.random.default_rng(9)
-    g = sc.random_groups(1003, 10, rng)
+    g = ref.random_groups(1003, 10, rng)
     assert g.dtype == np.int64 and g.shape == (1003,)
     counts = np.bincount(g, minlength=10)
     assert counts.max() - counts.min() <= 1 and counts.sum() == 1003
     assert not (np.diff(g) == 1).all()                      # not in row order
     for n, G in ((5, 10), (100, 1)):
         with pytest.raises(InputError):
-            sc.random_groups(n, G, rng)
+            ref.random_groups(n, G, rng)
 
 
 def test_random_group_interval_formula():
@@ -261,7 +262,7 @@ def test_random_group_interval_formula():
     per[:, 2] = np.nan
     per[4, 2] = 0.3                                        # a single defined group
     full = np.array([0.1, 0.2, 0.3])
-    lo, hi = sc.random_group_interval(full, per, 0.9)
+    lo, hi = ref.random_group_interval(full, per, 0.9)
     for c, g in ((0, 12), (1, 10)):
         v = per[:, c][~np.isnan(per[:, c])]
         half = t.ppf(0.95, g - 1) * v.std(ddof=1) / np.sqrt(g)
@@ -305,11 +306,11 @@ def test_random_group_interval_coverage():
         y = (rng.random(n) < prev[g]).astype(float)
         s = rng.normal(mu[g] + delta[g] * y, 1.0)
         p = np.c_[_hard(g, 3), np.ones(n)]                  # the last column: global AUC
-        full = sc.linear_auc(p, y, s)
-        per = sc.linear_auc_by_group(p, y, s, sc.random_groups(n, G, rng), G)
+        full = ref.linear_auc(p, y, s)
+        per = ref.linear_auc_by_group(p, y, s, ref.random_groups(n, G, rng), G)
         est = np.r_[full[:3], full[3] - full[:3]]
         per_est = np.c_[per[:, :3], per[:, 3:] - per[:, :3]]
-        lo, hi = sc.random_group_interval(est, per_est, 0.95)
+        lo, hi = ref.random_group_interval(est, per_est, 0.95)
         hits += (lo <= truth) & (truth <= hi)
     coverage = hits / reps
     assert ((coverage >= 0.90) & (coverage <= 0.99)).all(), coverage
@@ -347,7 +348,7 @@ def test_sampled_auc_close_to_sklearn():
     rng = np.random.default_rng(14)
     g, s, y = _tied_data(4000, 3, 14)
     first, second, ind = sc.sample_pairs(y, s, 200_000, rng, "outcomes.csv")
-    auc = sc.sampled_auc(_hard(g, 3), first, second, ind)
+    auc = ref.sampled_auc(_hard(g, 3), first, second, ind)
     assert auc.shape == (3,)
     for j in range(3):
         mine = (g[first] == j) & (g[second] == j)
@@ -355,7 +356,7 @@ def test_sampled_auc_close_to_sklearn():
         assert abs(auc[j] - roc_auc_score(y[g == j], s[g == j])) < 4 * se
     soft = rng.dirichlet(np.ones(3), s.size)
     w = soft[first] * soft[second]
-    np.testing.assert_allclose(sc.sampled_auc(soft, first, second, ind),
+    np.testing.assert_allclose(ref.sampled_auc(soft, first, second, ind),
                                (w * ind[:, None]).sum(0) / w.sum(0))
 
 
@@ -374,7 +375,7 @@ def test_count_threshold_one_is_equation_19():
     prob, expected = sc.count_summary(p, 1)
     np.testing.assert_allclose(prob, 1 - np.prod(1 - p, axis=0), rtol=1e-12)
     np.testing.assert_allclose(expected, p.sum(0))
-    assert sc.poisson_binomial_tail(p[:, 0], 1) == pytest.approx(1 - np.prod(1 - p[:, 0]), rel=1e-12)
+    assert ref.poisson_binomial_tail(p[:, 0], 1) == pytest.approx(1 - np.prod(1 - p[:, 0]), rel=1e-12)
 
 
 def test_count_hard_groups_and_edges():
@@ -384,9 +385,9 @@ def test_count_hard_groups_and_edges():
     np.testing.assert_array_equal(prob, [1.0, 1.0, 0.0, 0.0])
     np.testing.assert_array_equal(expected, [3, 2, 1, 0])
     np.testing.assert_array_equal(sc.count_summary(p, 3)[0], [1, 0, 0, 0])
-    assert sc.poisson_binomial_tail(np.full(4, 0.3), 0) == 1.0
-    assert sc.poisson_binomial_tail(np.full(4, 0.3), 5) == 0.0
-    assert sc.poisson_binomial_tail(np.full(4, 1.0), 4) == 1.0
+    assert ref.poisson_binomial_tail(np.full(4, 0.3), 0) == 1.0
+    assert ref.poisson_binomial_tail(np.full(4, 0.3), 5) == 0.0
+    assert ref.poisson_binomial_tail(np.full(4, 1.0), 4) == 1.0
     for bad in (-1, 1.5):
         with pytest.raises(InputError):
             sc.count_summary(p, bad)
@@ -401,11 +402,11 @@ def test_count_matches_exact_distribution():
     for n in (1, 7, 50, 333):
         p = rng.random(n) ** 2
         for T in sorted({1, 2, 3, n // 3 + 1, n // 2 + 1, n}):
-            assert sc.poisson_binomial_tail(p, T) == pytest.approx(_exact_tail(p, T), rel=1e-9, abs=1e-15)
+            assert ref.poisson_binomial_tail(p, T) == pytest.approx(_exact_tail(p, T), rel=1e-9, abs=1e-15)
     tiny = np.full(60, 1e-3)
     want = _exact_tail(tiny, 12)
     assert 0 < want < 1e-20
-    assert sc.poisson_binomial_tail(tiny, 12) == pytest.approx(want, rel=1e-9)
+    assert ref.poisson_binomial_tail(tiny, 12) == pytest.approx(want, rel=1e-9)
 
 
 def test_count_matches_monte_carlo():
@@ -432,4 +433,4 @@ def test_count_large_pool_is_fast():
     # many small probabilities: close to Poisson(lambda)
     from scipy.stats import poisson
     np.testing.assert_allclose(prob, poisson.sf(4, lam), rtol=0.02)
-    assert sc.poisson_binomial_tail(p[:, 0], 5) == pytest.approx(prob[0], rel=1e-12)
+    assert ref.poisson_binomial_tail(p[:, 0], 5) == pytest.approx(prob[0], rel=1e-12)

@@ -205,7 +205,7 @@ def test_metric_datasets_tiny_populations():
 def test_metric_datasets_injected_disparity():
     """The --disparity races are disadvantaged in every dataset (measured with the true races)."""
     from common.metrics.ranking import lot_rows, ranked_lists, viewer_ndcg
-    from common.metrics.scoring import linear_auc
+    from tests.metric_reference import linear_auc
 
     def effects(disparity):
         cfg = SynthConfig(members=30_000, seed=6, disparity=disparity)
