@@ -6,7 +6,7 @@ Table 5), run through both services as real gRPC servers on loopback.
 
 Data: ``queries`` ranked lists of 10 positions, every position a different member
 (400,000 members at full size); relevance at rank 1 uniform, at each next rank the
-previous one minus the predefined gap (Table 5) plus N(0, 1e-3) noise
+previous one minus the predefined gap (Table 5) plus N(0, 1e-2) noise
 (`tests.metric_data.lot_validation_data`). The Tester's probability table
 (member_id, hsm, non_hsm) is drawn independently of the outcomes (hsm ~ U(0, 1),
 non_hsm = 1 − hsm), so every group-pair cell of rank pair r-(r+1) estimates the gap.
@@ -44,7 +44,7 @@ def make_data(directory: Path, queries: int, seed: int = 7) -> tuple[pd.DataFram
     from tests.metric_data import lot_validation_data
 
     rng = np.random.default_rng(seed)
-    lists = lot_validation_data(queries, GAPS, rng, noise=1e-3)
+    lists = lot_validation_data(queries, GAPS, rng, noise=1e-2)
     hsm = rng.uniform(0.0, 1.0, len(lists))
     probabilities = pd.DataFrame({"member_id": lists["member_id"].to_numpy(), "hsm": hsm, "non_hsm": 1.0 - hsm})
     path = directory / "lot.csv"
@@ -123,8 +123,14 @@ def main() -> int:
         os.environ["PPRE_WORKERS"] = str(args.workers)
     from common import parallel
 
+    load_before = os.getloadavg()
     report, wall, setup = run(args.queries, args.bootstrap, bits=args.bits, seed=args.seed,
                               same_group_pairs=args.same_group_pairs, data_seed=args.data_seed)
+    load_after = os.getloadavg()
+    workers = parallel.worker_count()
+    parallel.shutdown()  # reap the workers, so that their CPU time is counted below
+    t = os.times()
+    cpu = t.user + t.system + t.children_user + t.children_system
     rows = validation_rows(report)
     worst = max(abs(r["error"]) if r["error"] is not None else float("inf") for r in rows)
     sds = [r["sd"] for r in rows if r["sd"] is not None]
@@ -132,8 +138,11 @@ def main() -> int:
     summary = {
         "command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
         "queries": args.queries, "members": args.queries * (len(GAPS) + 1), "bootstrap": args.bootstrap,
-        "modulus_bits": args.bits, "workers": parallel.worker_count(), "cpus": os.cpu_count(),
-        "wall_s": round(wall, 2), "data_setup_s": round(setup, 2),
+        "modulus_bits": args.bits, "same_group_pairs": args.same_group_pairs, "workers": workers,
+        "cpus": os.cpu_count(), "wall_s": round(wall, 2), "data_setup_s": round(setup, 2),
+        # CPU of this process and its workers over the whole command (data generation included);
+        # the load averages show whether other work shared the machine
+        "cpu_s": round(cpu, 1), "loadavg_1m_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
         "max_abs_error": worst, "sd_min": min(sds) if sds else None, "sd_max": max(sds) if sds else None,
         "within_tolerance": ok, "tolerance": TOLERANCE,
         "verdict": {"significant": report.verdict.significant, "severity": report.verdict.severity,
@@ -161,9 +170,10 @@ def main() -> int:
         print(f"verdict: significant={report.verdict.significant} severity={report.verdict.severity}")
         print(f"wall time: {wall:.2f} s  ({args.queries} queries x {len(GAPS) + 1} ranks, "
               f"{summary['members']} members, B={args.bootstrap}, {args.bits}-bit Paillier, "
-              f"workers={summary['workers']}, cpus={os.cpu_count()}; data generation {setup:.2f} s not included)")
+              f"workers={workers}, cpus={os.cpu_count()}; data generation {setup:.2f} s not included)")
+        print(f"CPU time (this process and its workers, whole command): {cpu:.1f} s; 1-minute load average "
+              f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
         print(json.dumps(summary["phase_seconds"], indent=1))
-    parallel.shutdown()
     return 0 if ok else 1
 
 
