@@ -552,8 +552,8 @@ def check_result(result: dict, n_matched: int = N_OVERLAP) -> None:
     assert result["n_matched"] == n_matched, result
     assert result["bootstrap"] == BOOTSTRAP, result
     groups = result["groups"]
-    assert len(groups) == len(RACE_COLUMNS), groups
-    assert {g["group"] for g in groups} == set(RACE_COLUMNS), groups
+    assert [g["group"] for g in groups] == [*RACE_COLUMNS, "overall"], groups
+    assert result["verdict"]["rule"] == "range", result
     for g in groups:
         est = g["estimate"]
         if est is None:
