@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "ppre.commands.bisg",
     "ppre.commands.synth",
     "ppre.commands.health",
+    "ppre.commands.log",
 )
 
 

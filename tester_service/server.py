@@ -28,6 +28,7 @@ from common.peer_stream import Inbox, Outbox, ProgressState
 from common.results import DEFAULT_TAU
 from proto import ppre_pb2 as pb
 from proto import ppre_pb2_grpc as pb_grpc
+from tester_service.audit_log import AuditLog, AuditLogError, result_digest
 from tester_service.inputs import read_probability_table
 from tester_service.preparation import PreparationConfig, prepare, read_members, read_self_id
 from tester_service.protocol import AuditSpec, Phase, TesterSession
@@ -53,6 +54,8 @@ class TesterConfig:
     #: longest audit; stalls are caught much sooner by the peer timeout
     deadline_s: float = 6 * 3600.0
     sessions: list = field(default_factory=list)  # live sessions, for tests of teardown
+    #: the hash-chained record of every audit request and its outcome (`--audit-log`)
+    audit_log: AuditLog | None = None
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
@@ -113,9 +116,11 @@ class _AuditRun:
     (heartbeats both ways, peer deadlines, bounded queues).
     """
 
-    def __init__(self, config: TesterConfig, request: pb.AuditRequest) -> None:
+    def __init__(self, config: TesterConfig, request: pb.AuditRequest, who: str = "") -> None:
         self.config = config
         self.request = request
+        self.who = who  # the operator, as the transport names it (its address)
+        self.n_matched = 0
         self.events: "queue.Queue" = queue.Queue()  # AuditEvents, then _DONE
         self._cancelled = threading.Event()
         self._stop_error: PPREError | None = None
@@ -188,10 +193,22 @@ class _AuditRun:
     def run(self) -> None:
         try:
             final = self._audit()
+            try:
+                self.log(final)
+            except AuditLogError as exc:  # an audit that cannot be recorded is not released
+                log.error("audit not recorded: %s", exc)
+                final = _error(exc.code, str(exc))
             if final is not None:
                 self.events.put(final)
         finally:
             self.events.put(_DONE)
+
+    def log(self, final: pb.AuditEvent | None, refusal: str = "") -> None:
+        """Append this request and its outcome to the audit log (no member-level data)."""
+        audit_log = self.config.audit_log
+        if audit_log is None:
+            return
+        audit_log.append(audit_record(self.request, self.who, final, self.n_matched, refusal))
 
     def _spec(self) -> AuditSpec:
         """The operator's request; absent fields get the defaults, present ones are checked
@@ -246,6 +263,7 @@ class _AuditRun:
             self._check()
             if session.result is None:
                 return _error("protocol_error", f"the Test-Client ended the session in phase {session.phase.value}")
+            self.n_matched = session.n_matched
             return pb.AuditEvent(result=session.result.to_proto())
         except _Cancelled:
             log.warning("audit cancelled by the operator in phase %s",
@@ -288,6 +306,32 @@ class _AuditRun:
                 channel.close()
 
 
+def audit_record(request: pb.AuditRequest, who: str, final: pb.AuditEvent | None, n_matched: int,
+                 refusal: str = "") -> dict:
+    """One audit log record: who, what was asked, and the outcome; never member-level data
+    (the result only as a digest of what the operator received)."""
+    record = {
+        "who": who, "metric": request.metric, "metric_option": request.metric_option,
+        "client_dataset": request.client_dataset,
+        "parameters": {"bootstrap": request.bootstrap if request.HasField("bootstrap") else None,
+                       "confidence": request.confidence if request.HasField("confidence") else None,
+                       "tau": request.tau if request.HasField("tau") else None,
+                       "seed": request.seed if request.has_seed else None,
+                       "result_recipient": request.result_recipient or "client",
+                       "metric_params": dict(request.metric_params)},
+    }
+    if refusal:
+        record["outcome"] = {"status": "refused", "reason": refusal}
+    elif final is None:
+        record["outcome"] = {"status": "cancelled"}
+    elif final.WhichOneof("event") == "result":
+        record["outcome"] = {"status": "result", "n_matched": n_matched,
+                             "result_sha256": result_digest(final.result.report_json)}
+    else:
+        record["outcome"] = {"status": "error", "code": final.error.code, "message": final.error.message}
+    return record
+
+
 #: how long a failing audit waits for the Test-Client to take its Abort
 ABORT_FLUSH_S = 1.0
 
@@ -317,11 +361,15 @@ class TesterServicer(pb_grpc.TesterServicer):
         return self._runs.active
 
     def RunAudit(self, request: pb.AuditRequest, context):
-        run = _AuditRun(self.config, request)
+        run = _AuditRun(self.config, request, who=context.peer() or "")
         refusal = self._runs.admit(run)
         if refusal is not None:
             code, message = refusal
             log.warning("audit refused: %s", message)
+            try:
+                run.log(None, refusal=f"{code}: {message}")
+            except AuditLogError as exc:
+                log.error("refusal not recorded: %s", exc)
             context.abort(self._REFUSAL_STATUS[code], message)
         log.info("audit started (metric %s, dataset %r); active sessions: %d", request.metric,
                  request.client_dataset, self._runs.active)

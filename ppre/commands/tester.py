@@ -24,6 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "BISG + Self-ID + clipping run inside each audit (env PPRE_TESTER_MEMBERS)")
     add_preparation_arguments(s)
     s.add_argument("--buckets", type=int, default=int(os.environ.get("PPRE_BOOTSTRAP_BUCKETS", "128")))
+    s.add_argument("--audit-log", default=os.environ.get("PPRE_AUDIT_LOG"),
+                   help="append every audit request and its outcome to this hash-chained log "
+                        "(no member-level data; check it with `ppre log verify`) (env PPRE_AUDIT_LOG)")
     add_service_arguments(s)
     s.set_defaults(func=run)
 
@@ -64,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.probabilities) == bool(args.members):
         raise InputError("give exactly one of --probabilities (a prepared table) and --members",
                          parameter="--probabilities/--members")
-    service = dict(n_buckets=args.buckets, settings=link_settings(args), max_sessions=args.max_sessions)
+    from tester_service.audit_log import AuditLog
+    service = dict(n_buckets=args.buckets, settings=link_settings(args), max_sessions=args.max_sessions,
+                   audit_log=AuditLog(args.audit_log) if args.audit_log else None)
     if args.probabilities:
         mapping = preparation_config(args).group_mapping
         config = TesterConfig.from_probability_file(args.client, args.probabilities, mapping, **service)

@@ -1,0 +1,151 @@
+"""The Tester's hash-chained audit log (tester_service.audit_log, `ppre log verify`)."""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from client_service.datasets import DatasetRegistry
+from ppre.cli import main as ppre_main
+from ppre.local import local_services
+from proto import ppre_pb2 as pb
+from tester_service.audit_log import GENESIS, AuditLog, AuditLogError, result_digest, verify
+from tester_service.inputs import read_probability_table
+from tester_service.server import run_audit
+from tests.helpers import TEST_BITS, write_inputs
+
+
+def _lines(path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+def test_records_are_chained_and_verify(tmp_path):
+    path = tmp_path / "audit.log"
+    log = AuditLog(path)
+    entries = [log.append({"n": i}) for i in range(3)]
+    assert [e["seq"] for e in entries] == [1, 2, 3]
+    assert entries[0]["prev"] == GENESIS and entries[1]["prev"] == entries[0]["hash"]
+    result = verify(path)
+    assert result.ok and result.records == 3 and result.broken_line is None
+
+
+@pytest.mark.parametrize("damage, line, reason", [
+    ("change", 2, "does not match its hash"),
+    ("remove", 2, "sequence number"),
+    ("swap", 2, "sequence number"),
+    ("truncate", 4, "incomplete record"),
+    ("garbage", 3, "not a log record"),
+])
+def test_verify_names_the_first_broken_record(tmp_path, damage, line, reason):
+    path = tmp_path / "audit.log"
+    log = AuditLog(path)
+    for i in range(4):
+        log.append({"metric": "ero", "n": i})
+    lines = _lines(path)
+    if damage == "change":
+        lines[1] = lines[1].replace('"n":1', '"n":7')
+    elif damage == "remove":
+        del lines[1]
+    elif damage == "swap":
+        lines[1], lines[2] = lines[2], lines[1]
+    elif damage == "garbage":
+        lines[2] = "{not json"
+    text = "\n".join(lines) + "\n"
+    if damage == "truncate":
+        text = text[:-10]
+    path.write_text(text)
+    result = verify(path)
+    assert not result.ok and result.broken_line == line and reason in result.reason, result
+    assert result.records == line - 1
+
+
+def test_a_changed_hash_breaks_the_next_link_too(tmp_path):
+    """Recomputing a changed record's own hash does not help: the next record's link breaks."""
+    from tester_service.audit_log import record_hash
+    path = tmp_path / "audit.log"
+    log = AuditLog(path)
+    for i in range(3):
+        log.append({"n": i})
+    lines = _lines(path)
+    entry = json.loads(lines[0])
+    entry["record"] = {"n": 99}
+    entry["hash"] = record_hash(entry["prev"], entry["seq"], entry["time"], entry["record"])
+    lines[0] = json.dumps(entry)
+    path.write_text("\n".join(lines) + "\n")
+    result = verify(path)
+    assert not result.ok and result.broken_line == 2 and "previous record" in result.reason
+
+
+def test_concurrent_appends_keep_one_chain(tmp_path):
+    path = tmp_path / "audit.log"
+    logs = [AuditLog(path) for _ in range(2)]  # two writers on one file (flock), 4 threads each
+
+    def work(log, k):
+        for i in range(25):
+            log.append({"writer": k, "i": i})
+    threads = [threading.Thread(target=work, args=(logs[k % 2], k)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    result = verify(path)
+    assert result.ok and result.records == 200
+
+
+def test_a_damaged_tail_is_never_appended_to(tmp_path):
+    path = tmp_path / "audit.log"
+    AuditLog(path).append({"n": 1})
+    path.write_bytes(path.read_bytes()[:-5])
+    with pytest.raises(AuditLogError, match="incomplete record"):
+        AuditLog(path).append({"n": 2})
+
+
+def test_ppre_log_verify(tmp_path, capsys):
+    path = tmp_path / "audit.log"
+    AuditLog(path).append({"n": 1})
+    AuditLog(path).append({"n": 2})
+    assert ppre_main(["log", "verify", str(path)]) == 0
+    assert "2 records, chain intact" in capsys.readouterr().out
+    path.write_text(path.read_text().replace('"n":2', '"n":3'))
+    assert ppre_main(["log", "verify", str(path), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out == {"ok": False, "records": 1, "broken_line": 2,
+                   "reason": "its content does not match its hash (it was changed)"}
+
+
+def test_every_audit_request_is_recorded_without_member_data(tmp_path):
+    """Through the real services: a finished audit (with the digest of the very result the
+    operator got), a failed one and a refused one (session limit) each leave one record;
+    nothing in the log is a member id."""
+    tester, client, tp, cp = write_inputs(tmp_path, 120, 90, seed=3)
+    log_path = tmp_path / "audit.log"
+    with local_services(lambda: read_probability_table(tp), DatasetRegistry(named={"ero": cp}),
+                        modulus_bits=TEST_BITS, allow_insecure=True) as svc:
+        svc.tester_config.audit_log = AuditLog(log_path)
+        ok = run_audit(svc.tester_address, pb.AuditRequest(metric="ero", client_dataset="ero", bootstrap=10,
+                                                           has_seed=True, seed=4))
+        bad = run_audit(svc.tester_address, pb.AuditRequest(metric="ero", client_dataset="ero", bootstrap=10,
+                                                            metric_option="precision"))
+    assert ok.WhichOneof("event") == "result" and bad.error.code == "bad_input"
+    result = verify(log_path)
+    assert result.ok and result.records == 2
+    first, second = (json.loads(line)["record"] for line in _lines(log_path))
+    assert first["metric"] == "ero" and first["client_dataset"] == "ero" and first["who"]
+    assert first["parameters"]["bootstrap"] == 10 and first["parameters"]["seed"] == 4
+    assert first["outcome"] == {"status": "result", "n_matched": 90,
+                                "result_sha256": result_digest(ok.result.report_json)}
+    assert second["outcome"]["status"] == "error" and second["outcome"]["code"] == "bad_input"
+    text = log_path.read_text()
+    assert not any(member in text for member in set(tester.member_id) | set(client.member_id))
+
+
+def test_refused_and_cancelled_requests_have_their_own_outcomes():
+    from tester_service.server import audit_record
+    request = pb.AuditRequest(metric="lot", client_dataset="q", metric_option="raw",
+                              metric_params={"same_group_pairs": "true"})
+    refused = audit_record(request, "ipv4:10.0.0.1:5000", None, 0, refusal="resource_exhausted: limit 1")
+    assert refused["outcome"] == {"status": "refused", "reason": "resource_exhausted: limit 1"}
+    assert refused["parameters"]["metric_params"] == {"same_group_pairs": "true"}
+    assert refused["parameters"]["bootstrap"] is None  # absent: the default was to apply
+    assert audit_record(request, "x", None, 0)["outcome"] == {"status": "cancelled"}
