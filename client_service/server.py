@@ -90,6 +90,7 @@ class _Exchange:
                 if msg is None:
                     log.warning("session ended by the Tester in phase %s", session.phase.value)
                     return
+                log.debug("received %s in phase %s", msg.WhichOneof("body"), session.phase.value)  # kinds only
                 for out in session.receive(msg):
                     outbox.put(out, self.checkpoint)
                 if session.phase is Phase.DONE:

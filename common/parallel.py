@@ -40,9 +40,13 @@ PARENT_CHECK_S = 1.0
 
 
 def _exit_with_parent(parent: int) -> None:
-    """Worker initializer: a worker exits as soon as its service is gone. A service killed
-    on its own (SIGKILL, the OOM killer) would otherwise leave its workers running:
-    they wait on the pool's pipe, whose other end they also hold, so they never see it close."""
+    """Worker initializer: no core dumps (`common.memory.protect_process`: a worker holds
+    key material and tables too), and the worker exits as soon as its service is gone. A
+    service killed on its own (SIGKILL, the OOM killer) would otherwise leave its workers
+    running: they wait on the pool's pipe, whose other end they also hold, so they never
+    see it close."""
+    from common.memory import protect_process
+    protect_process()
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(PARENT_CHECK_S)

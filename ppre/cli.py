@@ -28,7 +28,8 @@ COMMAND_MODULES = (
 
 def _base_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     parser = argparse.ArgumentParser(prog="ppre", description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log progress at INFO level (-vv: DEBUG)")
     return parser, parser.add_subparsers(dest="command", required=True)
 
 
@@ -44,7 +45,7 @@ def _parser_for(argv: list[str] | None) -> argparse.ArgumentParser:
     """The parser with only the invoked sub-command's module imported (startup time);
     the full `build_parser()` for help, errors or anything unusual."""
     args = sys.argv[1:] if argv is None else list(argv)
-    rest = [a for a in args if a not in ("-v", "--verbose")]
+    rest = [a for a in args if a not in ("-v", "-vv", "--verbose")]
     module = f"ppre.commands.{rest[0]}" if rest else None
     if module not in COMMAND_MODULES or any(a in ("-h", "--help") for a in args[:len(args) - len(rest) + 1]):
         return build_parser()
@@ -56,7 +57,8 @@ def _parser_for(argv: list[str] | None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser_for(argv)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+    level = logging.DEBUG if args.verbose >= 2 else logging.INFO if args.verbose else logging.WARNING
+    logging.basicConfig(level=level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return int(args.func(args) or 0)

@@ -169,6 +169,7 @@ class _AuditRun:
 
     def _progress(self, phase: str, message: str, done: int = 0, total: int = 0) -> None:
         self._check()
+        log.debug("audit progress: %s %d of %d", phase, done, total)  # counts only, never data
         self.state.update(phase, done, total)
         self._emit(phase, message or (f"{done} of {total}" if total else f"{done} so far"), done, total)
 

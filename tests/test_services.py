@@ -242,7 +242,7 @@ def test_services_as_processes_write_no_files_and_log_no_member_data(inputs, tmp
     run_dir = tmp_path / "run"
     (run_dir / "tmp").mkdir(parents=True)
     env = {**os.environ, "TMPDIR": str(run_dir / "tmp"), "HOME": str(run_dir), "PYTHONPATH": str(REPO)}
-    ports, tester_p, client_p = _start_service_processes(tp, cp, run_dir, env, ["-v"], subprocess.PIPE)
+    ports, tester_p, client_p = _start_service_processes(tp, cp, run_dir, env, ["-vv"], subprocess.PIPE)
     try:
         deadline = time.time() + 60
         while not (channels.check_health(f"127.0.0.1:{ports[0]}", 1) and channels.check_health(f"127.0.0.1:{ports[1]}", 1)):
@@ -250,6 +250,20 @@ def test_services_as_processes_write_no_files_and_log_no_member_data(inputs, tmp
             time.sleep(0.3)
         event = run_audit(f"127.0.0.1:{ports[0]}", _request(bootstrap=20))
         assert event.WhichOneof("event") == "result", event
+        # no core dumps (SPEC 7): the services and the worker processes they started
+        pids = [tester_p.pid, client_p.pid]
+        pids += [int(c) for pid in pids for task in Path(f"/proc/{pid}/task").iterdir()
+                 for c in (task / "children").read_text().split()]
+        checked = 0
+        for pid in pids:
+            try:
+                limits = Path(f"/proc/{pid}/limits").read_text()
+            except FileNotFoundError:  # a helper process that has already exited
+                continue
+            core = next(line for line in limits.splitlines() if line.startswith("Max core file size"))
+            assert core.split()[4:6] == ["0", "0"], (pid, core)
+            checked += 1
+        assert checked > 2, "no worker process of the services was found"
     finally:
         for p in (tester_p, client_p):
             p.terminate()
@@ -262,9 +276,12 @@ def test_services_as_processes_write_no_files_and_log_no_member_data(inputs, tmp
                     p.communicate(timeout=10)
     written = [p for p in run_dir.rglob("*") if p.is_file()]
     assert written == [], written
-    assert logs, "the services logged nothing at -v"
+    assert logs, "the services logged nothing at -vv"
+    assert b" DEBUG " in logs or b"DEBUG" in logs, "nothing was logged at DEBUG level"
     for member in list(tester.member_id) + list(client.member_id):
         assert member.encode() not in logs
+    for value in tester.iloc[:50, 1:].to_numpy().ravel():  # probabilities, as Python would print them
+        assert repr(float(value)).encode() not in logs
 
 
 def test_unreachable_client_is_reported_not_hung(inputs):

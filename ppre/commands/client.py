@@ -36,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
     from client_service.datasets import DatasetRegistry
     from client_service.server import ClientConfig, serve
     from ppre.commands import serve_forever
+    from common.memory import protect_process
+
+    protect_process()  # SPEC 7: a crash must not write keys or tables to disk (no core dumps)
     registry = DatasetRegistry(args.data_dir, _named(args.dataset))
     config = ClientConfig(registry, settings=link_settings(args), max_sessions=args.max_sessions)
     server, port, servicer = serve(config, args.port, args.host)

@@ -63,6 +63,9 @@ def preparation_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from ppre.commands import serve_forever
+    from common.memory import protect_process
+
+    protect_process()  # SPEC 7: a crash must not write keys or tables to disk (no core dumps)
     from tester_service.server import TesterConfig, serve
     if bool(args.probabilities) == bool(args.members):
         raise InputError("give exactly one of --probabilities (a prepared table) and --members",
