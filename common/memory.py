@@ -46,15 +46,9 @@ def protect_process() -> None:
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
-@lru_cache(maxsize=1)
 def _malloc_trim():
-    name = ctypes.util.find_library("c")
-    if not name:
-        return None
-    try:
-        return getattr(ctypes.CDLL(name), "malloc_trim", None)
-    except OSError:
-        return None
+    libc = _libc()
+    return getattr(libc, "malloc_trim", None) if libc is not None else None
 
 
 def release_freed_memory() -> None:
