@@ -28,9 +28,9 @@ import pandas as pd
 
 from common import commutative, encoding, paillier, parallel, wire
 from common.errors import EncodingOverflowError, InputError, PeerAborted, ProtocolError
-from common.masking import AdditiveMask, RatioMask, masked_ratio
+from common.masking import masked_ratio
 from common.metrics import get_metric
-from common.metrics.base import Layout, Metric, choose_layout
+from common.metrics.base import Layout, Metric
 from common.results import finish
 from common.session import PhaseClock, chunk_ticks, expect_phase
 from common.symmetric import sealed_width
@@ -48,10 +48,6 @@ MAX_SQUARES = 1 << 20
 DatasetLoader = Callable[[str, Metric], pd.DataFrame]
 #: own ids hashed and encrypted per step of step 4 (a checkpoint and a progress report each)
 ID_STEP_ROWS = 32_768
-
-
-def mask_bits(recipient: str) -> int:
-    return RatioMask.max_bits(0) if recipient == "client" else AdditiveMask.max_bits(0)
 
 
 class Phase(enum.Enum):
@@ -206,8 +202,8 @@ class ClientSession:
                     ints.append(comp.quantize(rows.values[order, c]))
                 except EncodingOverflowError as exc:
                     raise InputError(str(exc), file=file) from None
-            self._layout = choose_layout(metric.item_bits(n, hello.buckets, comps), mask_bits(hello.result_recipient),
-                                         len(comps), self._modulus_bits)
+            self._layout = metric.layout(self._option, self._params, self._info, n_rows=n, n_units=hello.buckets,
+                                         recipient=hello.result_recipient, modulus_bits=self._modulus_bits)
             matrix = np.column_stack(ints) if all(i.dtype != object for i in ints) else \
                 np.array([list(r) for r in zip(*ints)], dtype=object)
             self._values = self._layout.pack(matrix)
@@ -400,18 +396,13 @@ class ClientSession:
             self.close()
             return out
         layout = encoding.SlotLayout(header.slot_bits, plan.item_slots)
-        values = np.full((header.replicates + 1, len(plan.cells)), np.nan)
-        for idx, value in enumerate(signed):
-            b, i = divmod(idx, n_items)
+        decoded = []
+        for value in signed:
             try:
-                slots = layout.unpack(value)
+                decoded.append(layout.unpack(value))
             except EncodingOverflowError:
                 raise ProtocolError("an aggregate does not decode: overflow") from None
-            for c, cell in enumerate(plan.cells):
-                if cell.item == i:
-                    r = masked_ratio(slots[cell.num_slot], slots[cell.den_slot])
-                    if r is not None:
-                        values[b, c] = r * 2.0 ** cell.scale_shift
+        values = plan.cell_values(decoded, masked_ratio)
         report = finish(self._metric, plan, values, option=self._option, confidence=header.confidence,
                         tau=header.tau, params=self._params, info=self._info, replicates=header.replicates,
                         small_groups=[g for g in header.small_groups if g in header.groups])

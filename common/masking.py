@@ -69,3 +69,9 @@ class AdditiveMask:
     @staticmethod
     def max_bits(bound_bits: int) -> int:
         return bound_bits + STATISTICAL_BITS + 1
+
+
+def mask_bits(recipient: str) -> int:
+    """Bits a mask adds to a cell value: the ratio mask's factor when the Test-Client
+    learns the result ("client"), the additive pad when only the Tester does."""
+    return RatioMask.max_bits(0) if recipient == "client" else AdditiveMask.max_bits(0)

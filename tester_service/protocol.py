@@ -35,7 +35,7 @@ from common import commutative, encoding, paillier, parallel, wire
 from common.errors import EncodingOverflowError, InputError, PeerAborted, ProtocolError
 from common.masking import NOISE_BITS, AdditiveMask, RatioMask
 from common.metrics import get_metric
-from common.metrics.base import Layout, choose_layout
+from common.metrics.base import Layout
 from common.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, AuditReport, finish
 from common.session import PhaseClock, chunk_ticks, expect_phase
 from common.symmetric import RowSealer, sealed_width
@@ -99,11 +99,6 @@ ProgressFn = Callable[..., None]
 #: rows hashed, encrypted and sealed per step of step 2 (a checkpoint and a progress
 #: report each; about a second of work)
 UPLOAD_STEP_ROWS = 32_768
-
-
-def mask_bits(recipient: str) -> int:
-    """Bits a mask adds to a cell value: the ratio mask's factor, or the additive pad."""
-    return RatioMask.max_bits(0) if recipient == "client" else AdditiveMask.max_bits(0)
 
 
 class TesterSession:
@@ -244,10 +239,10 @@ class TesterSession:
                 raise ProtocolError(f"{metric.name} needs no encryption key")
             return
         self._pub = paillier.PublicKey.from_bytes(ack.paillier_n, ack.paillier_h, min_bits=self._min_bits)
-        comps = metric.components(self.spec.metric_option, self.params, info)
         try:
-            layout = choose_layout(metric.item_bits(self._client_rows, self._n_buckets, comps),
-                                   mask_bits(self.spec.result_recipient), len(comps), self._pub.n.bit_length())
+            layout = metric.layout(self.spec.metric_option, self.params, info, n_rows=self._client_rows,
+                                   n_units=self._n_buckets, recipient=self.spec.result_recipient,
+                                   modulus_bits=self._pub.n.bit_length())
         except EncodingOverflowError as exc:
             raise ProtocolError(f"the Test-Client's table cannot be aggregated with its key: {exc}") from None
         if (ack.slot_bits, ack.slots) != (layout.slot_bits, layout.slots):
@@ -543,7 +538,7 @@ class TesterSession:
         self._plan = self.metric.plan(self.groups, self._strata_labels, self._layout, self.spec.metric_option,
                                       self.params, self._info)
         self._lap("squares")
-        yield from self._send_items(items, self.metric.random_groups)
+        yield from self._send_items(items, self._replicates())
 
     def _send_items(self, items: list[int], replicates: int) -> Iterator[pb.PeerMessage]:
         """Mask every item of every replicate, rerandomise, and send (step 6's end)."""
@@ -637,13 +632,7 @@ class TesterSession:
                 slots.append(AdditiveMask(tuple(self._pads[idx])).remove(layout.unpack(value)))
             except EncodingOverflowError:
                 raise ProtocolError("a masked plaintext does not decode") from None
-        values = np.full((replicates + 1, len(plan.cells)), np.nan)
-        for b in range(replicates + 1):
-            for c, cell in enumerate(plan.cells):
-                item = slots[b * n_items + cell.item]
-                num, den = item[cell.num_slot], item[cell.den_slot]
-                if den != 0:
-                    values[b, c] = float(num) / float(den) * 2.0 ** cell.scale_shift
+        values = plan.cell_values(slots, lambda num, den: float(num) / float(den) if den != 0 else None)
         report = finish(self.metric, plan, values, option=self.spec.metric_option, confidence=self.spec.confidence,
                         tau=self.spec.tau, params=self.params, info=self._info, replicates=replicates,
                         result_recipient="tester", small_groups=self._small_groups)

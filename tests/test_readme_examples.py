@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from common.metrics import METRICS
+from common import results
 from ppre.synth import METRIC_DATASETS
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -39,7 +40,7 @@ VERDICT_KEYS = {"rule", "tau", "severity", "significant", "flagged", "compared",
 COMPARED_KEYS = {"label", "estimate", "ci_low", "ci_high", "band_low", "band_high"}
 RULES = {"ero": "range", "output": "range", "lot": "negative_cells", "mqos-ndcg": "below_overall",
          "mqos-auc": "below_overall", "pot": "nonzero_pairs", "prob-count": "inclusion"}
-SEVERITIES = {"none", "low", "moderate", "high", "insufficient data", "flagged"}
+SEVERITIES = set(results.SEVERITIES)
 
 
 def readme_commands() -> list[list[str]]:

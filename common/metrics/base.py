@@ -145,19 +145,20 @@ class Layout:
 
     def pack(self, values: np.ndarray) -> list[int]:
         """(n, components) integers -> n·n_ciphertexts packed plaintexts, row-major; a
-        plaintext is negative when its top slot is (encode it mod n before encrypting)."""
-        n = values.shape[0]
-        out: list[int] = []
+        plaintext is negative when its top slot is (encode it mod n before encrypting).
+        Built a column at a time (one pass per slot over Python ints: a hot path)."""
         cols = [values[:, c].tolist() for c in range(self.n_components)]
-        for i in range(n):
-            for ct in range(self.n_ciphertexts):
-                total = 0
-                for s in range(self.slots):
-                    c = ct * self.slots + s
-                    if c < self.n_components:
-                        total += int(cols[c][i]) << (s * self.slot_bits)
-                out.append(total)
-        return out
+        per_ct = []
+        for ct in range(self.n_ciphertexts):
+            part = cols[ct * self.slots:(ct + 1) * self.slots]
+            packed = [int(v) for v in part[0]]
+            for s, col in enumerate(part[1:], start=1):
+                shift = s * self.slot_bits
+                packed = [a + (int(b) << shift) for a, b in zip(packed, col)]
+            per_ct.append(packed)
+        if len(per_ct) == 1:
+            return per_ct[0]
+        return [v for row in zip(*per_ct) for v in row]
 
 
 def bits(x: int) -> int:
@@ -210,6 +211,23 @@ class Plan:
     cells: tuple[Cell, ...]
     items: tuple[Item, ...]
     item_slots: int
+
+    def cell_values(self, item_slots: Sequence[Sequence[int]],
+                    ratio: Callable[[int, int], float | None]) -> np.ndarray:
+        """(replicates, cells) ratios from the decoded slots of every item, row-major
+        (replicate, item); `ratio(num, den)` is None where a cell has no denominator
+        (then NaN). Both parties' finish (masked ratios at the Test-Client, unpadded
+        values at the Tester) goes through here."""
+        n_items = len(self.items)
+        replicates = len(item_slots) // n_items
+        values = np.full((replicates, len(self.cells)), np.nan)
+        for b in range(replicates):
+            for c, cell in enumerate(self.cells):
+                slots = item_slots[b * n_items + cell.item]
+                r = ratio(slots[cell.num_slot], slots[cell.den_slot])
+                if r is not None:
+                    values[b, c] = r * 2.0 ** cell.scale_shift
+        return values
 
 
 #: a weight column: per-row integers; an int = the same weight for every row; a tuple of
@@ -294,6 +312,14 @@ class Metric:
         """Bits of the largest unmasked cell value any replicate can reach."""
         value = max(bits(c.bound) for c in components)
         return bits(n_rows * n_units) + self.weight_bits(n_rows) + value
+
+    def layout(self, option: str, params: dict[str, Any], info: dict[str, Any], *, n_rows: int, n_units: int,
+               recipient: str, modulus_bits: int) -> Layout:
+        """The slot plan both parties derive (SPEC 4): from the metric, the Test-Client's row
+        count, the resampling units, the mask the result recipient implies and the key."""
+        from common.masking import mask_bits
+        comps = self.components(option, params, info)
+        return choose_layout(self.item_bits(n_rows, n_units, comps), mask_bits(recipient), len(comps), modulus_bits)
 
     # ------------------------------------------------------------- the Tester
     def weights(self, q: Sequence[np.ndarray], strata: np.ndarray | None, units: np.ndarray,

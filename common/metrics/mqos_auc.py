@@ -58,6 +58,12 @@ def _labels_and_scores(frame, file):
     return y, scores
 
 
+def _with_overall(q) -> np.ndarray:
+    """The rows' weights per group, then the overall cell's (2^32 for every row)."""
+    (q1,) = q
+    return np.hstack([q1, np.full((q1.shape[0], 1), 1 << PROBABILITY_BITS, dtype=np.int64)])
+
+
 class MqosAuc(Metric):
     """The registry's entry: the option picks the algorithm (`for_option`)."""
 
@@ -101,8 +107,7 @@ class ExactAuc(MqosAuc):
 
     def tester_facts(self, q, strata, units):
         """S_j over all rows and per random group (plaintext: Σ of the Tester's own weights)."""
-        (q1,) = q
-        ext = np.hstack([q1, np.full((q1.shape[0], 1), 1 << PROBABILITY_BITS, dtype=np.int64)])
+        ext = _with_overall(q)
         g = int(units.max()) + 1
         per_group = np.zeros((g, ext.shape[1]), dtype=object)
         for u in range(g):
@@ -112,8 +117,7 @@ class ExactAuc(MqosAuc):
     def weights(self, q, strata, units, groups, option, params):
         """Per cell (groups, then overall): W_L = q·2A over all rows, W_Lg = q·2A within the
         row's random group, W_T = q, W_Q = q² (2A keeps ties' half weights integral)."""
-        (q1,) = q
-        ext = np.hstack([q1, np.full((q1.shape[0], 1), 1 << PROBABILITY_BITS, dtype=np.int64)])
+        ext = _with_overall(q)
         full = doubled_a_weights(strata, ext)
         within = doubled_a_weights(strata, ext, groups=units)
         cols = []
