@@ -91,13 +91,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(address: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+def wait_healthy(address: str, proc: subprocess.Popen, timeout: float = 120.0, tls=None) -> None:
     from common.channels import check_health
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"service exited with {proc.returncode}")
-        if check_health(address, timeout=1.0):
+        if check_health(address, timeout=1.0, tls=tls):
             return
         time.sleep(0.2)
     raise RuntimeError(f"{address} not healthy after {timeout} s")
@@ -111,6 +111,9 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=None, help="PPRE_WORKERS of each service")
     ap.add_argument("--data", type=Path, default=None, help="keep the generated files here (reused)")
     ap.add_argument("--json", type=Path, default=None, help="also write the measurements here")
+    ap.add_argument("--no-release-controls", action="store_true",
+                    help="the Tester without release controls (B bootstrap replicates instead of the noised "
+                         "random groups; see README 'Threat model and release controls')")
     args = ap.parse_args()
 
     from proto import ppre_pb2 as pb
@@ -127,16 +130,24 @@ def main() -> int:
     if args.workers:
         env["PPRE_WORKERS"] = str(args.workers)
     ppre = [sys.executable, "-m", "ppre.cli"]
+    # mutual TLS as deployed: a development CA for this run (`ppre certs init`)
+    from common.tls import DevCA, TlsIdentity
+    certs = Path(tmp.name) / "certs"
+    DevCA.generate().write(certs)
+    operator = TlsIdentity.from_dir(certs, "operator")
+    tls = ["--tls-dir", str(certs)]
     client_port, tester_port = free_port(), free_port()
     procs = {}
     try:
         procs["client"] = subprocess.Popen(ppre + ["client", "serve", "--host", "127.0.0.1", "--port",
-                                                   str(client_port), "--dataset", f"ero={cp}"], env=env, cwd=ROOT)
+                                                   str(client_port), "--dataset", f"ero={cp}", *tls], env=env, cwd=ROOT)
         procs["tester"] = subprocess.Popen(ppre + ["tester", "serve", "--host", "127.0.0.1", "--port",
                                                    str(tester_port), "--client", f"127.0.0.1:{client_port}",
-                                                   "--probabilities", str(tp)], env=env, cwd=ROOT)
-        wait_healthy(f"127.0.0.1:{client_port}", procs["client"])
-        wait_healthy(f"127.0.0.1:{tester_port}", procs["tester"])
+                                                   "--probabilities", str(tp), *tls,
+                                                   *(["--no-release-controls"] if args.no_release_controls else
+                                                     ["--privacy-budget", "inf"])], env=env, cwd=ROOT)
+        wait_healthy(f"127.0.0.1:{client_port}", procs["client"], tls=operator)
+        wait_healthy(f"127.0.0.1:{tester_port}", procs["tester"], tls=operator)
         memory = PeakMemory({name: p.pid for name, p in procs.items()})
         memory.start()
         request = pb.AuditRequest(metric="ero", client_dataset="ero", bootstrap=args.bootstrap, confidence=0.95,
@@ -149,7 +160,7 @@ def main() -> int:
                 last["phase"] = p.phase
 
         t0 = time.perf_counter()
-        event = run_audit(f"127.0.0.1:{tester_port}", request, on_progress=show)
+        event = run_audit(f"127.0.0.1:{tester_port}", request, on_progress=show, tls=operator)
         wall = time.perf_counter() - t0
         memory.stop.set()
         memory.join()
@@ -165,7 +176,8 @@ def main() -> int:
     if event.WhichOneof("event") != "result":
         print("audit failed:", event.error.code, event.error.message)
         return 1
-    r = event.result
+    from common.results import AuditReport
+    r = AuditReport.from_proto(event.result)
     out = {
         "members_each_side": args.members, "overlap": args.overlap, "bootstrap": args.bootstrap,
         "workers": args.workers or os.cpu_count(), "cpus": os.cpu_count(), "n_matched": r.n_matched,

@@ -26,23 +26,16 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import pandas as pd
 
-from common import commutative, encoding, paillier, parallel, wire
-from common.errors import EncodingOverflowError, InputError, PeerAborted, ProtocolError
+from common import commutative, encoding, paillier, parallel, validation, wire
+from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.masking import masked_ratio
-from common.metrics import get_metric
 from common.metrics.base import Layout, Metric
 from common.results import finish
 from common.session import PhaseClock, chunk_ticks, expect_phase
-from common.symmetric import sealed_width
 from proto import ppre_pb2 as pb
 
-PROTOCOL_VERSION = 2
-MAX_GROUPS = 64
-MAX_REPLICATES = 100_000
-MAX_BUCKETS = 1 << 20
-#: most cells per replicate, and most values P1 may ask to have squared
-MAX_ITEMS = 1 << 16
-MAX_SQUARES = 1 << 20
+#: the limits on what the Tester sends, with the checks: common.validation
+PROTOCOL_VERSION = validation.PROTOCOL_VERSION
 
 #: (dataset name, metric) -> the dataset as read (its file label in frame.attrs["file"])
 DatasetLoader = Callable[[str, Metric], pd.DataFrame]
@@ -63,17 +56,21 @@ class Phase(enum.Enum):
 class ClientSession:
     def __init__(self, load_dataset: DatasetLoader, *, modulus_bits: int = paillier.MIN_MODULUS_BITS,
                  allow_insecure: bool = False, checkpoint: Callable[[], None] | None = None,
-                 progress: Callable[[str, int, int], None] | None = None) -> None:
+                 progress: Callable[[str, int, int], None] | None = None,
+                 max_received_bytes: int = validation.DEFAULT_MAX_RECEIVED_BYTES) -> None:
         """`checkpoint()` runs between chunks of the long steps (encryption, decryption);
         whatever it raises ends the session (the servicer stops work for a Tester that left,
         or when it shuts down). `progress(phase, done, total)` reports what the session is
-        busy with (the servicer's heartbeats carry it to the Tester)."""
+        busy with (the servicer's heartbeats carry it to the Tester). `max_received_bytes`:
+        the most the Tester may send in this session (`common.validation`)."""
         self._load_dataset = load_dataset
         self._checkpoint = checkpoint
         self._progress = progress or (lambda phase, done, total: None)
         self._modulus_bits = modulus_bits
         self._allow_insecure = allow_insecure
         self.phase = Phase.WAIT_HELLO
+        #: every message from the Tester is checked here first (common.validation)
+        self._inbound = validation.ClientInbound(max_received_bytes=max_received_bytes)
         self._clock = PhaseClock()
         self.phase_seconds = self._clock.seconds
         self.dataset = ""
@@ -123,49 +120,19 @@ class ClientSession:
             self.phase = Phase.CLOSED
 
     def receive(self, msg: pb.PeerMessage) -> Iterable[pb.PeerMessage]:
-        kind = msg.WhichOneof("body")
-        handler = {
-            "hello": self._on_hello,
-            "chunk": self._on_chunk,
-            "table_end": self._on_table_end,
-            "aggregates_header": self._on_aggregates_header,
-        }.get(kind)
-        if kind == "abort":
-            raise PeerAborted(msg.abort.code or "peer_error", f"the Tester aborted: {msg.abort.message}")
-        if handler is None:
-            raise ProtocolError(f"unexpected message '{kind}' from the Tester")
-        return handler(getattr(msg, kind))
+        """Consume one message from the Tester; returns the messages to send back.
+        `common.validation.ClientInbound` checks it (phase, order, content) before its
+        `_on_<kind>` handler runs; a session that failed refuses every later message."""
+        return self._inbound.receive(self, msg)
+
+    @property
+    def failed(self) -> bool:
+        return self._inbound.failed
 
     # ---------------------------------------------------------------- step 1
-    def _check_hello(self, hello: pb.Hello) -> Metric:
-        if hello.protocol_version != PROTOCOL_VERSION:
-            raise ProtocolError(f"protocol version {hello.protocol_version} is not supported")
-        if len(hello.salt_share) != 32:
-            raise ProtocolError("salt share must be 32 bytes")
-        if not 8 <= hello.probability_bits <= 48:
-            raise ProtocolError("probability scale out of range")
-        if hello.result_recipient not in ("client", "tester"):
-            raise ProtocolError("unknown result recipient")
-        if not sealed_width(1) <= hello.sealed_width <= sealed_width(MAX_GROUPS) \
-                or (hello.sealed_width - sealed_width(0)) % 8:
-            raise ProtocolError("sealed row width out of range")
-        if not 1 <= hello.buckets <= MAX_BUCKETS:
-            raise ProtocolError("bucket count out of range")
-        try:
-            metric = get_metric(hello.metric)
-        except InputError:
-            raise ProtocolError("the Tester asked for a metric this Test-Client does not know") from None
-        option = hello.metric_option or metric.options[0]
-        if option not in metric.options:
-            raise ProtocolError(f"the Tester asked for '{option}', which is not an option of {metric.name}")
-        self._option = option
-        metric = metric.for_option(option)
-        self._params = metric.parse_params(dict(hello.metric_params))
-        return metric
-
-    def _on_hello(self, hello: pb.Hello) -> list[pb.PeerMessage]:
-        self._expect(Phase.WAIT_HELLO)
-        metric = self._check_hello(hello)
+    def _on_hello(self, hello: pb.Hello, choice: validation.HelloChoice) -> list[pb.PeerMessage]:
+        metric = choice.metric
+        self._option, self._params = choice.option, choice.params
         self._metric = metric
         self._progress("load_dataset", 0, 0)
         frame = self._load_dataset(hello.client_dataset, metric)
@@ -223,25 +190,17 @@ class ClientSession:
         return [pb.PeerMessage(hello_ack=ack)]
 
     # ---------------------------------------------------------------- steps 3-4
-    def _on_chunk(self, chunk: pb.TableChunk) -> list[pb.PeerMessage]:
-        self._expect(Phase.WAIT_TESTER_ROWS, Phase.WAIT_SQUARE_REQUEST, Phase.WAIT_AGGREGATES)
-        self._reader.check_chunk(chunk)
+    def _on_chunk(self, chunk: pb.TableChunk, rows: validation.Rows) -> list[pb.PeerMessage]:
         if self.phase is Phase.WAIT_TESTER_ROWS:
-            doubled = self._com_key.encrypt_packed(chunk.points)
+            doubled = self._com_key.encrypt_points(rows.points)
             self._doubled.append(doubled)
             self._sealed.append(chunk.sealed)
             self._progress("double_encrypt", self._reader.rows, 0)
         else:
-            self._aggregates += paillier.ciphertexts_from_bytes(chunk.ciphertexts, self._paillier.public)
-            limit = MAX_SQUARES if self.phase is Phase.WAIT_SQUARE_REQUEST else \
-                (self._header.replicates + 1) * self._header.items
-            if len(self._aggregates) > limit:
-                raise ProtocolError(f"more than {limit} ciphertexts in {wire.TABLE_NAMES[self._reader.table]}")
+            self._aggregates += rows.ciphertexts
         return []
 
-    def _on_table_end(self, end: pb.TableEnd) -> Iterable[pb.PeerMessage]:
-        self._expect(Phase.WAIT_TESTER_ROWS, Phase.WAIT_SQUARE_REQUEST, Phase.WAIT_AGGREGATES)
-        self._reader.check_end(end)
+    def _on_table_end(self, end: pb.TableEnd, _: None) -> Iterable[pb.PeerMessage]:
         if self.phase is Phase.WAIT_TESTER_ROWS:
             return self._send_tables()
         if self.phase is Phase.WAIT_SQUARE_REQUEST:
@@ -332,7 +291,7 @@ class ClientSession:
         pub = key.public
         masked = self._aggregates
         self._aggregates = []
-        plain = paillier.decrypt_mod_p_chunk(key.p, key.q, masked)
+        plain = key.decrypt_mod_p(masked)
         squares = paillier.encrypt_chunk(pub.n, pub.h, [m * m % pub.n for m in plain])
         self.phase = Phase.WAIT_AGGREGATES_HEADER
         self._lap("squares")
@@ -341,22 +300,7 @@ class ClientSession:
                                        ciphertexts=paillier.ciphertexts_to_bytes(squares, pub.ciphertext_bytes))
 
     # ---------------------------------------------------------------- step 7
-    def _on_aggregates_header(self, header: pb.AggregatesHeader) -> list[pb.PeerMessage]:
-        self._expect(Phase.WAIT_AGGREGATES_HEADER)
-        if not 1 <= len(header.groups) <= MAX_GROUPS or len(set(header.groups)) != len(header.groups):
-            raise ProtocolError("aggregates header: bad group list")
-        if not 1 <= header.replicates <= MAX_REPLICATES or not 0 < header.confidence < 1 or not header.tau > 0:
-            raise ProtocolError("aggregates header: bad bootstrap parameters")
-        if header.slot_bits != self._layout.slot_bits:
-            raise ProtocolError("aggregates header: slot width differs from the one announced")
-        expected_mask = "ratio" if self._hello.result_recipient == "client" else "additive"
-        if header.mask != expected_mask:
-            raise ProtocolError("aggregates header: mask does not match the agreed result recipient")
-        plan = self._metric.plan(tuple(header.groups), self._strata_labels, self._layout, self._option,
-                                 self._params, self._info)
-        if header.items != len(plan.items) or header.item_slots != plan.item_slots \
-                or not 1 <= header.items <= MAX_ITEMS:
-            raise ProtocolError("aggregates header: the cells do not match the metric's plan")
+    def _on_aggregates_header(self, header: pb.AggregatesHeader, plan) -> list[pb.PeerMessage]:
         self._plan = plan
         self._header = header
         self.phase = Phase.WAIT_AGGREGATES
@@ -367,20 +311,23 @@ class ClientSession:
     def _finish(self) -> list[pb.PeerMessage]:
         header, plan = self._header, self._plan
         n_items = header.items
-        expected = (header.replicates + 1) * n_items
+        expected = (header.replicates + 1) * n_items + header.zero_tests
         if len(self._aggregates) != expected:
             raise ProtocolError(f"{len(self._aggregates)} aggregates received, {expected} expected")
-        key = self._paillier
+        zero_tests = self._aggregates[len(self._aggregates) - header.zero_tests:]
+        self._aggregates = self._aggregates[:len(self._aggregates) - header.zero_tests]
+        empty = [i for i, z in enumerate(self._paillier.decrypt_task()(zero_tests)) if z == 0]
+        # workers get the narrow decryption task (p and h_p), never the key (common.paillier)
+        decrypt = self._paillier.decrypt_task(signed=True)
         parts = parallel.split(self._aggregates, parallel.chunk_count(parallel.CHECKPOINT_CHUNKS))
-        tasks = [(key.p, key.q, part) for part in parts]
+        tasks = [(part,) for part in parts]
         ticks = chunk_ticks(len(tasks), partial(self._tick, "decrypt"))
-        plain = [m for part in parallel.run_chunks(paillier.decrypt_mod_p_chunk, tasks, checkpoint=ticks)
-                 for m in part]
-        self._aggregates = []
         try:
-            signed = [encoding.decode_signed(m, key.p) for m in plain]
+            signed = [m for part in parallel.run_chunks(decrypt, tasks, checkpoint=ticks) for m in part]
         except EncodingOverflowError:
             raise ProtocolError("an aggregate does not decode: overflow") from None
+        del decrypt
+        self._aggregates = []
         self._lap("decrypt")
         self.phase = Phase.DONE
         if header.mask == "additive":
@@ -402,8 +349,15 @@ class ClientSession:
                 decoded.append(layout.unpack(value))
             except EncodingOverflowError:
                 raise ProtocolError("an aggregate does not decode: overflow") from None
-        values = plan.cell_values(decoded, masked_ratio)
+        half = len(header.noise_sd) // 2
+        sd = [header.noise_sd[:half], header.noise_sd[half:]] if half else ()
+        values = plan.cell_values(decoded, masked_ratio, plain_rows=header.plain_rows, noise_sd=sd,
+                                  pseudo_values=header.interval == "random_groups"
+                                  and self._metric.interval == "percentile")
+        # an empty item of the estimate (its zero test): its cells are undefined, not a ratio of noises
+        values = plan.suppress(values, list(header.suppressed_items) + empty)
         report = finish(self._metric, plan, values, option=self._option, confidence=header.confidence,
+                        interval=header.interval or self._metric.interval,
                         tau=header.tau, params=self._params, info=self._info, replicates=header.replicates,
                         small_groups=[g for g in header.small_groups if g in header.groups])
         self._lap("finish_statistic")

@@ -5,7 +5,10 @@ timeout and heartbeats (`common.peer_stream`: a stalled Tester or a cut link end
 session, and the Tester hears from a busy Test-Client at least every `heartbeat_s`), a
 maximum session duration, shutdown (running sessions end with a "shutting down"
 Abort), one clean Abort message for any error (never one in answer to the Tester's own
-Abort), and `session.close()` however the stream ends.
+Abort), and `session.close()` however the stream ends. A call the Tester broke ends,
+after that Abort, with a gRPC status: INVALID_ARGUMENT for malformed content
+(`ProtocolError`), FAILED_PRECONDITION for a message at the wrong moment (`PhaseError`;
+both from `common.validation`); every other ending keeps status OK.
 
 Each call runs on three threads: gRPC's handler thread sends what the session's
 `Outbox` holds (and heartbeats), an `Inbox` thread reads the Tester's stream, and a
@@ -22,9 +25,11 @@ import grpc
 
 from client_service.datasets import DatasetRegistry
 from client_service.protocol import ClientSession, Phase
-from common import channels, paillier
+from common import channels, paillier, validation
+from common import tls as tls_
 from common.admission import SessionTable
-from common.errors import InputError, PeerAborted, PPREError, ShuttingDownError
+from common.errors import InputError, PeerAborted, PPREError, ProtocolError, ShuttingDownError
+from common.session import PhaseError
 from common.memory import release_freed_memory
 from common.peer_stream import Inbox, Outbox, ProgressState
 from proto import ppre_pb2 as pb
@@ -33,6 +38,15 @@ log = logging.getLogger("ppre.client")
 
 #: how long a finished session waits for its last messages (an Abort) to leave
 ABORT_FLUSH_S = 1.0
+#: longest error text sent back (Abort message, status details): never a whole peer field
+MAX_ERROR_CHARS = 1000
+
+
+def status_for(exc: BaseException) -> grpc.StatusCode | None:
+    """The status a call the Tester broke ends with (None: OK, the Abort says it all)."""
+    if isinstance(exc, PeerAborted) or not isinstance(exc, ProtocolError):
+        return None
+    return grpc.StatusCode.FAILED_PRECONDITION if isinstance(exc, PhaseError) else grpc.StatusCode.INVALID_ARGUMENT
 
 
 @dataclass
@@ -46,10 +60,23 @@ class ClientConfig:
     settings: channels.LinkSettings = field(default_factory=channels.LinkSettings.from_env)
     #: most sessions at once (`--max-sessions`); beyond it a Tester gets a resource_exhausted Abort
     max_sessions: int = 4
+    #: most bytes one Tester may send in one session (common.validation)
+    max_received_bytes: int = validation.DEFAULT_MAX_RECEIVED_BYTES
+    #: mutual TLS (common.tls): this service's certificate, key and CA. None: plaintext,
+    #: no identities (the CLI gets here only with --insecure)
+    tls: tls_.TlsIdentity | None = None
+    #: Tester identities allowed to open an Exchange (`--allow-tester`; TLS only)
+    allowed_testers: tuple[str, ...] = (tls_.TESTER_IDENTITY,)
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
             raise InputError("must be at least 1", parameter="max sessions")
+        self.allowed_testers = tls_.parse_names(self.allowed_testers)
+        self.tester_allow_list  # an empty list is refused now, not at the first session
+
+    @property
+    def tester_allow_list(self) -> tls_.AllowList:
+        return tls_.AllowList.of("Tester", self.allowed_testers, "--allow-tester")
 
 
 class _CallEnded(Exception):
@@ -67,9 +94,12 @@ class _Exchange:
         self.outbox = Outbox(config.settings, self.state, "Tester")
         self.stop_error: BaseException | None = None
         self.handler_done = threading.Event()
+        #: (code, details) the call ends with when the Tester broke the protocol
+        self.status: tuple[grpc.StatusCode, str] | None = None
+        self.inbox: Inbox | None = None
         self.session = ClientSession(config.datasets.load, modulus_bits=config.modulus_bits,
                                      allow_insecure=config.allow_insecure, checkpoint=self.checkpoint,
-                                     progress=self.state.update)
+                                     progress=self.state.update, max_received_bytes=config.max_received_bytes)
 
     def stop(self, error: BaseException) -> None:
         self.stop_error = error
@@ -82,7 +112,7 @@ class _Exchange:
 
     def run(self, request_iterator) -> None:
         session, outbox = self.session, self.outbox
-        inbox = Inbox(request_iterator, self.config.settings, "Tester")
+        inbox = self.inbox = Inbox(request_iterator, self.config.settings, "Tester")
         try:
             while True:
                 self.state.update("")  # idle: heartbeats keep the link alive, carry no news
@@ -104,7 +134,11 @@ class _Exchange:
             log.warning("session aborted by the Tester in phase %s (%s)", session.phase.value, exc.code)
         except PPREError as exc:
             log.warning("session aborted in phase %s: %s", session.phase.value, type(exc).__name__)
-            outbox.put_nowait(pb.PeerMessage(abort=pb.Abort(code=exc.code, message=str(exc))))
+            message = str(exc)[:MAX_ERROR_CHARS]
+            outbox.put_nowait(pb.PeerMessage(abort=pb.Abort(code=exc.code, message=message)))
+            code = status_for(exc)
+            if code is not None:
+                self.status = (code, message)
         except Exception:  # never crash the server; never echo internals to the peer
             log.exception("internal error in phase %s", session.phase.value)
             outbox.put_nowait(pb.PeerMessage(abort=pb.Abort(code="internal",
@@ -144,6 +178,13 @@ class ClientServicer:
         worker.start()
         try:
             yield from exchange.outbox.messages()
+            if exchange.status is not None:
+                # the Abort is on its way: once the Tester has read it (and ended its
+                # stream), or after ABORT_FLUSH_S, end the call with the matching status
+                if exchange.inbox is not None:
+                    exchange.inbox.finished.wait(ABORT_FLUSH_S)
+                context.set_code(exchange.status[0])
+                context.set_details(exchange.status[1])
         finally:
             timer.cancel()
             exchange.handler_done.set()
@@ -176,8 +217,12 @@ class ClientServicer:
 
 def serve(config: ClientConfig, port: int, host: str = "0.0.0.0",
           interceptors: tuple = ()) -> tuple[grpc.Server, int, ClientServicer]:
+    # With TLS, an identity check runs before `interceptors` and before Exchange: a Tester
+    # that is not on the allow-list is refused (PERMISSION_DENIED) before any message.
     server, bound, health_servicer = channels.make_server(port, host, workers=config.max_sessions + 8,
-                                                          interceptors=interceptors, settings=config.settings)
+                                                          interceptors=interceptors, settings=config.settings,
+                                                          tls=config.tls,
+                                                          access={"/ppre.v1.Client/": config.tester_allow_list})
     servicer = ClientServicer(config, health_servicer)
     # Requests arrive as raw bytes and are decoded by the session's Inbox (wire.parse_peer_message),
     # so a peer's garbage gets a clean protocol_error Abort rather than a failed call.

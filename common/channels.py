@@ -1,4 +1,17 @@
-"""The one place where gRPC servers and channels are built (ROADMAP 4: mTLS goes here).
+"""The one place where gRPC servers and channels are built, with their credentials.
+
+Transport security (`common.tls`): with a `TlsIdentity`, a server listens with mutual TLS
+(a client certificate from the CA is required and verified at the handshake) and puts
+an `IdentityInterceptor` in front of every other interceptor, so a peer whose identity
+is not on the called service's allow-list is refused before any handler runs; a
+channel presents the party's certificate and checks the server's certificate for the
+expected identity (`server_name`, via `grpc.ssl_target_name_override`), whatever
+address it dials. Without one, plaintext (only `--insecure` gets there from the CLI).
+
+In-process services on loopback (`ppre.local.local_services`, the tests' service
+processes) `remember_dial(address, tls, server_name)` how they are reached, so that a
+plain `make_channel(address)` / `run_audit(address, ...)` to such an address uses the
+right credentials; `forget_dial` when they stop. Nothing else is looked up.
 
 Both services cap messages at `wire.MAX_MESSAGE_BYTES` (tables travel in ~1 MiB
 chunks, far below it) and register the standard gRPC health service.
@@ -15,13 +28,16 @@ carries heartbeats (`common.peer_stream`) while a party is busy.
 from __future__ import annotations
 
 import os
+import threading
 from concurrent import futures
 from dataclasses import dataclass
+from typing import Callable, Mapping
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.errors import InputError
+from common.tls import AllowList, IdentityInterceptor, TlsIdentity
 from common.wire import MAX_MESSAGE_BYTES
 
 #: shortest keepalive interval a party may configure, and the shortest ping interval
@@ -85,13 +101,26 @@ class LinkSettings:
 
 
 def make_server(port: int, host: str = "0.0.0.0", workers: int = 8, interceptors: tuple = (),
-                settings: LinkSettings | None = None) -> tuple[grpc.Server, int, health.HealthServicer]:
+                settings: LinkSettings | None = None, *, tls: TlsIdentity | None = None,
+                access: Mapping[str, AllowList] | None = None,
+                on_refused: Callable[[str, str, str], None] | None = None,
+                ) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """A server on HOST:PORT (0: any free port; the bound port is returned) with the health
+    service. `tls`: mutual TLS, and `access` maps a method prefix ("/ppre.v1.Tester/") to
+    the allow-list of identities that may call it (any other method but health is
+    refused); `on_refused(method, identity, message)` hears of each refusal. Without
+    `tls`, plaintext and no identity checks."""
     settings = settings or LinkSettings.from_env()
+    chain = list(interceptors)
+    if tls is not None:
+        chain.insert(0, IdentityInterceptor(access or {}, on_refused=on_refused))  # outermost: runs first
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=settings.server_options(),
-                         interceptors=list(interceptors))
+                         interceptors=chain)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = server.add_secure_port(address, tls.server_credentials()) if tls is not None \
+        else server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")
     return server, bound, health_servicer
@@ -108,12 +137,56 @@ def set_not_serving(health_servicer: health.HealthServicer, service: str) -> Non
     health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
 
 
-def make_channel(address: str, settings: LinkSettings | None = None) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=(settings or LinkSettings.from_env()).channel_options())
+@dataclass(frozen=True)
+class Dial:
+    """How to reach one address: the credentials to present and the identity the
+    server's certificate must carry."""
+
+    tls: TlsIdentity | None
+    server_name: str | None = None
 
 
-def check_health(address: str, timeout: float = 3.0) -> bool:
-    with make_channel(address) as channel:
+_DIALS: dict[str, Dial] = {}
+_DIALS_LOCK = threading.Lock()
+
+
+def remember_dial(address: str, tls: TlsIdentity | None, server_name: str | None = None) -> None:
+    """Loopback services of this process: `make_channel(address)` will use these credentials."""
+    with _DIALS_LOCK:
+        _DIALS[address] = Dial(tls, server_name)
+
+
+def forget_dial(address: str) -> None:
+    with _DIALS_LOCK:
+        _DIALS.pop(address, None)
+
+
+def known_dial(address: str) -> Dial | None:
+    with _DIALS_LOCK:
+        return _DIALS.get(address)
+
+
+def make_channel(address: str, settings: LinkSettings | None = None, *, tls: TlsIdentity | None = None,
+                 server_name: str | None = None, insecure: bool = False) -> grpc.Channel:
+    """A channel to `address`: mutual TLS with `tls` (checking that the server's certificate
+    names `server_name`, else the address's host), or with what `remember_dial` recorded
+    for this address; plaintext otherwise, or always with `insecure`."""
+    if tls is None and not insecure:
+        known = known_dial(address)
+        if known is not None:
+            tls, server_name = known.tls, server_name or known.server_name
+    options = (settings or LinkSettings.from_env()).channel_options()
+    if tls is None:
+        return grpc.insecure_channel(address, options=options)
+    if server_name:
+        options.append(("grpc.ssl_target_name_override", server_name))
+    return grpc.secure_channel(address, tls.channel_credentials(), options=options)
+
+
+def check_health(address: str, timeout: float = 3.0, *, tls: TlsIdentity | None = None,
+                 server_name: str | None = None) -> bool:
+    """Is the service at `address` SERVING? Over TLS any certificate from the CA may ask."""
+    with make_channel(address, tls=tls, server_name=server_name) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)

@@ -9,6 +9,12 @@ lies in the prime-order subgroup.
 Points cross the wire as 32-byte little-endian u-coordinates, packed back to back in
 one `bytes` value per chunk. `validate_points` is the one place where a peer's points
 are checked: canonical encoding, on the curve (not its twist), not of small order.
+
+Session material never prints and is never pickled (SPEC 7): `CommutativeKey` and
+`SessionSalt` show `<secret>` in repr/str and raise TypeError when pickled or copied
+(neither ever needs to reach a worker process). The salt is not a key: both shares
+cross the wire, so the peer (and whoever could read the TLS link) knows it; it is still
+session material and stays out of logs and files.
 """
 from __future__ import annotations
 
@@ -33,11 +39,30 @@ def _on_curve(u: int) -> bool:
     return gmpy2.jacobi(rhs, P) == 1
 
 
-def session_salt(tester_share: bytes, client_share: bytes) -> bytes:
+class SessionSalt(bytes):
+    """The per-session RO salt: bytes that print as `SessionSalt(<secret>)` and refuse pickling."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "SessionSalt(<secret>)"
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return format(repr(self), spec)
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("the session salt is never serialised")
+
+    __reduce__ = __reduce_ex__
+
+
+def session_salt(tester_share: bytes, client_share: bytes) -> SessionSalt:
     """The per-session RO salt: both parties contribute 32 random bytes, neither chooses it."""
     if len(tester_share) != 32 or len(client_share) != 32:
         raise ProtocolError("salt shares must be 32 bytes each")
-    return hashlib.sha256(b"ppre-ro-salt-v1" + tester_share + client_share).digest()
+    return SessionSalt(hashlib.sha256(b"ppre-ro-salt-v1" + tester_share + client_share).digest())
 
 
 def hash_to_curve(salt: bytes, member_id: str) -> bytes:
@@ -89,7 +114,12 @@ class CommutativeKey:
         return cls(X25519PrivateKey.from_private_bytes(secrets.token_bytes(32)))
 
     def __repr__(self) -> str:  # never print key material
-        return "CommutativeKey(<secret>)"
+        return "CommutativeKey(<X25519 scalar, secret>)"
+
+    __str__ = __repr__
+
+    def __reduce__(self):
+        raise TypeError("a commutative key is never serialised")
 
     def encrypt_points(self, points: list[bytes]) -> bytes:
         """Com.Enc_sk on already validated points; returns packed points."""

@@ -18,6 +18,22 @@ and no protocol policy (that is each party's `protocol` module).
   half the cost of full CRT decryption; every plaintext the protocol forms is
   bounded far below p/3 by its slot plan (`common.encoding`), and the signed
   decoding applies the thirds rule in Z_p, so an overflow is still detected.
+* Decryption on worker processes (`PrivateKey.decrypt_task`): what travels to a
+  worker, pickled into each chunk's task, is a `ModPDecryption`, the one operation
+  "decrypt modulo p" with exactly what it needs, p and h_p = ((p-1)q)^-1 mod p,
+  never the `PrivateKey` (which refuses to be pickled) and never q, lambda or phi as
+  such; the protocol code only calls the key's methods and never names a factor.
+  This narrows what crosses the process boundary and which code handles the factors;
+  it does not hide the key from the worker: p alone factors the public n (q = n/p,
+  then lambda), so a worker holds the equivalent of the whole private key while a
+  chunk runs, as it did before (h_p, a function of q mod p, adds nothing to p). What
+  protects it there is that the pool runs only our own code, fed over a pipe, in
+  processes that never dump core and that drop each task when its chunk is done
+  (`common.parallel`). The signed decoding runs in the same task, so the protocol
+  never handles p even for the thirds rule.
+
+Key objects (`PrivateKey`, `ModPDecryption`) print as `<2048-bit, secret>` and hold
+their secrets in fields left out of repr; `PrivateKey` refuses pickling and copying.
 """
 from __future__ import annotations
 
@@ -72,18 +88,67 @@ class PublicKey:
 
 @dataclass(frozen=True)
 class PrivateKey:
-    """Paillier private key; never serialised, never logged."""
+    """Paillier private key; never serialised, never logged (SPEC 7).
 
-    public: PublicKey
+    `repr`/`str` show the modulus size only; pickling (and so copying, or passing the
+    key to a worker process) raises TypeError: a worker gets `decrypt_task()` instead."""
+
+    public: PublicKey = field(repr=False)
     p: int = field(repr=False)
     q: int = field(repr=False)
 
     def __repr__(self) -> str:
-        return f"PrivateKey(n_bits={self.public.n.bit_length()}, <secret>)"
+        return f"PrivateKey(<{self.public.n.bit_length()}-bit, secret>)"
+
+    __str__ = __repr__
+
+    def __reduce__(self):
+        raise TypeError("a Paillier private key is never serialised (use decrypt_task() for a worker)")
 
     def decrypt_mod_p(self, ciphertexts: Sequence[int]) -> list[int]:
-        """m mod p for each ciphertext (the signed decoding is `encoding.decode_signed(m, p)`)."""
+        """m mod p for each ciphertext, in this process (for signed values, or on workers:
+        `decrypt_task(signed=True)`)."""
         return decrypt_mod_p_chunk(self.p, self.q, list(ciphertexts))
+
+    def decrypt_task(self, *, signed: bool = False) -> "ModPDecryption":
+        """The narrow, picklable operation a worker process runs on a chunk of ciphertexts
+        (module docstring): `task(ciphertexts)` is m mod p for each, or with `signed` the
+        signed value (`encoding.decode_signed` in Z_p; EncodingOverflowError on overflow)."""
+        p = mpz(self.p)
+        return ModPDecryption(p, _h_p(p, mpz(self.q)), signed, self.public.n.bit_length())
+
+
+class ModPDecryption:
+    """Paillier decryption modulo p as a task for `parallel.run_chunks`: carries p and
+    h_p only (module docstring: this narrows what travels, p still factors n).
+
+    Deliberately picklable (it is built for workers), but prints no secret."""
+
+    __slots__ = ("_p", "_p2", "_pm1", "_hp", "_signed", "_bits")
+
+    def __init__(self, p: int, hp: int, signed: bool = False, bits: int = 0) -> None:
+        self._p = mpz(p)
+        self._p2 = self._p * self._p
+        self._pm1 = self._p - 1
+        self._hp = mpz(hp)
+        self._signed = bool(signed)
+        self._bits = int(bits)
+
+    def __repr__(self) -> str:
+        return f"ModPDecryption(<{self._bits}-bit, secret>)"
+
+    __str__ = __repr__
+
+    def __reduce__(self):
+        return (ModPDecryption, (self._p, self._hp, self._signed, self._bits))
+
+    def __call__(self, ciphertexts: Sequence[int]) -> list[int]:
+        plain = _decrypt_mod_p(self._p, self._p2, self._pm1, self._hp, ciphertexts)
+        if not self._signed:
+            return plain
+        from common.encoding import decode_signed
+        p = int(self._p)
+        return [decode_signed(m, p) for m in plain]
 
 
 def generate_keypair(bits: int = MIN_MODULUS_BITS, *, allow_insecure: bool = False) -> PrivateKey:
@@ -175,13 +240,22 @@ def scalar_pow(n: int, c: int, k: int) -> int:
     return int(gmpy2.powmod(mpz(c), mpz(k), mpz(n) * n))
 
 
+def _h_p(p: mpz, q: mpz) -> mpz:
+    """h_p = L_p(g^(p-1) mod p^2)^-1 mod p for g = n + 1, i.e. ((p-1) q)^-1 mod p."""
+    return gmpy2.invert((p - 1) * q % p, p)
+
+
+def _decrypt_mod_p(p: mpz, p2: mpz, pm1: mpz, hp: mpz, ciphertexts: Sequence[int]) -> list[int]:
+    return [int((gmpy2.powmod(mpz(c) % p2, pm1, p2) - 1) // p * hp % p) for c in ciphertexts]
+
+
 def decrypt_mod_p_chunk(p: int, q: int, ciphertexts: Sequence[int]) -> list[int]:
-    """Paillier decryption modulo p: m mod p = L_p(c^(p-1) mod p^2) * h_p mod p."""
+    """Paillier decryption modulo p: m mod p = L_p(c^(p-1) mod p^2) * h_p mod p.
+
+    The key owner's in-process primitive (`PrivateKey.decrypt_mod_p`); worker processes
+    run `PrivateKey.decrypt_task()` instead, which carries no q."""
     p_ = mpz(p)
-    p2 = p_ * p_
-    pm1 = p_ - 1
-    hp = gmpy2.invert(pm1 * q % p_, p_)
-    return [int((gmpy2.powmod(mpz(c) % p2, pm1, p2) - 1) // p_ * hp % p_) for c in ciphertexts]
+    return _decrypt_mod_p(p_, p_ * p_, p_ - 1, _h_p(p_, mpz(q)), ciphertexts)
 
 
 def _window_for(count: int, bits: int) -> int:

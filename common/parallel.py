@@ -1,10 +1,14 @@
 """Where heavy chunk functions run: inline, or on a pool of local processes.
 
 The roadmap's executor seam: protocol code calls `run_chunks(fn, argument_tuples)`
-with top-level functions over raw integers (`common.paillier.*_chunk`), and this
-module decides where they run. Worker processes are started with `spawn` (never
-`fork`: the gRPC server's threads must not be copied); secrets travel to them only
-through in-memory pipes and are not kept there after the call.
+with top-level functions over raw integers (`common.paillier.*_chunk`) or a narrow,
+picklable task object built by a key for that one operation
+(`PrivateKey.decrypt_task()`: p and h_p, never the key object, which refuses pickling),
+and this module decides where they run. Worker processes are started with `spawn`
+(never `fork`: the gRPC server's threads must not be copied, nor the parent's keys);
+secrets travel to them only pickled through the pool's in-memory pipes, never through a
+file, and the pool drops each task once its chunk is done. Workers never dump core
+(`_exit_with_parent`).
 
 `PPRE_WORKERS` sets the pool size (default: the number of CPUs; 1 = inline).
 """

@@ -26,6 +26,7 @@ from typing import Callable, Iterator
 
 from common.channels import LinkSettings
 from common.errors import PeerTimeoutError
+from common.validation import check_heartbeat
 from common.wire import parse_peer_message
 from proto import ppre_pb2 as pb
 
@@ -122,6 +123,11 @@ class Inbox:
         self._on_heartbeat = on_heartbeat
         self._queue: "queue.Queue" = queue.Queue(maxsize=QUEUE_MESSAGES)
         self._closed = threading.Event()
+        #: set when the reader thread is done (the peer ended its stream, the call failed,
+        #: or a message came after close()): a servicer that answered with an Abort waits
+        #: for it before ending the call with an error status, so the peer reads the
+        #: Abort first
+        self.finished = threading.Event()
         self._thread = threading.Thread(target=self._read, args=(stream,), name=f"ppre-inbox-{peer}",
                                         daemon=True)
         self._thread.start()
@@ -143,10 +149,13 @@ class Inbox:
             self._put(_END)
         except BaseException as exc:  # grpc.RpcError when the call fails; re-raised by get()
             self._put(_Failed(exc))
+        finally:
+            self.finished.set()
 
     def get(self, checkpoint: Checkpoint | None = None) -> pb.PeerMessage | None:
         """The peer's next message (heartbeats are consumed here), or None when the peer
-        ended its stream. Raises ProtocolError for bytes that are no PeerMessage,
+        ended its stream. Raises ProtocolError for bytes that are no PeerMessage (or a
+        malformed heartbeat: `common.validation.check_heartbeat`),
         PeerTimeoutError after `peer_timeout_s` of silence, and the call's own error."""
         timeout = self._settings.peer_timeout_s
         deadline = time.monotonic() + timeout
@@ -166,6 +175,7 @@ class Inbox:
                 raise item.exc
             message = parse_peer_message(item)
             if message.WhichOneof("body") == "heartbeat":
+                check_heartbeat(message.heartbeat)
                 if self._on_heartbeat is not None:
                     self._on_heartbeat(message.heartbeat)
                 deadline = time.monotonic() + timeout

@@ -163,8 +163,8 @@ class PoolResult:
     pool: str
     group: str
     members: int
-    expected_count: float
-    prob_at_least: float
+    expected_count: float | None  # None: suppressed by the release controls
+    prob_at_least: float | None
     included: bool
 
 
@@ -205,6 +205,9 @@ class AuditReport:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     #: the Tester's preparation counts (members read, dropped, Self-ID used, clipping threshold)
     preparation: dict[str, float] = field(default_factory=dict)
+    #: the Tester's release controls as applied to this audit (noise, privacy budget,
+    #: suppressed cells; `tester_service.release`); empty when the report left no Tester
+    release: dict[str, Any] = field(default_factory=dict)
 
     def group(self, name: str) -> GroupResult:
         return next(g for g in self.groups if g.group == name)
@@ -248,6 +251,8 @@ class AuditReport:
             "phase_seconds": {k: round(s, 4) for k, s in self.phase_seconds.items()},
             "preparation": {k: (v if k == "threshold" else int(v)) for k, v in _ordered(self.preparation)},
         })
+        if self.release:
+            d["release"] = self.release
         return d
 
     def to_json(self) -> str:
@@ -277,15 +282,16 @@ class AuditReport:
                        for c in d.get("cells", [])],
                 curves=[CurvePoint(str(c["group"]), float(c["score"]), _clean(c["estimate"]),
                                    _clean(c["ci_low"]), _clean(c["ci_high"])) for c in d.get("curves", [])],
-                pools=[PoolResult(str(p["pool"]), str(p["group"]), int(p["members"]), float(p["expected_count"]),
-                                  float(p["prob_at_least"]), bool(p["included"])) for p in d.get("pools", [])],
+                pools=[PoolResult(str(p["pool"]), str(p["group"]), int(p["members"]), _clean(p["expected_count"]),
+                                  _clean(p["prob_at_least"]), bool(p["included"])) for p in d.get("pools", [])],
                 differences=[Difference(str(x["kind"]), str(x["a"]), str(x["b"]), _clean(x["estimate"]),
                                         _clean(x["ci_low"]), _clean(x["ci_high"]))
                              for x in d.get("differences", [])],
                 params=dict(d.get("params", {})), info=dict(d.get("info", {})),
                 result_recipient=str(d.get("result_recipient", "client")), tau=float(d.get("tau", DEFAULT_TAU)),
                 phase_seconds={str(k): float(s) for k, s in d.get("phase_seconds", {}).items()},
-                preparation={str(k): float(s) for k, s in d.get("preparation", {}).items()})
+                preparation={str(k): float(s) for k, s in d.get("preparation", {}).items()},
+                release=dict(d.get("release", {})))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"the result is malformed ({type(exc).__name__}: {exc})") from None
 
@@ -332,14 +338,36 @@ class AuditReport:
         if self.pools:
             lines.append(f"{'pool':<14}{'group':<12}{'members':>8}{'expected':>10}{'P(N>=T)':>10}  included")
             lines += [f"{p.pool:<14}{p.group:<12}{p.members:>8}{p.expected_count:>10.3f}{p.prob_at_least:>10.4f}"
-                      f"  {'yes' if p.included else 'NO'}" for p in self.pools]
+                      f"  {'yes' if p.included else 'NO'}" if p.expected_count is not None else
+                      f"{p.pool:<14}{p.group:<12}{p.members:>8}{'suppressed':>20}" for p in self.pools]
         v = self.verdict
         lines.append(f"verdict: {v.message}")
+        if self.release:
+            lines.append("release controls: " + release_summary(self.release))
         if self.preparation:
             lines.append("preparation: " + ", ".join(
                 f"{name.replace('_', ' ')} {value:.4g}" if name == "threshold" else
                 f"{name.replace('_', ' ')} {int(value)}" for name, value in _ordered(self.preparation)))
         return "\n".join(lines)
+
+
+def release_summary(release: dict[str, Any]) -> str:
+    """One line on the release controls an audit ran under (noise, budget, suppression)."""
+    if not release.get("controls", True):
+        return "OFF (no noise, no thresholds, no budget: results are exact and unprotected)"
+    parts = []
+    if release.get("rho"):
+        parts.append(f"Gaussian noise, rho {release['rho']:g} this audit (epsilon {release['epsilon']:.3g} at "
+                     f"delta {release['delta']:g}); estimate noise sd {release['sigma_estimate']:.3g} member(s)")
+    else:
+        parts.append("no noise")
+    if "budget_left" in release:
+        parts.append(f"privacy budget left {release['budget_left']:g}")
+    parts.append(f"minimum intersection {release.get('min_intersection')}, "
+                 f"minimum effective size {release.get('min_effective_size')}")
+    if release.get("suppressed"):
+        parts.append(f"suppressed: {', '.join(release['suppressed'])}")
+    return "; ".join(parts)
 
 
 def _ordered(counts: dict[str, float]) -> list[tuple[str, float]]:
@@ -415,16 +443,18 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
 
 def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, tau: float,
            params: dict[str, Any], info: dict[str, Any], replicates: int,
-           result_recipient: str = "client", small_groups: Sequence[str] = ()) -> AuditReport:
+           result_recipient: str = "client", small_groups: Sequence[str] = (),
+           interval: str | None = None) -> AuditReport:
     """The result from the cells' ratios `values` ((R+1, cells): row 0 the estimate).
     `small_groups` (effective size below MIN_EFFECTIVE_SIZE, from the Tester) take no
-    part in the verdict of a per-group metric."""
+    part in the verdict of a per-group metric. `interval`: the method the Tester chose
+    (random groups under release noise), else the metric's own."""
     cells = list(plan.cells)
     extra_cells, extra = metric.derived(cells, values, params, info)
     if extra_cells:
         cells += extra_cells
         values = np.hstack([values, extra])
-    method = metric.interval
+    method = interval or metric.interval
     low, high = marginal_intervals(values, confidence, method)
     est = values[0]
     groups, pairs, curves = [], [], []

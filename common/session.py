@@ -1,9 +1,11 @@
 """What both parties' session state machines share: phase checks, timings, progress.
 
 A `PhaseClock` records wall time per named phase (reported with the result; it holds
-no data). `expect_phase` is the one check that a message arrives in a phase that
-allows it (SPEC.md section 3; a wrong-phase message is a ProtocolError). `chunk_ticks`
-is the checkpoint of a long step cut into chunks: it reports each chunk done.
+no data). `expect_phase` checks that a step runs in a phase that allows it; which peer
+message each phase accepts is `common.validation`'s table, and a message at the wrong
+moment is a `PhaseError` (a ProtocolError: "right content, wrong time", where malformed
+content is a plain ProtocolError). `chunk_ticks` is the checkpoint of a long step cut
+into chunks: it reports each chunk done.
 """
 from __future__ import annotations
 
@@ -28,9 +30,15 @@ class PhaseClock:
         return time.perf_counter() - self.start
 
 
+class PhaseError(ProtocolError):
+    """A message the protocol has, at a moment it does not allow it: in the wrong phase,
+    out of order, or after the session failed (the Test-Client's servicer ends such a
+    call with FAILED_PRECONDITION; malformed content is INVALID_ARGUMENT)."""
+
+
 def expect_phase(current: enum.Enum, *allowed: enum.Enum) -> None:
     if current not in allowed:
-        raise ProtocolError(f"message not allowed in phase {current.value}")
+        raise PhaseError(f"message not allowed in phase {current.value}")
 
 
 def chunk_ticks(total: int, tick: Callable[[int, int], None]) -> Callable[[], None]:

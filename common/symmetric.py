@@ -4,6 +4,9 @@ P1 seals each member's probability vector with a per-session key; P2 only stores
 returns the sealed blobs. Each blob is nonce(12) || ciphertext || tag(16) with a
 random 96-bit nonce (a counter would let P1 recognise rows after P2's shuffle).
 The row layout is k float64 values (little-endian).
+
+The key lives only inside `RowSealer` (SPEC 7): repr/str show `<secret>`, and pickling
+or copying raises TypeError (sealing and opening run in the Tester's own process).
 """
 from __future__ import annotations
 
@@ -36,7 +39,12 @@ class RowSealer:
         return cls(AESGCM(AESGCM.generate_key(bit_length=256)))
 
     def __repr__(self) -> str:
-        return "RowSealer(<secret>)"
+        return "RowSealer(<AES-256-GCM key, secret>)"
+
+    __str__ = __repr__
+
+    def __reduce__(self):
+        raise TypeError("the row-sealing key is never serialised")
 
     def seal_rows(self, rows: np.ndarray) -> bytes:
         rows = np.ascontiguousarray(rows, dtype="<f8")

@@ -3,8 +3,9 @@
 Every table crosses the wire as TableChunk messages of at most `CHUNK_BYTES`, then one
 TableEnd carrying the row count. Fixed-width columns are packed back to back, so a
 million-row table is a sequence of ~1 MiB messages and never one large message.
-`TableReader` is the one place that checks a received table: right table for the
-phase, consistent widths, row counts, size caps.
+`TableReader` checks a received table's chunks: right table, consistent widths, row
+counts against the announced total (`expected`) or a cap; `common.validation` calls it
+(with the totals each party knows) before any handler sees a chunk.
 """
 from __future__ import annotations
 
@@ -134,7 +135,11 @@ class TableReader:
     def table(self) -> int:
         return self.layout.table
 
-    def check_chunk(self, chunk: pb.TableChunk) -> None:
+    def check_chunk(self, chunk: pb.TableChunk, *, expected: int | None = None,
+                    at_most: int = MAX_TABLE_ROWS) -> None:
+        """Check one chunk and count its rows: `expected` is the table's announced total
+        (more rows are refused as they arrive, not at the end), `at_most` a cap where
+        nothing was announced."""
         if chunk.table != self.table:
             raise ProtocolError(f"expected a chunk of {self._name}, got table {chunk.table}")
         if self.done:
@@ -147,14 +152,19 @@ class TableReader:
             if len(data) != n * self.layout.width(column):
                 raise ProtocolError(f"chunk of {self._name}: {column} column has {len(data)} bytes for {n} rows")
         self.rows += n
-        if self.rows > MAX_TABLE_ROWS:
-            raise ProtocolError(f"{self._name} exceed {MAX_TABLE_ROWS} rows")
+        limit = min(at_most, MAX_TABLE_ROWS)
+        if expected is not None and self.rows > expected:
+            raise ProtocolError(f"{self._name}: more than the {expected} rows announced")
+        if self.rows > limit:
+            raise ProtocolError(f"{self._name} exceed {limit} rows")
 
-    def check_end(self, end: pb.TableEnd) -> None:
+    def check_end(self, end: pb.TableEnd, *, expected: int | None = None) -> None:
         if end.table != self.table:
             raise ProtocolError(f"expected the end of {self._name}, got table {end.table}")
         if self.done:
             raise ProtocolError(f"second end of {self._name}")
         if end.rows != self.rows:
             raise ProtocolError(f"{self._name}: end says {end.rows} rows, {self.rows} received")
+        if expected is not None and self.rows != expected:
+            raise ProtocolError(f"{self._name}: {self.rows} rows received, {expected} announced")
         self.done = True

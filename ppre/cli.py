@@ -10,6 +10,7 @@ import argparse
 import importlib
 import logging
 import sys
+import traceback
 
 from common.errors import PPREError
 
@@ -23,6 +24,7 @@ COMMAND_MODULES = (
     "ppre.commands.synth",
     "ppre.commands.health",
     "ppre.commands.log",
+    "ppre.commands.certs",
 )
 
 
@@ -54,12 +56,26 @@ def _parser_for(argv: list[str] | None) -> argparse.ArgumentParser:
     return parser
 
 
+class _WithheldMessages(logging.Formatter):
+    """Logged tracebacks keep their frames but not the message of an exception that is not
+    one of ours: our errors name files, rows and parameters, never member-level values
+    (common.errors), while a library's (a pandas KeyError, say) could carry a member id."""
+
+    def formatException(self, ei) -> str:
+        exc_type, exc, tb = ei
+        frames = "".join(traceback.format_tb(tb))
+        said = f": {exc}" if isinstance(exc, PPREError) else " (message withheld: it may hold data)"
+        return f"Traceback (most recent call last):\n{frames}{exc_type.__name__}{said}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser_for(argv)
     args = parser.parse_args(argv)
     level = logging.DEBUG if args.verbose >= 2 else logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(_WithheldMessages("%(asctime)s %(name)s %(levelname)s %(message)s"))
     try:
         return int(args.func(args) or 0)
     except PPREError as exc:

@@ -1,7 +1,12 @@
 """Both services as real gRPC servers on loopback ports, in this process, for one audit.
 
 Used by `ppre audit --local`, `ppre demo`, the benchmark and tests: the Tester and the
-Test-Client still talk only through gRPC, exactly as two containers would.
+Test-Client still talk only through gRPC, exactly as two containers would — over mutual
+TLS by default: a development CA is made in memory for the run (`common.tls.DevCA`;
+nothing is written to disk), with the Tester's, the Test-Client's and the operator's
+certificates, and the two addresses are remembered (`channels.remember_dial`) so that
+`run_audit(services.tester_address, ...)` in this process presents the operator's
+certificate. `tls=False` runs plaintext (no identities), for tests that need it.
 """
 from __future__ import annotations
 
@@ -15,8 +20,11 @@ from client_service.datasets import DatasetRegistry
 from client_service.server import ClientConfig, ClientServicer
 from client_service.server import serve as serve_client
 from common import paillier
+from common import channels
 from common.channels import LinkSettings
+from common.tls import TESTER_IDENTITY, DevCA, TlsIdentity
 from common import bootstrap as boot
+from tester_service.release import PrivacyAccountant, ReleasePolicy
 from tester_service.server import TesterConfig, TesterServicer
 from tester_service.server import serve as serve_tester
 
@@ -32,6 +40,15 @@ class LocalServices:
     client_config: ClientConfig
     client_servicer: ClientServicer
     tester_servicer: TesterServicer
+    #: the run's in-memory development CA (None without TLS): `pki.identity(role, name=...)`
+    #: issues more certificates, e.g. an operator who is not on the allow-list
+    pki: DevCA | None = None
+    #: the operator's certificate (None without TLS)
+    operator_tls: TlsIdentity | None = None
+
+    @property
+    def insecure(self) -> bool:
+        return self.pki is None
 
 
 @contextlib.contextmanager
@@ -40,22 +57,40 @@ def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: Dat
                    n_buckets: int = boot.DEFAULT_BUCKETS,
                    client_interceptors: tuple = (),
                    settings: LinkSettings | None = None,
-                   max_sessions: tuple[int, int] = (4, 4)) -> Iterator[LocalServices]:
-    """`max_sessions`: the (Tester, Test-Client) session limits."""
+                   max_sessions: tuple[int, int] = (4, 4),
+                   release: ReleasePolicy | None = None,
+                   accountant: PrivacyAccountant | None = None,
+                   tls: bool = True) -> Iterator[LocalServices]:
+    """`max_sessions`: the (Tester, Test-Client) session limits. `release`: the Tester's
+    release controls (default: the secure defaults); `accountant`: where the Tester keeps
+    the privacy budget it spends (default: in memory, for these services' lifetime).
+    `tls`: mutual TLS with an in-memory development CA (default), or plaintext
+    (`allow_insecure` is about the Paillier modulus size, not the transport)."""
     settings = settings or LinkSettings.from_env()
+    pki = DevCA.generate("PPRE local run CA") if tls else None
+    tester_tls, client_tls, operator_tls = (pki.identity(role) if pki is not None else None
+                                            for role in ("tester", "client", "operator"))
     client_config = ClientConfig(datasets, modulus_bits=modulus_bits, allow_insecure=allow_insecure,
-                                 settings=settings, max_sessions=max_sessions[1])
+                                 settings=settings, max_sessions=max_sessions[1], tls=client_tls)
     client_server, client_port, client_servicer = serve_client(client_config, 0, host="127.0.0.1",
                                                                interceptors=client_interceptors)
     client_address = f"127.0.0.1:{client_port}"
     tester_config = TesterConfig(client_address, load_probabilities, n_buckets=n_buckets,
                                  min_modulus_bits=min(modulus_bits, paillier.MIN_MODULUS_BITS), settings=settings,
-                                 max_sessions=max_sessions[0])
+                                 max_sessions=max_sessions[0], release=release or ReleasePolicy(),
+                                 accountant=accountant, tls=tester_tls)
     tester_server, tester_port, tester_servicer = serve_tester(tester_config, 0, host="127.0.0.1")
+    tester_address = f"127.0.0.1:{tester_port}"
+    if pki is not None:
+        # this process dials the Tester as the operator, and the Test-Client as the Tester does
+        channels.remember_dial(tester_address, operator_tls, TESTER_IDENTITY)
+        channels.remember_dial(client_address, tester_tls, tester_config.client_name)
     try:
-        yield LocalServices(f"127.0.0.1:{tester_port}", client_address, tester_config, client_config,
-                            client_servicer, tester_servicer)
+        yield LocalServices(tester_address, client_address, tester_config, client_config,
+                            client_servicer, tester_servicer, pki=pki, operator_tls=operator_tls)
     finally:
+        channels.forget_dial(tester_address)
+        channels.forget_dial(client_address)
         # A bounded stop: cancel what is still running, and never wait forever on a
         # call that gRPC failed to finish (the process exits anyway).
         for server in (tester_server, client_server):

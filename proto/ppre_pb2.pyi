@@ -171,7 +171,7 @@ class TableEnd(_message.Message):
     def __init__(self, table: _Optional[_Union[Table, str]] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class AggregatesHeader(_message.Message):
-    __slots__ = ("groups", "replicates", "confidence", "slot_bits", "mask", "items", "item_slots", "tau", "small_groups")
+    __slots__ = ("groups", "replicates", "confidence", "slot_bits", "mask", "items", "item_slots", "tau", "small_groups", "suppressed_items", "interval", "plain_rows", "noise_sd", "zero_tests")
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     REPLICATES_FIELD_NUMBER: _ClassVar[int]
     CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +181,11 @@ class AggregatesHeader(_message.Message):
     ITEM_SLOTS_FIELD_NUMBER: _ClassVar[int]
     TAU_FIELD_NUMBER: _ClassVar[int]
     SMALL_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    SUPPRESSED_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    PLAIN_ROWS_FIELD_NUMBER: _ClassVar[int]
+    NOISE_SD_FIELD_NUMBER: _ClassVar[int]
+    ZERO_TESTS_FIELD_NUMBER: _ClassVar[int]
     groups: _containers.RepeatedScalarFieldContainer[str]
     replicates: int
     confidence: float
@@ -190,7 +195,12 @@ class AggregatesHeader(_message.Message):
     item_slots: int
     tau: float
     small_groups: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, groups: _Optional[_Iterable[str]] = ..., replicates: _Optional[int] = ..., confidence: _Optional[float] = ..., slot_bits: _Optional[int] = ..., mask: _Optional[str] = ..., items: _Optional[int] = ..., item_slots: _Optional[int] = ..., tau: _Optional[float] = ..., small_groups: _Optional[_Iterable[str]] = ...) -> None: ...
+    suppressed_items: _containers.RepeatedScalarFieldContainer[int]
+    interval: str
+    plain_rows: int
+    noise_sd: _containers.RepeatedScalarFieldContainer[float]
+    zero_tests: int
+    def __init__(self, groups: _Optional[_Iterable[str]] = ..., replicates: _Optional[int] = ..., confidence: _Optional[float] = ..., slot_bits: _Optional[int] = ..., mask: _Optional[str] = ..., items: _Optional[int] = ..., item_slots: _Optional[int] = ..., tau: _Optional[float] = ..., small_groups: _Optional[_Iterable[str]] = ..., suppressed_items: _Optional[_Iterable[int]] = ..., interval: _Optional[str] = ..., plain_rows: _Optional[int] = ..., noise_sd: _Optional[_Iterable[float]] = ..., zero_tests: _Optional[int] = ...) -> None: ...
 
 class ClientResult(_message.Message):
     __slots__ = ("phase_seconds", "report_json")

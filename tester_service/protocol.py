@@ -16,13 +16,18 @@ send; 7 receive P2's result (P2 learns it) or the decrypted masked values (only 
 learns it) and unmask. The metric (`common.metrics`) decides the rows, weights, cells
 and verdict; a metric without HE (probabilistic count) ends after step 5, at P1.
 MQOS-AUC exact adds a round trip between 6 and 7: P2 squares additively masked sums.
+Release controls (SPEC 8, `tester_service.release`) act at the end of step 5 (the
+intersection's size, members repeated across rows) and in step 6 (cells below the
+effective size withheld, Gaussian noise added under encryption, the budget charged
+just before anything leaves).
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
-import json
+import math
 import secrets
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator
@@ -31,9 +36,9 @@ import numpy as np
 import pandas as pd
 
 from common import bootstrap as boot
-from common import commutative, encoding, paillier, parallel, wire
-from common.errors import EncodingOverflowError, InputError, PeerAborted, ProtocolError
-from common.masking import NOISE_BITS, AdditiveMask, RatioMask
+from common import commutative, encoding, paillier, parallel, validation, wire
+from common.errors import EncodingOverflowError, InputError, ProtocolError
+from common.masking import AdditiveMask, RatioMask
 from common.metrics import get_metric
 from common.metrics.base import Layout
 from common.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, AuditReport, finish
@@ -41,13 +46,12 @@ from common.session import PhaseClock, chunk_ticks, expect_phase
 from common.symmetric import RowSealer, sealed_width
 from proto import ppre_pb2 as pb
 from tester_service import aggregation
+from tester_service.release import (RELEASE_GROUPS, REPORT_DELTA, ReleasePolicy, ReleaseRefused, gaussian,
+                                    gaussian_slots, rho_to_epsilon)
 
 PROTOCOL_VERSION = 2
 MAX_REPLICATES = 100_000
 RECIPIENTS = ("client", "tester")
-#: limits on what the Test-Client announces about its table (HelloAck)
-MAX_STRATA = 100_000
-MAX_INFO_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,11 @@ class AuditSpec:
         metric.parse_params(self.params)
         if not self.client_dataset:
             raise InputError("no client dataset named", parameter="client dataset")
+        # what the Test-Client accepts in a Hello (common.validation): refused here as the operator's input
+        if len(self.client_dataset) > validation.MAX_NAME_CHARS:
+            raise InputError(f"at most {validation.MAX_NAME_CHARS} characters", parameter="client dataset")
+        if sum(len(k) + len(v) for k, v in self.params.items()) > validation.MAX_PARAM_CHARS:
+            raise InputError(f"at most {validation.MAX_PARAM_CHARS} characters in all", parameter="metric parameter")
         if not 1 <= self.bootstrap <= MAX_REPLICATES:
             raise InputError(f"must be between 1 and {MAX_REPLICATES}", parameter="bootstrap")
         if not 0.0 < self.confidence < 1.0:
@@ -109,13 +118,20 @@ class TesterSession:
                  n_buckets: int = boot.DEFAULT_BUCKETS,
                  progress: ProgressFn | None = None,
                  checkpoint: Callable[[], None] | None = None,
-                 preparation: dict[str, float] | None = None) -> None:
+                 preparation: dict[str, float] | None = None,
+                 release: ReleasePolicy | None = None,
+                 charge: Callable[[float], float] | None = None,
+                 max_received_bytes: int = validation.DEFAULT_MAX_RECEIVED_BYTES) -> None:
         """`progress(phase, message, done, total)` reports each finished phase and the
         rows done within long ones; `checkpoint()` runs between chunks of the long steps,
         and whatever either raises ends the session (the servicer uses this to stop an
         audit whose operator went away, or when it shuts down). `preparation`: the
         counts of the Tester's demographic preparation (no member-level data), passed
-        through to the result."""
+        through to the result. `release`: the release controls (SPEC 8; default: the
+        secure defaults of `tester_service.release`); `charge(rho)` spends this audit's
+        privacy budget just before anything is released (it raises to refuse, and returns
+        the budget left). `max_received_bytes`: the most the Test-Client may send in this
+        session (`common.validation`)."""
         self.spec = spec.validated()
         self.metric = get_metric(self.spec.metric).for_option(self.spec.metric_option)
         self.params = self.metric.parse_params(self.spec.params)
@@ -129,7 +145,16 @@ class TesterSession:
         self._progress = progress or (lambda *args, **kw: None)
         self._checkpoint = checkpoint
         self._preparation = dict(preparation or {})
+        self.release = release if release is not None else ReleasePolicy()
+        self._charge = charge
+        self._release_info: dict[str, Any] = {}
+        self._members: Counter | None = Counter()  # joined rows per (doubly encrypted) member
+        self._multiplicity = 1
+        self._suppressed: list[int] = []
+        self._noise_sd: list[float] = []  # per item slot: the estimate's, then the groups'
         self.phase = Phase.START
+        #: every message from the Test-Client is checked here first (common.validation)
+        self._inbound = validation.TesterInbound(max_received_bytes=max_received_bytes)
         self._clock = PhaseClock()
         self.phase_seconds = self._clock.seconds
         self.result: AuditReport | None = None
@@ -150,7 +175,7 @@ class TesterSession:
         self._matched_strata: list[np.ndarray] = []
         self._reader: wire.TableReader | None = None
         self._plan = None
-        self._pads: list[list[int]] | None = None
+        self._pads: list[AdditiveMask] | None = None
         self._masked_values: list[int] = []
         self._squares_state: Any = None
         self._squares: list[int] = []
@@ -185,6 +210,7 @@ class TesterSession:
         self._masked_values = []
         self._squares_state = None
         self._squares = []
+        self._members = None
         if self.phase is not Phase.DONE:
             self.phase = Phase.CLOSED
 
@@ -201,58 +227,21 @@ class TesterSession:
             buckets=self._n_buckets))]
 
     def receive(self, msg: pb.PeerMessage) -> Iterable[pb.PeerMessage]:
-        kind = msg.WhichOneof("body")
-        if kind == "abort":
-            raise PeerAborted(msg.abort.code or "peer_error", msg.abort.message or "the Test-Client aborted")
-        handler = {
-            "hello_ack": self._on_hello_ack,
-            "chunk": self._on_chunk,
-            "table_end": self._on_table_end,
-            "client_result": self._on_client_result,
-            "masked_plaintexts": self._on_masked_plaintexts,
-        }.get(kind)
-        if handler is None:
-            raise ProtocolError(f"unexpected message '{kind}' from the Test-Client")
-        return handler(getattr(msg, kind))
+        """Consume one message from the Test-Client; returns the messages to send back.
+        `common.validation.TesterInbound` checks it (phase, order, content) before its
+        `_on_<kind>` handler runs; a session that failed refuses every later message."""
+        return self._inbound.receive(self, msg)
 
-    def _read_ack(self, ack: pb.HelloAck) -> None:
-        """Check what the Test-Client announced about its table; recompute its slot plan."""
-        metric = self.metric
-        if not 0 < ack.rows <= wire.MAX_TABLE_ROWS:
-            raise ProtocolError("the Test-Client announced an impossible row count")
-        if len(ack.strata_labels) > MAX_STRATA or any(len(s) > 200 for s in ack.strata_labels):
-            raise ProtocolError("too many or too long strata labels")
-        if len(ack.info_json) > MAX_INFO_BYTES:
-            raise ProtocolError("dataset facts too large")
-        try:
-            info = json.loads(ack.info_json or "{}")
-            if not isinstance(info, dict):
-                raise ValueError("not an object")
-            metric.check_info(info, list(ack.strata_labels))
-        except (ValueError, TypeError, KeyError) as exc:
-            raise ProtocolError(f"the Test-Client's dataset facts are malformed ({exc})") from None
-        self._client_rows = int(ack.rows)
-        self._strata_labels = tuple(ack.strata_labels)
-        self._info = info
-        if not metric.needs_he:
-            if ack.paillier_n or ack.slot_bits:
-                raise ProtocolError(f"{metric.name} needs no encryption key")
-            return
-        self._pub = paillier.PublicKey.from_bytes(ack.paillier_n, ack.paillier_h, min_bits=self._min_bits)
-        try:
-            layout = metric.layout(self.spec.metric_option, self.params, info, n_rows=self._client_rows,
-                                   n_units=self._n_buckets, recipient=self.spec.result_recipient,
-                                   modulus_bits=self._pub.n.bit_length())
-        except EncodingOverflowError as exc:
-            raise ProtocolError(f"the Test-Client's table cannot be aggregated with its key: {exc}") from None
-        if (ack.slot_bits, ack.slots) != (layout.slot_bits, layout.slots):
-            raise ProtocolError(f"the Test-Client's slot plan ({ack.slots} x {ack.slot_bits} bits) differs from "
-                                f"the one its table needs ({layout.slots} x {layout.slot_bits})")
-        self._layout = layout
+    @property
+    def failed(self) -> bool:
+        return self._inbound.failed
 
-    def _on_hello_ack(self, ack: pb.HelloAck) -> Iterator[pb.PeerMessage]:
-        self._expect(Phase.WAIT_HELLO_ACK)
-        self._read_ack(ack)
+    def _on_hello_ack(self, ack: pb.HelloAck, facts: validation.AckFacts) -> Iterator[pb.PeerMessage]:
+        self._client_rows = facts.rows
+        self._strata_labels = facts.strata_labels
+        self._info = facts.info
+        self._pub = facts.public_key
+        self._layout = facts.layout
         salt = commutative.session_salt(self._salt_share, ack.salt_share)
         self._lap("handshake")
 
@@ -286,43 +275,33 @@ class TesterSession:
                                 units=metric.resampling in ("unit", "client_groups"),
                                 strata=bool(metric.uses_strata))
 
-    def _on_chunk(self, chunk: pb.TableChunk) -> list[pb.PeerMessage]:
-        self._expect(Phase.WAIT_SHUFFLED, Phase.WAIT_CLIENT_ROWS, Phase.WAIT_SQUARES)
-        self._reader.check_chunk(chunk)
+    def _on_chunk(self, chunk: pb.TableChunk, rows: validation.Rows) -> list[pb.PeerMessage]:
         if self.phase is Phase.WAIT_SQUARES:
-            self._squares += paillier.ciphertexts_from_bytes(chunk.ciphertexts, self._pub)
+            self._squares += rows.ciphertexts
             return []
-        points = commutative.validate_points(chunk.points)
         if self.phase is Phase.WAIT_SHUFFLED:
             width = self._reader.layout.sealed
-            for i, pt in enumerate(points):
-                if pt in self._shuffled:
-                    raise ProtocolError("duplicate row in the shuffled table")
+            for i, pt in enumerate(rows.points):
                 self._shuffled[pt] = chunk.sealed[i * width:(i + 1) * width]
             self._progress("psi_shuffled", "", self._reader.rows, self._n_sent)
             return []
-        self._join(chunk, points)
+        self._join(chunk.rows, rows)
         self._progress("join", "", self._reader.rows, self._client_rows)
         return []
 
-    def _join(self, chunk: pb.TableChunk, points: list[bytes]) -> None:
+    def _join(self, n_rows: int, rows: validation.Rows) -> None:
         """Step 5 for one chunk: a row is kept when every one of its members is among ours."""
         n_ids = self.metric.n_ids
-        doubled = commutative.split_points(self._com_key.encrypt_points(points))
+        doubled = commutative.split_points(self._com_key.encrypt_points(rows.points))
         per_row = self._layout.n_ciphertexts if self._layout else 0
-        cts = paillier.ciphertexts_from_bytes(chunk.ciphertexts, self._pub) if per_row else []
-        units = wire.unpack_indices(chunk.units) if chunk.units else None
-        strata = wire.unpack_indices(chunk.strata) if chunk.strata else None
-        limit = self.metric.random_groups + 1 if self.metric.resampling == "client_groups" else self._n_buckets
-        if units is not None and units.size and units.max() >= limit:
-            raise ProtocolError("a row's resampling bucket is out of range")
-        if strata is not None and self._strata_labels and strata.size and strata.max() >= len(self._strata_labels):
-            raise ProtocolError("a row's stratum is out of range")
+        cts = rows.ciphertexts or []
+        units, strata = rows.units, rows.strata
         kept = []
-        for r in range(chunk.rows):
+        for r in range(n_rows):
             found = [self._shuffled.get(pt) for pt in doubled[r * n_ids:(r + 1) * n_ids]]
             if all(s is not None for s in found):
                 kept.append(r)
+                self._members.update(doubled[r * n_ids:(r + 1) * n_ids])
                 self._matched_sealed.append(found)
                 if per_row:
                     self._matched_cts.append(cts[r * per_row:(r + 1) * per_row])
@@ -331,20 +310,14 @@ class TesterSession:
         if strata is not None:
             self._matched_strata.append(strata[kept])
 
-    def _on_table_end(self, end: pb.TableEnd) -> Iterable[pb.PeerMessage]:
-        self._expect(Phase.WAIT_SHUFFLED, Phase.WAIT_CLIENT_ROWS, Phase.WAIT_SQUARES)
-        self._reader.check_end(end)
+    def _on_table_end(self, end: pb.TableEnd, _: None) -> Iterable[pb.PeerMessage]:
         if self.phase is Phase.WAIT_SHUFFLED:
-            if self._reader.rows != self._n_sent:
-                raise ProtocolError(f"shuffled table has {self._reader.rows} rows, {self._n_sent} were sent")
             self._lap("psi_client_double_encrypt")
             self.phase = Phase.WAIT_CLIENT_ROWS
             self._reader = wire.TableReader(self._client_layout())
             return []
         if self.phase is Phase.WAIT_SQUARES:
             return self._after_squares()
-        if self._reader.rows != self._client_rows:
-            raise ProtocolError(f"the Test-Client sent {self._reader.rows} rows, {self._client_rows} announced")
         # step 5: the join is complete; every id (and the unmatched rows) is deleted, and
         # the commutative key is no longer needed (SPEC 7: keys deleted as soon as possible)
         self._shuffled = None
@@ -355,9 +328,23 @@ class TesterSession:
         if self.n_matched == 0:
             raise InputError("empty intersection: no member of the client dataset is among the Tester's members",
                              parameter="client dataset")
+        self._check_intersection()
         if not self.metric.needs_he:
             return self._local_result()
         return self._aggregate()
+
+    def _check_intersection(self) -> None:
+        """Release controls on the intersection (SPEC 8): enough distinct members, and each
+        in no more rows than the metric allows; the counts are then dropped."""
+        members, self._members = self._members, None
+        distinct = len(members)
+        self._multiplicity = max(members.values())
+        del members
+        if self.metric.unique_ids and self._multiplicity > 1:
+            raise ProtocolError("a member appears in more than one row of a dataset whose member ids must be unique")
+        if distinct < self.release.min_intersection:
+            raise ReleaseRefused(f"the intersection holds {distinct} distinct members; the Tester releases results "
+                                 f"only from {self.release.min_intersection} or more (--min-intersection)")
 
     # ------------------------------------------------------------------ step 5: open
     def _open(self) -> tuple[list[np.ndarray], np.ndarray | None, np.ndarray | None]:
@@ -375,9 +362,23 @@ class TesterSession:
     def _local_result(self) -> list[pb.PeerMessage]:
         """A metric without HE (probabilistic count): computed here from the joined rows."""
         probs, _, strata = self._open()
+        k = len(self.groups)
+        noise = None
+        threshold_noise = None
+        if self.release.noisy:  # no replicates: the estimate's and the threshold's shares of rho
+            sigma = self.release.single_sigma(1) * self._multiplicity
+            noise = lambda: np.array([gaussian(sigma) for _ in range(k)])  # noqa: E731
+            sigma_t = self.release.threshold_sigma() * self._multiplicity
+            threshold_noise = lambda: np.array([gaussian(sigma_t) for _ in range(k)])  # noqa: E731
+        suppressed: list[str] = []
         report = self.metric.local_result(probs, strata, self._strata_labels, self.groups, self.spec.metric_option,
                                           self.params, self._info, confidence=self.spec.confidence,
-                                          tau=self.spec.tau)
+                                          tau=self.spec.tau, noise=noise, min_size=self.release.min_effective_size,
+                                          threshold_noise=threshold_noise, suppressed=suppressed)
+        self._note_noise(1, self.release.single_sigma(1) if self.release.noisy else 0.0, [])
+        if suppressed:
+            self._release_info["suppressed"] = suppressed
+        self._spend_budget()
         self._lap("local_statistic")
         return self._finish(report, {})
 
@@ -397,14 +398,24 @@ class TesterSession:
         strata = strata[canonical] if strata is not None else None
         self._matched_cts = [self._matched_cts[i] for i in canonical]
         rng = np.random.default_rng(self.spec.seed)
+        # With release noise, a bootstrap metric's interval comes from disjoint random
+        # groups instead (`_interval`): the Test-Client's units go to the groups at random.
+        groups_instead = self._interval() == "random_groups" and metric.interval == "percentile"
         if metric.resampling == "unit":
             used = np.unique(units)
             units = np.searchsorted(used, units)
             n_units = len(used)
+            if groups_instead:
+                if n_units < RELEASE_GROUPS:
+                    raise ReleaseRefused(f"the joined rows hold {n_units} resampling units (queries); an interval "
+                                         f"under release noise needs {RELEASE_GROUPS} or more")
+                units = (rng.permutation(n_units) % RELEASE_GROUPS)[units]
+                n_units = min(n_units, RELEASE_GROUPS)
         elif metric.resampling == "client_groups":
             n_units = metric.random_groups + 1
         else:
-            count = metric.random_groups if metric.resampling == "random_groups" else self._n_buckets
+            count = metric.random_groups if metric.resampling == "random_groups" else \
+                (RELEASE_GROUPS if groups_instead else self._n_buckets)
             buckets = boot.assign_buckets(n, count, rng)
             units = np.empty(n, dtype=np.int64)
             for m, idx in enumerate(buckets):
@@ -416,6 +427,9 @@ class TesterSession:
         facts = metric.tester_facts(q, strata, units)
         weights = metric.weights(q, strata, units, self.groups, self.spec.metric_option, self.params)
         del q
+        self._plan = metric.plan(self.groups, self._strata_labels, self._layout, self.spec.metric_option,
+                                 self.params, self._info)
+        self._suppress_small(weights, strata)
         self._lap("open_probabilities")
 
         # aggregate: per (unit, stratum) and weight column and row ciphertext
@@ -469,6 +483,7 @@ class TesterSession:
 
         if metric.needs_squares:
             self._squares_state, requests = metric.square_requests(agg, n_units, pub, facts)
+            del weights
             self.phase = Phase.WAIT_SQUARES
             self._reader = wire.TableReader(wire.ciphertext_table(pb.SQUARES, pub.ciphertext_bytes))
             yield from wire.table_messages(wire.ciphertext_table(pb.SQUARE_REQUEST, pub.ciphertext_bytes),
@@ -476,12 +491,10 @@ class TesterSession:
                                            ciphertexts=paillier.ciphertexts_to_bytes(requests, pub.ciphertext_bytes))
             return
 
-        self._plan = metric.plan(self.groups, self._strata_labels, self._layout, self.spec.metric_option,
-                                 self.params, self._info)
-        if metric.resampling == "client_groups":
+        if metric.resampling == "client_groups" or groups_instead:
             # row 0 every unit (the estimate), then each of the G groups alone
             count_rows = np.vstack([np.ones((1, n_units), dtype=np.int64),
-                                    np.eye(metric.random_groups, n_units, dtype=np.int64)]).tolist()
+                                    np.eye(self._replicates(), n_units, dtype=np.int64)]).tolist()
         else:
             # bootstrap: replicate r draws the units with multinomial counts (row 0: all ones)
             counts = boot.resample_counts(n_units, self.spec.bootstrap, rng)
@@ -512,11 +525,33 @@ class TesterSession:
                         c = c * part[item.weight][item.ciphertext] % n2
                 col.append(c)
             columns.append(col)
+        # Release noise (SPEC 8): the estimate is the sum of the noiseless units plus its own
+        # noise (σ₀); every replicate is formed from units that each carry noise (σ_b): with
+        # noise, the units are disjoint random groups and each replicate is one of them.
+        comps = metric.components(self.spec.metric_option, self.params, self._info)
+        sigma0, sigma_b = self.release.sigmas(len(comps))
+        scales = [self._slot_scales(plan_items[i], weights, comps) for i in direct]
+        del weights
+        point = []
+        for d, col in enumerate(columns):
+            c = 1
+            for x in col:
+                c = c * x % n2
+            point.append(self._add_noise(c, scales[d], sigma0))
+        if sigma_b > 0:
+            columns = [[self._add_noise(x, scales[d], sigma_b) for x in col] for d, col in enumerate(columns)]
         tasks = [(pub.n, columns, part) for part in
-                 parallel.split(count_rows, parallel.chunk_count(parallel.CHECKPOINT_CHUNKS))]
+                 parallel.split(count_rows[1:], parallel.chunk_count(parallel.CHECKPOINT_CHUNKS))]
         ticks = chunk_ticks(len(tasks), partial(self._tick, "bootstrap"))
-        computed = [c for part in parallel.run_chunks(aggregation.replicate_chunk, tasks, checkpoint=ticks)
-                    for c in part]
+        computed = point + [c for part in parallel.run_chunks(aggregation.replicate_chunk, tasks, checkpoint=ticks)
+                            for c in part]
+        self._note_noise(len(comps), sigma0, scales)
+        if self.release.noisy:  # an item made of others (overall) has their noises' sum
+            by_item = {i: scales[d] for d, i in enumerate(direct)}
+            for i, parts in parts_of.items():
+                by_item[i] = [math.sqrt(sum(float(by_item[p][k]) ** 2 for p in parts)) for k in range(len(scales[0]))]
+            per_item = [by_item[i] for i in range(len(plan_items))]
+            self._noise_sd = [sig * x for sig in (sigma0, sigma_b) for row in per_item for x in row]
         slot = {i: d for d, i in enumerate(direct)}
         items = []
         for r in range(len(count_rows)):
@@ -534,28 +569,127 @@ class TesterSession:
     def _after_squares(self) -> Iterator[pb.PeerMessage]:
         """MQOS-AUC exact: the squares are back; form the cells of every random group."""
         items = self.metric.combine(self._squares_state, self._squares, self._pub, self._layout)
+        # release noise per cell: the estimate (σ₀) and each random group (σ_b: the groups
+        # are disjoint, so a member is in one of them)
+        sens = self.metric.squares_sensitivity(self._squares_state, self._multiplicity)
         self._squares_state, self._squares = None, []
-        self._plan = self.metric.plan(self.groups, self._strata_labels, self._layout, self.spec.metric_option,
-                                      self.params, self._info)
+        sigma0, sigma_b = self.release.sigmas(2)
+        cells = len(sens)
+        items = [self._add_noise(c, sens[i % cells], sigma0 if i < cells else sigma_b) for i, c in enumerate(items)]
+        self._note_noise(2, sigma0, sens)
+        if self.release.noisy:
+            self._noise_sd = [sig * float(x) for sig in (sigma0, sigma_b) for row in sens for x in row]
         self._lap("squares")
         yield from self._send_items(items, self._replicates())
 
+    # ------------------------------------------------------------------ release controls
+    def _suppress_small(self, weights: list, strata: np.ndarray | None) -> None:
+        """The items (and so cells) whose effective size, Σ of the size weight over the
+        rows that enter them, is below the policy's minimum, or 0 whatever the policy."""
+        metric, plan = self.metric, self._plan
+        scale = float(1 << (encoding.PROBABILITY_BITS * metric.n_ids))
+        n = self.n_matched
+        sizes: dict[tuple[int, int | None], float] = {}
+
+        def size(w: int, stratum: int | None) -> float:
+            if (w, stratum) not in sizes:
+                col = weights[w]
+                if isinstance(col, tuple):
+                    sizes[(w, stratum)] = sum(size(x, stratum) for x in col)
+                else:
+                    rows = (strata == stratum) if (stratum is not None and strata is not None
+                                                   and metric.strata_cells) else slice(None)
+                    if isinstance(col, int):
+                        count = int(np.count_nonzero(rows)) if not isinstance(rows, slice) else n
+                        sizes[(w, stratum)] = col * count / scale
+                    else:
+                        sizes[(w, stratum)] = float(sum(int(v) for v in np.asarray(col)[rows])) / scale
+            return sizes[(w, stratum)]
+
+        minimum = self.release.min_effective_size
+        if self.release.noisy:  # decided on noisy sizes (one draw per weight and stratum)
+            sigma = self.release.threshold_sigma() * self._multiplicity
+            noisy = {key: value + gaussian(sigma) for key, value in
+                     ((key, size(*key)) for key in {(metric.size_weight(it), it.stratum) for it in plan.items})}
+            self._suppressed = [i for i, item in enumerate(plan.items)
+                                if not noisy[(metric.size_weight(item), item.stratum)] >= minimum]
+        else:
+            self._suppressed = [i for i, item in enumerate(plan.items)
+                                if not size(metric.size_weight(item), item.stratum) >= max(minimum, 1e-300)]
+        if self._suppressed:
+            hidden = set(self._suppressed)
+            self._release_info["suppressed"] = [plan.cell_label(c) for c in plan.cells if c.item in hidden]
+            groups = {c.group for c in plan.cells if c.item in hidden and c.kind == "group"}
+            self._small_groups = sorted(set(self._small_groups) | groups)
+
+    def _slot_scales(self, item, weights: list, components) -> list[int]:
+        """Per slot of `item`: its sensitivity to one member (0 for weights that do not
+        depend on the members' race: constants, and "overall" as the sum of all groups)."""
+        if isinstance(weights[item.weight], (int, tuple)):
+            return [0] * self._layout.slots
+        return self.metric.slot_sensitivity(item, self._layout, components, self._multiplicity)
+
+    def _add_noise(self, ciphertext: int, scales: list[int], sigma: float) -> int:
+        if sigma <= 0 or not any(scales):
+            return ciphertext
+        return paillier.add_plain(self._pub.n, ciphertext,
+                                  gaussian_slots([sigma * x for x in scales], self._layout.slot_bits))
+
+    def _note_noise(self, n_components: int, sigma0: float, scales: list[list[int]]) -> None:
+        """What the report says about the noise: σ₀ in members (per unit of sensitivity)."""
+        info = self._release_info
+        info["controls"] = self.release != ReleasePolicy.off()
+        info.update({"min_intersection": self.release.min_intersection,
+                     "min_effective_size": self.release.min_effective_size,
+                     "rho": self.release.rho, "epsilon": rho_to_epsilon(self.release.rho), "delta": REPORT_DELTA,
+                     "sigma_estimate": sigma0 * self._multiplicity, "components": n_components,
+                     "member_rows_max": self._multiplicity})
+
+    def _spend_budget(self) -> None:
+        """Charge this audit's ρ to the Test-Client's budget: the last step before release."""
+        if self.release.noisy and self._charge is not None:
+            self._release_info["budget_left"] = round(self._charge(self.release.rho), 12)
+
     def _send_items(self, items: list[int], replicates: int) -> Iterator[pb.PeerMessage]:
-        """Mask every item of every replicate, rerandomise, and send (step 6's end)."""
+        """Withhold suppressed items, mask every item of every replicate, rerandomise, and
+        send (step 6's end).
+
+        With release noise, every row is released as its noised aggregates: they are what
+        the release controls protect, and their denominators tell the Test-Client which
+        cells the noise swamps (`Plan.cell_values`). Without noise, every row is a masked
+        ratio, and the estimate's items get a zero test each, Enc(ρ·X) with ρ uniform in
+        Z_n: 0 when the item is empty (a denominator of 0: the cell is undefined), else a
+        uniform value (nothing else about X)."""
         pub, layout, plan = self._pub, self._layout, self._plan
+        self._spend_budget()
+        n_items = len(plan.items)
+        if self._suppressed:
+            for r in range(len(items) // n_items):
+                for i in self._suppressed:
+                    items[r * n_items + i] = 1  # Enc(0), rerandomised below: nothing of the cell leaves
+        noisy = self.release.noisy
+        plain_rows = replicates + 1 if noisy else 0
+        zero_tests = 0
+        if not noisy and self.spec.result_recipient == "client":
+            items = items + [paillier.scalar_pow(pub.n, items[i], 1 + secrets.randbelow(pub.n - 1))
+                             for i in range(n_items)]
+            zero_tests = n_items
         shift = layout.slot_bits
         slots = plan.item_slots
         if self.spec.result_recipient == "client":
             ratio = []
-            for _ in items:
-                mk = RatioMask.draw()
-                noise = sum(secrets.randbits(NOISE_BITS) << (s * shift) for s in range(slots))
-                ratio.append((mk.r, noise))
+            for idx, _ in enumerate(items):
+                if idx < plain_rows * n_items or idx >= (replicates + 1) * n_items:
+                    ratio.append((1, 0))  # released as it is (rerandomised)
+                    continue
+                r = RatioMask.draw().r
+                noise = sum(RatioMask.noise(r) << (s * shift) for s in range(slots))
+                ratio.append((r, noise))
             pads = None
         else:
             pad_bits = layout.slot_bits - AdditiveMask.max_bits(0) - 1
             draws = [AdditiveMask.draw(slots, pad_bits) for _ in items]
-            self._pads = [list(d.pads) for d in draws]
+            self._pads = draws
             pads = [sum(p << (s * shift) for s, p in enumerate(d.pads)) for d in draws]
             ratio = None
         h = paillier.randomizer_base(pub.n)  # our own base, never the Test-Client's h
@@ -571,14 +705,26 @@ class TesterSession:
         yield pb.PeerMessage(aggregates_header=pb.AggregatesHeader(
             groups=list(self.groups), replicates=replicates, confidence=self.spec.confidence,
             slot_bits=shift, mask="ratio" if ratio else "additive", items=len(plan.items), item_slots=slots,
-            tau=self.spec.tau, small_groups=self._small_groups))
+            tau=self.spec.tau, small_groups=self._small_groups, suppressed_items=self._suppressed,
+            interval=self._interval(), plain_rows=plain_rows if ratio else 0, noise_sd=self._noise_sd,
+            zero_tests=zero_tests))
         yield from wire.table_messages(wire.ciphertext_table(pb.AGGREGATES, width), len(out),
                                        ciphertexts=paillier.ciphertexts_to_bytes(out, width))
 
     # ------------------------------------------------------------------ step 7
+    def _interval(self) -> str:
+        """The metric's interval method; with release noise, random groups for all: a
+        bootstrap's replicates reuse every member, so noise that keeps each of them private
+        would swamp their spread (`tester_service.release`)."""
+        if self.metric.interval == "percentile" and self.release.noisy:
+            return "random_groups"
+        return self.metric.interval
+
     def _replicates(self) -> int:
         """B, or the number of random groups where the interval comes from random groups."""
-        return self.metric.random_groups if self.metric.interval == "random_groups" else self.spec.bootstrap
+        if self._interval() != "random_groups":
+            return self.spec.bootstrap
+        return self.metric.random_groups or RELEASE_GROUPS
 
     def _finish(self, report: AuditReport, client_seconds: dict[str, float]) -> list[pb.PeerMessage]:
         self._lap("wait_for_client_result")
@@ -588,52 +734,36 @@ class TesterSession:
         self.result = dataclasses.replace(
             report, metric=self.spec.metric, metric_option=self.spec.metric_option, n_matched=self.n_matched,
             result_recipient=self.spec.result_recipient, tau=self.spec.tau, phase_seconds=seconds,
-            preparation=self._preparation)
+            preparation=self._preparation, release=dict(self._release_info))
         self.phase = Phase.DONE
         self._progress("done", "result received")
         self.close()
         return []
 
-    def _on_client_result(self, res: pb.ClientResult) -> list[pb.PeerMessage]:
-        self._expect(Phase.WAIT_RESULT)
-        if self.spec.result_recipient != "client":
-            raise ProtocolError("a result was sent although only the Tester may learn it")
-        report = AuditReport.from_json(res.report_json)
-        if report.metric != self.spec.metric or report.bootstrap != self._replicates():
-            raise ProtocolError("the result does not describe this audit")
-        expected = [c.group for c in self._plan.cells if c.kind == "group"]
-        if [g.group for g in report.groups] != expected:
-            raise ProtocolError("the result's groups do not match the audit's groups")
+    def _on_client_result(self, res: pb.ClientResult, report: AuditReport) -> list[pb.PeerMessage]:
         return self._finish(report, dict(res.phase_seconds))
 
-    def _on_masked_plaintexts(self, mp: pb.MaskedPlaintexts) -> list[pb.PeerMessage]:
-        self._expect(Phase.WAIT_RESULT)
-        if self.spec.result_recipient != "tester":
-            raise ProtocolError("masked plaintexts were sent although the Test-Client learns the result")
-        width = mp.width
-        if not 1 <= width <= 1024 or len(mp.values) % width:
-            raise ProtocolError("masked plaintext table is malformed")
-        self._masked_values += [int.from_bytes(mp.values[i:i + width], "big", signed=True)
-                                for i in range(0, len(mp.values), width)]
-        plan = self._plan
-        n_items = len(plan.items)
-        replicates = self._replicates()
-        expected = (replicates + 1) * n_items
-        if len(self._masked_values) > expected:
-            raise ProtocolError("too many masked plaintexts")
+    def _on_masked_plaintexts(self, mp: pb.MaskedPlaintexts, values: list[int]) -> list[pb.PeerMessage]:
+        self._masked_values += values
         if not mp.last:
             return []
-        if len(self._masked_values) != expected:
-            raise ProtocolError(f"{len(self._masked_values)} masked plaintexts received, {expected} expected")
+        plan = self._plan
+        replicates = self._replicates()
         layout = encoding.SlotLayout(self._layout.slot_bits, plan.item_slots)
         slots = []
         for idx, value in enumerate(self._masked_values):
             try:
-                slots.append(AdditiveMask(tuple(self._pads[idx])).remove(layout.unpack(value)))
+                slots.append(self._pads[idx].remove(layout.unpack(value)))
             except EncodingOverflowError:
                 raise ProtocolError("a masked plaintext does not decode") from None
-        values = plan.cell_values(slots, lambda num, den: float(num) / float(den) if den != 0 else None)
+        noisy = self.release.noisy
+        sd = [self._noise_sd[:len(self._noise_sd) // 2], self._noise_sd[len(self._noise_sd) // 2:]] if noisy else ()
+        values = plan.suppress(plan.cell_values(slots, lambda num, den: float(num) / float(den) if den != 0 else None,
+                                                plain_rows=replicates + 1 if noisy else 0, noise_sd=sd,
+                                                pseudo_values=noisy and self.metric.interval == "percentile"),
+                               self._suppressed)
         report = finish(self.metric, plan, values, option=self.spec.metric_option, confidence=self.spec.confidence,
+                        interval=self._interval(),
                         tau=self.spec.tau, params=self.params, info=self._info, replicates=replicates,
                         result_recipient="tester", small_groups=self._small_groups)
         return self._finish(report, dict(mp.phase_seconds))

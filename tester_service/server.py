@@ -8,6 +8,7 @@ service stays healthy for the next audit.
 """
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -21,6 +22,8 @@ import pandas as pd
 
 from common import bootstrap as boot_defaults
 from common import channels, paillier
+from common import tls as tls_
+from common import validation
 from common.admission import SessionTable
 from common.errors import InputError, PeerAborted, PeerTimeoutError, PPREError, ShuttingDownError
 from common.memory import release_freed_memory
@@ -29,6 +32,7 @@ from common.results import DEFAULT_TAU
 from proto import ppre_pb2 as pb
 from proto import ppre_pb2_grpc as pb_grpc
 from tester_service.audit_log import AuditLog, AuditLogError, result_digest
+from tester_service.release import PrivacyAccountant, ReleasePolicy
 from tester_service.inputs import read_probability_table
 from tester_service.preparation import PreparationConfig, prepare, read_members, read_self_id
 from tester_service.protocol import AuditSpec, Phase, TesterSession
@@ -38,6 +42,8 @@ log = logging.getLogger("ppre.tester")
 _DONE = object()
 #: the Test-Client's one RPC (proto/ppre.proto, service ppre.v1.Client)
 EXCHANGE_METHOD = "/ppre.v1.Client/Exchange"
+#: every RPC of the Tester's service is for allow-listed operators only
+TESTER_METHODS = "/ppre.v1.Tester/"
 
 
 @dataclass
@@ -56,10 +62,43 @@ class TesterConfig:
     sessions: list = field(default_factory=list)  # live sessions, for tests of teardown
     #: the hash-chained record of every audit request and its outcome (`--audit-log`)
     audit_log: AuditLog | None = None
+    #: release controls (SPEC 8): thresholds, noise, budget (`tester_service.release`)
+    release: ReleasePolicy = field(default_factory=ReleasePolicy)
+    #: ρ spent per Test-Client identity; None: an in-memory one over `release.budget`
+    accountant: PrivacyAccountant | None = None
+    #: the most a Test-Client may send in one session (common.validation)
+    max_received_bytes: int = validation.DEFAULT_MAX_RECEIVED_BYTES
+    #: mutual TLS on both links (common.tls): this service's certificate, key and CA.
+    #: None: plaintext, no identities (the CLI gets here only with --insecure)
+    tls: tls_.TlsIdentity | None = None
+    #: operator identities allowed to call RunAudit (`--allow-operator`; TLS only)
+    allowed_operators: tuple[str, ...] = (tls_.OPERATOR_IDENTITY,)
+    #: the identity the Test-Client's certificate must carry (`--client-identity`; TLS only)
+    client_name: str = tls_.CLIENT_IDENTITY
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
             raise InputError("must be at least 1", parameter="max sessions")
+        if self.accountant is None:
+            self.accountant = PrivacyAccountant(self.release.budget)
+        self.allowed_operators = tls_.parse_names(self.allowed_operators)
+        self.operator_allow_list  # an empty list is refused now, not at the first audit
+        if self.tls is not None and not self.client_name:
+            raise InputError("must name the Test-Client's certificate identity", parameter="--client-identity")
+
+    @property
+    def operator_allow_list(self) -> tls_.AllowList:
+        return tls_.AllowList.of("operator", self.allowed_operators, "--allow-operator")
+
+    @property
+    def client_identity(self) -> str:
+        """Who the Test-Client is, for per-client accounting: the identity its certificate
+        was checked for when TLS is on (the handshake fails otherwise), else its address."""
+        return self.client_name if self.tls is not None else self.client_address
+
+    @property
+    def insecure(self) -> bool:
+        return self.tls is None
 
     @classmethod
     def from_probability_file(cls, client_address: str, path: str | Path, mapping=None, **kw) -> "TesterConfig":
@@ -88,10 +127,14 @@ def _error(code: str, message: str) -> pb.AuditEvent:
 
 def _grpc_error(exc: grpc.RpcError, who: str) -> pb.AuditEvent:
     """A failed gRPC call as the operator's error: the status code in lower case
-    ("unavailable", "deadline_exceeded", "resource_exhausted", ...) and its details."""
+    ("unavailable", "deadline_exceeded", "resource_exhausted", ...) and its details; a
+    peer that refused our messages (INVALID_ARGUMENT, FAILED_PRECONDITION: its validation,
+    common.validation) is a "protocol_error", as when its Abort arrives first."""
     code = exc.code() if callable(getattr(exc, "code", None)) else None
     details = exc.details() if callable(getattr(exc, "details", None)) else None
     name = code.name.lower() if code is not None else "unavailable"
+    if name in ("invalid_argument", "failed_precondition"):
+        name = "protocol_error"
     if name == "unavailable":
         return _error(name, f"{who}: cannot be reached or went away ({details or 'no details'})")
     return _error(name, f"{who}: {details or name}")
@@ -119,7 +162,7 @@ class _AuditRun:
     def __init__(self, config: TesterConfig, request: pb.AuditRequest, who: str = "") -> None:
         self.config = config
         self.request = request
-        self.who = who  # the operator, as the transport names it (its address)
+        self.who = who  # the operator: its certificate identity (mTLS), else its address
         self.n_matched = 0
         self.events: "queue.Queue" = queue.Queue()  # AuditEvents, then _DONE
         self._cancelled = threading.Event()
@@ -209,7 +252,8 @@ class _AuditRun:
         audit_log = self.config.audit_log
         if audit_log is None:
             return
-        audit_log.append(audit_record(self.request, self.who, final, self.n_matched, refusal))
+        audit_log.append(audit_record(self.request, self.who, final, self.n_matched, refusal,
+                                      client=self.config.client_identity))
 
     def _spec(self) -> AuditSpec:
         """The operator's request; absent fields get the defaults, present ones are checked
@@ -236,14 +280,21 @@ class _AuditRun:
             self._progress("inputs", "reading the Tester's inputs")
             probabilities = cfg.load_probabilities()
             preparation = probabilities.attrs.get("preparation")
+            identity = cfg.client_identity
+            if cfg.release.noisy:  # refuse before any work an audit that could not be released
+                cfg.accountant.check(identity, cfg.release.rho)
             session = TesterSession(spec, probabilities, min_modulus_bits=cfg.min_modulus_bits,
                                     n_buckets=cfg.n_buckets, progress=self._progress,
                                     checkpoint=self._check,
-                                    preparation=preparation.counts() if preparation is not None else None)
+                                    preparation=preparation.counts() if preparation is not None else None,
+                                    release=cfg.release, max_received_bytes=cfg.max_received_bytes,
+                                    charge=lambda rho: cfg.accountant.charge(identity, rho))
             del probabilities
             cfg.sessions.append(session)
 
-            channel = channels.make_channel(cfg.client_address, settings)
+            channel = channels.make_channel(cfg.client_address, settings, tls=cfg.tls,
+                                            server_name=cfg.client_name if cfg.tls is not None else None,
+                                            insecure=cfg.tls is None)
             # Replies are decoded by us (wire.parse_peer_message, in the Inbox): a Test-Client
             # that sends garbage gets a protocol_error, not an opaque gRPC INTERNAL.
             exchange = channel.stream_stream(EXCHANGE_METHOD,
@@ -308,11 +359,12 @@ class _AuditRun:
 
 
 def audit_record(request: pb.AuditRequest, who: str, final: pb.AuditEvent | None, n_matched: int,
-                 refusal: str = "") -> dict:
-    """One audit log record: who, what was asked, and the outcome; never member-level data
-    (the result only as a digest of what the operator received)."""
+                 refusal: str = "", client: str = "") -> dict:
+    """One audit log record: who, for which Test-Client, what was asked, and the outcome;
+    never member-level data (the result only as a digest of what the operator received,
+    and the privacy budget it spent)."""
     record = {
-        "who": who, "metric": request.metric, "metric_option": request.metric_option,
+        "who": who, "client": client, "metric": request.metric, "metric_option": request.metric_option,
         "client_dataset": request.client_dataset,
         "parameters": {"bootstrap": request.bootstrap if request.HasField("bootstrap") else None,
                        "confidence": request.confidence if request.HasField("confidence") else None,
@@ -328,6 +380,10 @@ def audit_record(request: pb.AuditRequest, who: str, final: pb.AuditEvent | None
     elif final.WhichOneof("event") == "result":
         record["outcome"] = {"status": "result", "n_matched": n_matched,
                              "result_sha256": result_digest(final.result.report_json)}
+        release = json.loads(final.result.report_json).get("release", {})
+        if release:
+            record["outcome"]["release"] = {k: release[k] for k in ("rho", "budget_left", "suppressed", "controls")
+                                            if k in release}
     else:
         record["outcome"] = {"status": "error", "code": final.error.code, "message": final.error.message}
     return record
@@ -361,8 +417,15 @@ class TesterServicer(pb_grpc.TesterServicer):
     def active_sessions(self) -> int:
         return self._runs.active
 
+    def operator(self, context) -> str:
+        """The caller, for the audit log: its verified certificate identity (the
+        allow-listed name it was admitted under), or its address without TLS."""
+        if self.config.tls is not None:
+            return tls_.caller_identity(context, self.config.operator_allow_list) or context.peer() or ""
+        return context.peer() or ""
+
     def RunAudit(self, request: pb.AuditRequest, context):
-        run = _AuditRun(self.config, request, who=context.peer() or "")
+        run = _AuditRun(self.config, request, who=self.operator(context))
         refusal = self._runs.admit(run)
         if refusal is not None:
             code, message = refusal
@@ -409,9 +472,20 @@ class TesterServicer(pb_grpc.TesterServicer):
         self._runs.wait_idle(wait_s)
 
 
+def refusal_record(method: str, identity: str, message: str) -> dict:
+    """The audit log's record of a caller refused by identity (nothing of its request is read)."""
+    return {"who": identity, "method": method,
+            "outcome": {"status": "refused", "reason": f"permission_denied: {message}"}}
+
+
 def serve(config: TesterConfig, port: int, host: str = "0.0.0.0") -> tuple[grpc.Server, int, TesterServicer]:
-    server, bound, health_servicer = channels.make_server(port, host, workers=config.max_sessions + 8,
-                                                          settings=config.settings)
+    def refused(method: str, identity: str, message: str) -> None:
+        if config.audit_log is not None:
+            config.audit_log.append(refusal_record(method, identity, message))
+
+    server, bound, health_servicer = channels.make_server(
+        port, host, workers=config.max_sessions + 8, settings=config.settings, tls=config.tls,
+        access={TESTER_METHODS: config.operator_allow_list}, on_refused=refused)
     servicer = TesterServicer(config, health_servicer)
     pb_grpc.add_TesterServicer_to_server(servicer, server)
     server.start()
@@ -421,13 +495,19 @@ def serve(config: TesterConfig, port: int, host: str = "0.0.0.0") -> tuple[grpc.
 
 def run_audit(address: str, request: pb.AuditRequest, *, timeout: float | None = None,
               on_progress: Callable[[pb.Progress], None] | None = None,
-              settings: channels.LinkSettings | None = None) -> pb.AuditEvent:
+              settings: channels.LinkSettings | None = None, tls: tls_.TlsIdentity | None = None,
+              server_name: str | None = None) -> pb.AuditEvent:
     """Operator side: call RunAudit and return the final event (result or error).
 
+    `tls`: the operator's certificate, key and CA; `server_name`: the identity the
+    Tester's certificate must carry (default tester.ppre.local). Without `tls`, what
+    `channels.remember_dial` recorded for the address, else plaintext.
     Every way the call can fail comes back as an error event, never an exception: a
     gRPC status as its lower-case code ("unavailable", "deadline_exceeded",
-    "resource_exhausted", ...), a broken event stream as "protocol_error"."""
-    with channels.make_channel(address, settings) as channel:
+    "resource_exhausted", "permission_denied", ...), a broken event stream as "protocol_error"."""
+    if tls is not None and server_name is None:
+        server_name = tls_.TESTER_IDENTITY
+    with channels.make_channel(address, settings, tls=tls, server_name=server_name) as channel:
         stub = pb_grpc.TesterStub(channel)
         final = None
         try:

@@ -13,6 +13,7 @@ import pandas as pd
 from client_service.protocol import ClientSession
 from common.races import RACES
 from tester_service.protocol import AuditSpec, TesterSession
+from tester_service.release import ReleasePolicy
 
 TEST_BITS = 1024  # tests only: production refuses < 2048
 
@@ -67,7 +68,10 @@ def run_sessions(tester: TesterSession, client: ClientSession, tap=None):
     return tester.result
 
 
-def local_audit(tester_df, client_df, *, spec: AuditSpec | None = None, tap=None, n_buckets: int = 128):
+def local_audit(tester_df, client_df, *, spec: AuditSpec | None = None, tap=None, n_buckets: int = 128,
+                release: ReleasePolicy | None = None):
+    """Both sessions in one process; `release` defaults to no release controls (exact
+    results, for comparisons with plaintext twins)."""
     spec = spec or AuditSpec(metric="ero", client_dataset="d", bootstrap=50, seed=1)
 
     def loader(name, metric):
@@ -76,7 +80,8 @@ def local_audit(tester_df, client_df, *, spec: AuditSpec | None = None, tap=None
         frame["member_id"] = frame["member_id"].astype(str)
         return frame
 
-    tester = TesterSession(spec, tester_df, min_modulus_bits=TEST_BITS, n_buckets=n_buckets)
+    tester = TesterSession(spec, tester_df, min_modulus_bits=TEST_BITS, n_buckets=n_buckets,
+                           release=release if release is not None else ReleasePolicy.off())
     client = ClientSession(loader, modulus_bits=TEST_BITS, allow_insecure=True)
     try:
         return run_sessions(tester, client, tap), tester, client
@@ -131,3 +136,14 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def exact_session(*args, **kw) -> TesterSession:
+    """A TesterSession without release controls (unless a test gives its own): tests of
+    the protocol's exactness compare with plaintext twins to 1e-9."""
+    kw.setdefault("release", ReleasePolicy.off())
+    return TesterSession(*args, **kw)
+
+#: the services without release controls: exact results from small test inputs (the
+#: controls themselves are tested in tests/test_release.py and tests/attacks/)
+NO_RELEASE_CONTROLS = ReleasePolicy.off()

@@ -10,9 +10,17 @@ Services are started as `ppre -v tester serve ...` / `ppre -v client serve ...`,
 its own process group (its worker-pool children included), with an empty working
 directory that is also its TMPDIR and HOME, so a test can check that nothing was written
 there. Their combined stdout/stderr go to a log file *outside* that directory.
+
+Links use mutual TLS, as deployed: `dev_cert_dir()` is one `ppre certs init` directory for
+the test session (outside every run directory); services get `--tls-dir` (or
+`--insecure` with `tls=False`), `ppre audit` processes the operator's certificate, and
+the addresses of started services are remembered (`channels.remember_dial`) so that an
+in-process `run_audit(tester.address, ...)` or `health_status(...)` presents the
+operator's certificate too.
 """
 from __future__ import annotations
 
+import atexit
 import ipaddress
 import json
 import os
@@ -24,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +42,8 @@ from typing import Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common import channels
+from common.tls import CLIENT_IDENTITY, TESTER_IDENTITY, DevCA, TlsIdentity
 from tests.helpers import free_loopback_port, make_inputs, pid_alive
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,6 +71,38 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.update(extra or {})
     return env
+
+
+_CERTS: Path | None = None
+_CERTS_LOCK = threading.Lock()
+
+
+def dev_cert_dir() -> Path:
+    """One development CA and role certificates (`ppre certs init`'s layout) for the whole
+    test session, in a temporary directory removed at exit."""
+    global _CERTS
+    with _CERTS_LOCK:
+        if _CERTS is None:
+            directory = Path(tempfile.mkdtemp(prefix="ppre-test-certs-"))
+            atexit.register(shutil.rmtree, directory, True)
+            DevCA.generate("PPRE test CA").write(directory)
+            _CERTS = directory
+        return _CERTS
+
+
+def operator_tls() -> TlsIdentity:
+    return TlsIdentity.from_dir(dev_cert_dir(), "operator")
+
+
+def tls_argv(tls: bool) -> list[str]:
+    return ["--tls-dir", str(dev_cert_dir())] if tls else ["--insecure"]
+
+
+def serve_tls(address: str, role: str) -> list[str]:
+    """The `--tls-dir` flags of a `ppre ROLE serve` process listening on `address`, which
+    this process will then reach with the operator's certificate (run_audit, health)."""
+    channels.remember_dial(address, operator_tls(), TESTER_IDENTITY if role == "tester" else CLIENT_IDENTITY)
+    return tls_argv(True)
 
 
 def wait_for(condition: Callable[[], object], timeout: float, interval: float = 0.05):
@@ -160,9 +203,11 @@ def usage(pid: int, pgid: int | None = None) -> Usage:
                  fds=fds)
 
 
-def health_status(address: str, timeout: float = 2.0) -> str:
-    """SERVING / NOT_SERVING / ... as the gRPC health service answers, or UNREACHABLE."""
-    with grpc.insecure_channel(address) as channel:
+def health_status(address: str, timeout: float = 2.0, *, tls: TlsIdentity | None = None,
+                  server_name: str | None = None) -> str:
+    """SERVING / NOT_SERVING / ... as the gRPC health service answers, or UNREACHABLE.
+    Credentials: `tls` (checking `server_name`), else those remembered for the address."""
+    with channels.make_channel(address, tls=tls, server_name=server_name) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
                                                               timeout=timeout)
@@ -190,6 +235,8 @@ class ServiceProcess:
     env: dict[str, str] = field(default_factory=dict)
     prefix: list[str] = field(default_factory=list)
     health_address: str | None = None  # where the test reaches its health service (default: address)
+    tls: TlsIdentity | None = None     # what the test presents to it (None: plaintext)
+    server_name: str | None = None     # the identity its certificate carries
     proc: subprocess.Popen | None = None
     starts: int = 0
     pgids: list[int] = field(default_factory=list)  # every incarnation's group, for the finalizer
@@ -225,7 +272,7 @@ class ServiceProcess:
             if not self.alive():
                 raise AssertionError(f"{self.name} exited with {self.proc.returncode if self.proc else None}:\n"
                                      f"{self.log_tail()}")
-            if health_status(address, 1.0) == "SERVING":
+            if health_status(address, 1.0, tls=self.tls, server_name=self.server_name) == "SERVING":
                 return
             time.sleep(0.2)
         raise AssertionError(f"{self.name} not healthy after {timeout:.0f}s:\n{self.log_tail()}")
@@ -313,32 +360,47 @@ class ServiceProcess:
         return sorted(p for p in self.run_dir.rglob("*")) if self.run_dir.exists() else []
 
 
+def _service(name: str, argv: list[str], address: str, base: Path, env: dict[str, str] | None,
+             prefix: list[str] | None, tls: bool, server_name: str) -> ServiceProcess:
+    operator = operator_tls() if tls else None
+    # an in-process run_audit / health check to this address presents the operator's certificate
+    channels.remember_dial(address, operator, server_name if tls else None)
+    return ServiceProcess(name, argv + tls_argv(tls), address, base / f"run-{name}", base / f"{name}.log",
+                          env=dict(env or {}), prefix=list(prefix or []), tls=operator,
+                          server_name=server_name if tls else None)
+
+
 def make_tester(base: Path, dataset: Dataset, client_address: str, *, peer_timeout: float | None = None,
                    max_sessions: int | None = None, env: dict[str, str] | None = None, port: int | None = None,
-                   extra: list[str] | None = None) -> ServiceProcess:
+                   extra: list[str] | None = None, tls: bool = True,
+                   release_controls: bool = False) -> ServiceProcess:
+    """`tls`: mutual TLS with `dev_cert_dir()` (default), else --insecure. The release
+    controls are off unless asked for: these tests run many small audits (the controls
+    are tested in tests/test_release.py and tests/attacks/)."""
     port = port or free_loopback_port()
     argv = ["tester", "serve", "--host", "127.0.0.1", "--port", str(port), "--client", client_address,
             "--probabilities", str(dataset.probabilities)]
+    if not release_controls:
+        argv += ["--no-release-controls"]
     if peer_timeout is not None:
         argv += ["--peer-timeout", str(peer_timeout)]
     if max_sessions is not None:
         argv += ["--max-sessions", str(max_sessions)]
-    return ServiceProcess("tester", argv + list(extra or []), f"127.0.0.1:{port}", base / "run-tester",
-                          base / "tester.log", env=dict(env or {}))
+    return _service("tester", argv + list(extra or []), f"127.0.0.1:{port}", base, env, None, tls, TESTER_IDENTITY)
 
 
 def make_client(base: Path, dataset: Dataset, *, peer_timeout: float | None = None,
                    max_sessions: int | None = None, env: dict[str, str] | None = None, host: str = "127.0.0.1",
                    port: int | None = None, prefix: list[str] | None = None,
-                   extra: list[str] | None = None) -> ServiceProcess:
+                   extra: list[str] | None = None, tls: bool = True) -> ServiceProcess:
+    """`tls`: mutual TLS with `dev_cert_dir()` (default), else --insecure."""
     port = port or free_loopback_port()
     argv = ["client", "serve", "--host", host, "--port", str(port), "--data-dir", str(dataset.client_dir)]
     if peer_timeout is not None:
         argv += ["--peer-timeout", str(peer_timeout)]
     if max_sessions is not None:
         argv += ["--max-sessions", str(max_sessions)]
-    return ServiceProcess("client", argv + list(extra or []), f"{host}:{port}", base / "run-client",
-                          base / "client.log", env=dict(env or {}), prefix=list(prefix or []))
+    return _service("client", argv + list(extra or []), f"{host}:{port}", base, env, prefix, tls, CLIENT_IDENTITY)
 
 
 # --------------------------------------------------------------------------- the operator
@@ -403,9 +465,9 @@ class OperatorAudit:
 
     def __init__(self, tester_address: str, dataset: str, *, as_json: bool, bootstrap: int = 20, seed: int = 1,
                  timeout: float = 300.0, on_progress: Callable[[Progress], None] | None = None,
-                 extra: list[str] | None = None) -> None:
+                 extra: list[str] | None = None, tls: bool = True) -> None:
         argv = ppre_argv() + ["audit", "--tester", tester_address, "--client-dataset", dataset, "--metric", "ero",
-                              "--bootstrap", str(bootstrap), "--seed", str(seed)] + list(extra or [])
+                              "--bootstrap", str(bootstrap), "--seed", str(seed)] + tls_argv(tls) + list(extra or [])
         if as_json:
             argv.append("--json")
         self.timeout = timeout

@@ -13,7 +13,7 @@ from proto import ppre_pb2 as pb
 from tester_service.audit_log import GENESIS, AuditLog, AuditLogError, result_digest, verify
 from tester_service.inputs import read_probability_table
 from tester_service.server import run_audit
-from tests.helpers import TEST_BITS, write_inputs
+from tests.helpers import NO_RELEASE_CONTROLS, TEST_BITS, write_inputs
 
 
 def _lines(path) -> list[str]:
@@ -121,7 +121,7 @@ def test_every_audit_request_is_recorded_without_member_data(tmp_path):
     tester, client, tp, cp = write_inputs(tmp_path, 120, 90, seed=3)
     log_path = tmp_path / "audit.log"
     with local_services(lambda: read_probability_table(tp), DatasetRegistry(named={"ero": cp}),
-                        modulus_bits=TEST_BITS, allow_insecure=True) as svc:
+                        modulus_bits=TEST_BITS, allow_insecure=True, release=NO_RELEASE_CONTROLS) as svc:
         svc.tester_config.audit_log = AuditLog(log_path)
         ok = run_audit(svc.tester_address, pb.AuditRequest(metric="ero", client_dataset="ero", bootstrap=10,
                                                            has_seed=True, seed=4))

@@ -517,7 +517,7 @@ def test_spaced_member_ids_join_the_client_dataset_sans_io(tmp_path):
 # End to end: the operator sees the error; nothing is written
 # --------------------------------------------------------------------------------------
 def _audit_args(members: Path, client: Path) -> list[str]:
-    return ["audit", "--local", "--metric", "ero", "--tester-members", str(members), "--client-data", str(client),
+    return ["audit", "--local", "--no-release-controls", "--metric", "ero", "--tester-members", str(members), "--client-data", str(client),
             "--bootstrap", "20", "--seed", "2", "--json"]
 
 

@@ -118,7 +118,8 @@ def test_encrypted_bootstrap_equals_its_plaintext_twin():
                    for m in key.decrypt_mod_p(out)]).reshape(len(counts), 3)
     qf = q / 2**32
     plain = bucket_bootstrap_ratios(qf * f[:, None], qf * d[:, None], buckets, counts)
-    assert np.allclose(he, plain, rtol=0, atol=1e-12, equal_nan=True)
+    # the ratio mask's noise (below r: one fixed-point unit of 2^-32) is all that differs
+    assert np.allclose(he, plain, rtol=0, atol=1e-9, equal_nan=True)
 
 
 def test_percentile_interval_ignores_undefined_replicates():

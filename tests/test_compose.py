@@ -6,8 +6,12 @@ run exactly what it declares:
 * every service's `command` is started with its `environment` (on top of os.environ);
   each container volume path is mapped to a temporary host directory filled with
   generated data (300 members each side, 50% overlap);
-* services start in `depends_on` order and are polled with their own `healthcheck`;
-* the operator's `ppre audit --json` runs against the Tester and its JSON is checked.
+* services start in `depends_on` order and are polled with their own `healthcheck`
+  (run with the service's environment, as Docker runs it); a one-shot service (one that
+  others wait for with `service_completed_successfully`: `certs`, which runs `ppre certs
+  init` into the volume both services read their TLS certificates from) is run to its end;
+* the operator's `ppre audit --json` runs against the Tester, over mutual TLS with the
+  operator certificate from that volume, and its JSON is checked.
 
 Networking has two modes, chosen at run time and printed:
 
@@ -68,6 +72,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from tester_service.release import RELEASE_GROUPS
 from tests.helpers import free_loopback_port, netns_usable, pid_alive
 
 log = logging.getLogger("test_compose")
@@ -136,6 +141,24 @@ def healthcheck_argv(service: dict) -> list[str]:
 def depends_on(service: dict) -> list[str]:
     deps = service.get("depends_on", [])
     return list(deps) if isinstance(deps, (list, dict)) else []
+
+
+def one_shot(compose: dict) -> set[str]:
+    """Services others wait for to complete (`condition: service_completed_successfully`)."""
+    out = set()
+    for svc in services(compose).values():
+        deps = svc.get("depends_on", {})
+        if isinstance(deps, dict):
+            out |= {name for name, dep in deps.items()
+                    if isinstance(dep, dict) and dep.get("condition") == "service_completed_successfully"}
+    return out
+
+
+def certs_target(compose: dict) -> str:
+    """The container path of the TLS certificates volume (what `ppre certs init` writes)."""
+    command = services(compose)["certs"]["command"]
+    assert command[:3] == ["ppre", "certs", "init"], command
+    return command[3]
 
 
 def start_order(compose: dict) -> list[str]:
@@ -444,6 +467,7 @@ class Stack:
         svc = services(self.compose)[name]
         command = svc["command"]
         assert isinstance(command, list), f"{name}: command must be list-form"
+        command = [map_paths(a, self.mounts) for a in command]  # `ppre certs init /certs`
         self.logs[name] = self.workdir / f"{name}.log"
         with open(self.logs[name], "wb") as out:
             self.procs[name] = subprocess.Popen(self.in_service(name, command), env=child_env(self.service_env(name)),
@@ -455,10 +479,12 @@ class Stack:
         return path.read_text(errors="replace")[-n:] if path and path.exists() else ""
 
     def healthy(self, name: str) -> bool:
-        """The service's own compose healthcheck, run where Docker would run it."""
+        """The service's own compose healthcheck, run where and as Docker would run it (in the
+        container's environment: PPRE_TLS_DIR gives it the certificates)."""
         argv = self.in_service(name, healthcheck_argv(services(self.compose)[name]))
         try:
-            return subprocess.run(argv, env=child_env(), capture_output=True, timeout=20).returncode == 0
+            return subprocess.run(argv, env=child_env(self.service_env(name)), capture_output=True,
+                                  timeout=20).returncode == 0
         except subprocess.TimeoutExpired:
             return False
 
@@ -476,7 +502,17 @@ class Stack:
     def up(self) -> None:
         for name in start_order(self.compose):
             self.start(name)
-            self.wait_healthy(name)
+            if name in one_shot(self.compose):
+                proc = self.procs.pop(name)
+                try:
+                    rc = proc.wait(timeout=HEALTH_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
+                    raise AssertionError(f"{name} did not finish:\n{self.log_tail(name)}") from None
+                assert rc == 0, f"{name} exited with {rc}:\n{self.log_tail(name)}"
+            else:
+                self.wait_healthy(name)
 
     def down(self) -> None:
         for name in reversed(list(self.procs)):
@@ -493,7 +529,8 @@ class Stack:
     # -- the operator ------------------------------------------------------------------
     def audit(self, dataset: str) -> tuple[int, dict, str]:
         argv = ppre_argv() + ["audit", "--tester", self.operator_address(), "--client-dataset", dataset,
-                              "--metric", "ero", "--bootstrap", str(BOOTSTRAP), "--seed", "1", "--json"]
+                              "--metric", "ero", "--bootstrap", str(BOOTSTRAP), "--seed", "1", "--json",
+                              "--tls-dir", str(self.mounts[certs_target(self.compose)])]
         proc = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=AUDIT_TIMEOUT_S)
         lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
         assert len(lines) == 1, f"expected one JSON line, got stdout={proc.stdout!r} stderr={proc.stderr!r}"
@@ -550,15 +587,17 @@ def stack(request, tmp_path_factory):
 def check_result(result: dict, n_matched: int = N_OVERLAP) -> None:
     assert result.get("metric") == "ero", result
     assert result["n_matched"] == n_matched, result
-    assert result["bootstrap"] == BOOTSTRAP, result
+    # the deployment runs with the release controls on: noise, and the interval from G = 10
+    # random groups (README "Threat model and release controls")
+    assert result["release"]["controls"] and result["release"]["rho"] > 0, result
+    assert result["bootstrap"] == RELEASE_GROUPS and result["interval"] == "random_groups", result
     groups = result["groups"]
     assert [g["group"] for g in groups] == [*RACE_COLUMNS, "overall"], groups
     assert result["verdict"]["rule"] == "range", result
     for g in groups:
         est = g["estimate"]
-        if est is None:
+        if est is None or g["ci_low"] is None:  # a random group's noised denominator within 3 sd of 0
             continue
-        assert g["ci_low"] is not None and g["ci_high"] is not None, g
         assert g["ci_low"] - 1e-9 <= est <= g["ci_high"] + 1e-9, g
 
 
@@ -664,6 +703,8 @@ class DockerStack:
     compose: dict
     #: (service, container port) -> published loopback port
     ports: dict[tuple[str, int], int]
+    #: the host directory bind-mounted as the certificates volume (the operator's --tls-dir)
+    certs: Path | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
     def run(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
@@ -697,7 +738,8 @@ class DockerStack:
         deadline = time.monotonic() + timeout
         states = {}
         while time.monotonic() < deadline:
-            states = {name: self.state(name)[:2] for name in services(self.compose)}
+            states = {name: self.state(name)[:2] for name in services(self.compose)
+                      if name not in one_shot(self.compose)}
             if all(s == ("running", "healthy") for s in states.values()):
                 return
             time.sleep(0.5)
@@ -719,7 +761,8 @@ class DockerStack:
     def audit_argv(self, dataset: str = DATASET) -> list[str]:
         port = self.ports[("tester", container_ports(services(self.compose)["tester"])[0])]
         return ppre_argv() + ["audit", "--tester", f"127.0.0.1:{port}", "--client-dataset", dataset,
-                              "--metric", "ero", "--bootstrap", str(BOOTSTRAP), "--seed", "1", "--json"]
+                              "--metric", "ero", "--bootstrap", str(BOOTSTRAP), "--seed", "1", "--json",
+                              "--tls-dir", str(self.certs)]
 
     def audit(self, dataset: str = DATASET) -> tuple[int, dict, str]:
         proc = subprocess.run(self.audit_argv(dataset), env=child_env(), capture_output=True, text=True,
@@ -798,14 +841,27 @@ def docker_stack(request, tmp_path_factory):
     # The compose file as written, less `build:` (the image is built once, below) and with the
     # test's data, ports and peer timeout; everything else (healthchecks, depends_on, init,
     # restart) as declared.
+    # Named volumes (the certificates) become bind mounts too, so the operator on the host
+    # reads its certificate; the image's user (uid 10001) must be able to write there.
     derived = copy.deepcopy(compose)
+    derived.pop("volumes", None)
+    for svc in services(compose).values():  # every named volume: certificates, the Tester's state
+        for source, target in volumes(svc):
+            if source in (compose.get("volumes") or {}):
+                mounts[target].chmod(0o777)
     ports: dict[tuple[str, int], int] = {}
     for name, svc in services(derived).items():
         svc.pop("build", None)
         svc["image"] = image
+        declared = [str(v) for v in svc.get("volumes", [])]
+        svc["volumes"] = [f"{mounts[target]}:{target}" + (":ro" if entry.endswith(":ro") else "")
+                          for (_, target), entry in zip(volumes(svc), declared)]
+        if name in one_shot(compose):
+            continue
         assert "PPRE_PEER_TIMEOUT" in svc["environment"], f"{name}: PPRE_PEER_TIMEOUT is not declared"
         svc["environment"]["PPRE_PEER_TIMEOUT"] = str(DOCKER_PEER_TIMEOUT_S)
-        svc["volumes"] = [f"{mounts[target]}:{target}:ro" for _, target in volumes(svc)]
+        if "PPRE_PRIVACY_BUDGET" in svc["environment"]:  # these tests run more audits than it allows
+            svc["environment"]["PPRE_PRIVACY_BUDGET"] = "100"
         svc["ports"] = []
         for port in container_ports(services(compose)[name]):
             ports[(name, port)] = free_loopback_port()
@@ -813,6 +869,7 @@ def docker_stack(request, tmp_path_factory):
     compose_file = workdir / "docker-compose.yml"
     compose_file.write_text(yaml.safe_dump(derived, sort_keys=False))
     stack = DockerStack(compose_cmd=compose_cmd, project=project, compose_file=compose_file, image=image,
+                        certs=mounts[certs_target(compose)],
                         compose=compose, ports=ports)
 
     build_args = []
@@ -950,7 +1007,8 @@ def _same(parsed, declared: str) -> bool:
 def test_compose_file_matches_the_cli(monkeypatch):
     compose = load_compose()
     svcs = services(compose)
-    assert set(svcs) == {"tester", "client"}, sorted(svcs)
+    assert set(svcs) == {"tester", "client", "certs"}, sorted(svcs)
+    assert one_shot(compose) == {"certs"}
     dockerfile = [line.strip() for line in DOCKERFILE.read_text().splitlines()
                   if line.strip() and not line.lstrip().startswith("#")]
     exposed = {int(p) for line in dockerfile if line.upper().startswith("EXPOSE") for p in re.findall(r"\d+", line)}
@@ -964,7 +1022,22 @@ def test_compose_file_matches_the_cli(monkeypatch):
     assert cmds and json.loads(cmds[-1][3:]) == ["ppre", "--help"], cmds
     listening: dict[str, int] = {}
 
+    # The certificates: `ppre certs init` writes them into a named volume, once (no restart);
+    # both services wait for it to finish, mount it read-only and read it (PPRE_TLS_DIR).
+    certs = svcs["certs"]
+    cargs = _parse(certs["command"][1:], {}, monkeypatch)
+    assert (cargs.command, cargs.action, callable(cargs.func)) == ("certs", "init", True), certs["command"]
+    (volume, target), = volumes(certs)
+    assert target == cargs.directory == certs_target(compose) and not str(certs["volumes"][0]).endswith(":ro")
+    assert volume in compose.get("volumes", {}), f"{volume} should be a named volume"
+    assert str(certs.get("restart", "no")) == "no"
+
     for name, svc in svcs.items():
+        if name in one_shot(compose):
+            continue
+        assert f"{volume}:{target}:ro" in svc["volumes"], f"{name}: mounts the certificates read-only"
+        assert svc["depends_on"]["certs"]["condition"] == "service_completed_successfully", name
+        assert svc["environment"].get("PPRE_TLS_DIR") == target, f"{name}: PPRE_TLS_DIR"
         command = svc["command"]
         assert isinstance(command, list) and command[0] == "ppre", f"{name}: list-form `ppre ...` command"
         env = svc.get("environment")
@@ -998,8 +1071,13 @@ def test_compose_file_matches_the_cli(monkeypatch):
         for key, value in env.items():
             if value.startswith("/"):
                 assert any(value == t or value.startswith(t.rstrip("/") + "/") for t in targets), (name, key)
+        # The one writable volume: the Tester's state (privacy ledger, audit log), which must
+        # outlive a restart; it holds no member-level data.
+        state = {v.rsplit("/", 1)[0] for k, v in env.items() if k in ("PPRE_PRIVACY_LEDGER", "PPRE_AUDIT_LOG")}
+        assert len(state) <= 1, f"{name}: the ledger and the audit log belong in one state volume"
         for entry in svc.get("volumes", []):
-            assert str(entry).endswith(":ro"), f"{name}: volume {entry} should be read-only"
+            writable = state and str(entry).split(":")[1] == next(iter(state))
+            assert str(entry).endswith(":ro") != bool(writable), f"{name}: volume {entry} should be read-only"
 
         # SIGTERM reaches the service (an init as PID 1 forwards it) and it has time to finish:
         # the services exit within 10 s of SIGTERM.
@@ -1014,6 +1092,8 @@ def test_compose_file_matches_the_cli(monkeypatch):
         assert hargs.command == "health" and callable(hargs.func), check
         host, _, port = hargs.address.rpartition(":")
         assert host in ("127.0.0.1", "localhost") and int(port) == args.port, (name, check)
+        # over mutual TLS with the container's own certificate (Docker runs it in the container's env)
+        assert args.tls_dir == target and not args.insecure and hargs.tls_role == args.tls_role, (name, check)
 
     # The Tester reaches the Test-Client by its service name and listening port, after it is healthy.
     tester_args = _parse(svcs["tester"]["command"][1:],

@@ -12,7 +12,7 @@ import pytest
 
 from common import commutative, encoding, paillier
 from common.errors import EncodingOverflowError, ProtocolError
-from common.masking import NOISE_BITS, AdditiveMask, RatioMask, masked_ratio
+from common.masking import PRECISION_BITS, AdditiveMask, RatioMask, masked_ratio
 from common.symmetric import RowSealer, sealed_width
 from tests.helpers import apply_ratio_mask
 
@@ -233,17 +233,58 @@ def test_bare_common_factor_leaks_through_gcd_but_our_mask_does_not():
         assert g % mask.r != 0  # the gcd no longer reveals the mask
         assert a // g != num and b // g != den  # nor Num and Den
         recovered.append(g)
-    assert max(recovered) < 2**NOISE_BITS * 2**16
+    assert max(recovered) < 2**40  # the gcd of two unrelated numbers: small and random
 
 
-def test_ratio_mask_keeps_the_ratio_and_flags_empty_groups():
+def test_ratio_mask_keeps_the_ratio_to_its_stated_precision():
+    """P2 learns (Num + u1) / (Den + u2) with u < 2^PRECISION_BITS fixed-point units."""
     num, den = 5 * 2**32 + 3, 11 * 2**32 + 7
-    for _ in range(100):
+    bound = 2**PRECISION_BITS * (1 + num / den) / den
+    errors = []
+    for _ in range(300):
         a, b = apply_ratio_mask(RatioMask.draw(), num, den)
-        assert abs(masked_ratio(a, b) - num / den) <= 1e-12
-    mask = RatioMask.draw()
-    assert masked_ratio(*apply_ratio_mask(mask, 0, den)) == 0.0
-    assert masked_ratio(*apply_ratio_mask(mask, num, 0)) is None
+        errors.append(abs(masked_ratio(a, b) - num / den))
+    assert max(errors) <= bound
+    assert max(errors) > bound / 100  # the noise is really there, not rounded away
+    assert 0 <= masked_ratio(*apply_ratio_mask(RatioMask.draw(), 0, den)) <= 2**PRECISION_BITS / den
+
+
+def _convergents(a: int, b: int):
+    """The continued-fraction convergents p/q of a/b."""
+    p0, q0, p1, q1 = 0, 1, 1, 0
+    while b:
+        t = a // b
+        a, b = b, a - t * b
+        p0, q0, p1, q1 = p1, q1, t * p1 + p0, t * q1 + q0
+        yield p1, q1
+
+
+def test_continued_fraction_attack_recovers_cells_from_a_small_noise_mask_but_not_from_ours():
+    """SPEC 4 masking / the issue's point 6: with noise far below r, the masked ratio is
+    within 1/(2 Den^2) of Num/Den, so Num/Den (in lowest terms, often Num and Den
+    themselves) is one of its convergents. Cells with Den ~ 2^40 fixed-point units (a
+    few hundred members' weight): the old 16-bit-noise mask gives most of them away;
+    ours, with noise as large as r, none."""
+    rng = np.random.default_rng(5)
+    cells = [(int(rng.integers(1, 2**39)), int(rng.integers(2**39, 2**41))) for _ in range(300)]
+
+    def recovered(mask_pair) -> tuple[int, int]:
+        lowest = exact = 0
+        for num, den in cells:
+            a, b = mask_pair(num, den)
+            g = math.gcd(num, den)
+            conv = set(_convergents(a, b))
+            lowest += (num // g, den // g) in conv
+            exact += (num, den) in conv
+        return lowest, exact
+
+    def small_noise(num, den):  # the mask before: r up to 2^80, noise below 2^16
+        r = RatioMask.draw().r
+        return r * num + secrets.randbits(16), r * den + secrets.randbits(16)
+
+    old_lowest, old_exact = recovered(small_noise)
+    assert old_lowest > 100 and old_exact > 50  # the attack works on that mask
+    assert recovered(lambda num, den: apply_ratio_mask(RatioMask.draw(), num, den)) == (0, 0)
 
 
 def test_masked_ratio_round_trip_is_exact(key):

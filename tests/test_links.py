@@ -33,7 +33,7 @@ from tester_service import server as tester_server
 from tester_service.protocol import AuditSpec, TesterSession
 from tester_service.server import run_audit
 from tester_service.server import serve as serve_tester
-from tests.helpers import TEST_BITS, free_loopback_port, wait_until, write_inputs
+from tests.helpers import NO_RELEASE_CONTROLS, TEST_BITS, exact_session, free_loopback_port, wait_until, write_inputs
 
 
 @pytest.fixture()
@@ -78,7 +78,7 @@ def test_phases_silent_for_many_keepalive_periods_finish(inputs):
     settings = LinkSettings(keepalive_s=1.0, heartbeat_s=3600.0, peer_timeout_s=120.0)
     load = _slow(lambda: read_probability_table(tp), 6.0)
     with local_services(load, SlowRegistry(6.0, named={"ero": cp}), modulus_bits=TEST_BITS, allow_insecure=True,
-                        settings=settings) as svc:
+                        settings=settings, release=NO_RELEASE_CONTROLS) as svc:
         event = run_audit(svc.tester_address, _request(), timeout=120, settings=settings)
     assert event.WhichOneof("event") == "result", event
 
@@ -92,7 +92,7 @@ def test_busy_parties_send_progress_at_least_every_heartbeat(inputs):
     load = _slow(lambda: read_probability_table(tp), 4.0)
     events: list[tuple[float, pb.Progress]] = []
     with local_services(load, SlowRegistry(4.0, named={"ero": cp}), modulus_bits=TEST_BITS, allow_insecure=True,
-                        settings=settings) as svc:
+                        settings=settings, release=NO_RELEASE_CONTROLS) as svc:
         event = run_audit(svc.tester_address, _request(bootstrap=200), timeout=120, settings=settings,
                           on_progress=lambda p: events.append((time.monotonic(), p)))
     assert event.WhichOneof("event") == "result", event
@@ -134,7 +134,7 @@ def test_a_stalled_test_client_ends_the_audit_with_deadline_exceeded(inputs):
     fake, fake_port = _fake_client(stalled)
     settings = LinkSettings(peer_timeout_s=2.0)
     config = tester_server.TesterConfig(f"127.0.0.1:{fake_port}", lambda: read_probability_table(tp),
-                          min_modulus_bits=TEST_BITS, settings=settings)
+                          min_modulus_bits=TEST_BITS, settings=settings, release=NO_RELEASE_CONTROLS)
     server, port, servicer = serve_tester(config, 0, host="127.0.0.1")
     try:
         t0 = time.monotonic()
@@ -165,7 +165,7 @@ def test_a_tester_that_goes_quiet_is_dropped_by_the_test_client(inputs):
     config = ClientConfig(DatasetRegistry(named={"ero": cp}), modulus_bits=TEST_BITS, allow_insecure=True,
                           settings=LinkSettings(peer_timeout_s=2.0))
     server, port, servicer = serve_client(config, 0, host="127.0.0.1")
-    session = TesterSession(AuditSpec(metric="ero", client_dataset="ero", bootstrap=5), tester,
+    session = exact_session(AuditSpec(metric="ero", client_dataset="ero", bootstrap=5), tester,
                             min_modulus_bits=TEST_BITS)
     quiet = threading.Event()
 
@@ -194,7 +194,7 @@ def test_the_test_client_does_not_answer_an_abort_with_an_abort(inputs):
     tester, _, _, cp = inputs
     config = ClientConfig(DatasetRegistry(named={"ero": cp}), modulus_bits=TEST_BITS, allow_insecure=True)
     server, port, servicer = serve_client(config, 0, host="127.0.0.1")
-    session = TesterSession(AuditSpec(metric="ero", client_dataset="ero", bootstrap=5), tester,
+    session = exact_session(AuditSpec(metric="ero", client_dataset="ero", bootstrap=5), tester,
                             min_modulus_bits=TEST_BITS)
     got_ack = threading.Event()
 
@@ -224,7 +224,7 @@ def test_sessions_beyond_the_limit_are_refused_while_running_ones_finish(inputs)
     _, _, tp, cp = inputs
     load = _slow(lambda: read_probability_table(tp), 2.0)
     with local_services(load, DatasetRegistry(named={"ero": cp}), modulus_bits=TEST_BITS,
-                        allow_insecure=True, max_sessions=(1, 4)) as svc:
+                        allow_insecure=True, max_sessions=(1, 4), release=NO_RELEASE_CONTROLS) as svc:
         with futures.ThreadPoolExecutor(1) as pool:
             first = pool.submit(run_audit, svc.tester_address, _request(), timeout=120)
             time.sleep(0.5)  # the first audit is reading its inputs
@@ -238,7 +238,7 @@ def test_the_test_client_refuses_sessions_beyond_its_limit(inputs):
     _, _, tp, cp = inputs
     registry = SlowRegistry(2.0, named={"ero": cp})
     with local_services(lambda: read_probability_table(tp), registry, modulus_bits=TEST_BITS,
-                        allow_insecure=True, max_sessions=(4, 1)) as svc:
+                        allow_insecure=True, max_sessions=(4, 1), release=NO_RELEASE_CONTROLS) as svc:
         with futures.ThreadPoolExecutor(1) as pool:
             first = pool.submit(run_audit, svc.tester_address, _request(), timeout=120)
             assert wait_until(lambda: svc.client_servicer.active_sessions == 1)
@@ -258,7 +258,7 @@ def test_shutdown_ends_running_audits_with_a_clear_error(inputs, who):
     stops), new audits are refused, nothing is left of the session."""
     _, _, tp, cp = inputs
     with local_services(lambda: read_probability_table(tp), SlowRegistry(3.0, named={"ero": cp}),
-                        modulus_bits=TEST_BITS, allow_insecure=True) as svc:
+                        modulus_bits=TEST_BITS, allow_insecure=True, release=NO_RELEASE_CONTROLS) as svc:
         tester_servicer = svc.tester_servicer
         with futures.ThreadPoolExecutor(1) as pool:
             running = pool.submit(run_audit, svc.tester_address, _request(), timeout=60)
@@ -283,7 +283,7 @@ def test_shutdown_ends_running_audits_with_a_clear_error(inputs, who):
 def test_zero_parameters_in_run_audit_are_refused_not_defaulted(inputs, field, value, parameter):
     _, _, tp, cp = inputs
     with local_services(lambda: read_probability_table(tp), DatasetRegistry(named={"ero": cp}),
-                        modulus_bits=TEST_BITS, allow_insecure=True) as svc:
+                        modulus_bits=TEST_BITS, allow_insecure=True, release=NO_RELEASE_CONTROLS) as svc:
         request = _request()
         setattr(request, field, value)
         event = run_audit(svc.tester_address, request, timeout=60)
@@ -297,15 +297,17 @@ def test_zero_parameters_in_run_audit_are_refused_not_defaulted(inputs, field, v
 
 
 def test_operator_gets_a_clean_error_for_an_unreachable_tester(capsys):
+    from tests.processes import tls_argv  # the operator's certificate (mutual TLS)
     dead = f"127.0.0.1:{free_loopback_port()}"
     code = ppre_main(["audit", "--tester", dead, "--client-dataset", "x", "--metric", "ero", "--json",
-                      "--timeout", "20"])
+                      "--timeout", "20", *tls_argv(True)])
     out = capsys.readouterr()
     assert code == 2
     error = json.loads(out.out)["error"]
     assert error["code"] == "unavailable" and dead in error["message"]
     assert "Traceback" not in out.err
-    code = ppre_main(["audit", "--tester", dead, "--client-dataset", "x", "--metric", "ero", "--timeout", "20"])
+    code = ppre_main(["audit", "--tester", dead, "--client-dataset", "x", "--metric", "ero", "--timeout", "20",
+                      *tls_argv(True)])
     out = capsys.readouterr()
     assert code == 2 and out.err.count("\n") == 1 and "unavailable" in out.err and "Traceback" not in out.err
 
@@ -314,7 +316,7 @@ def test_operator_gets_a_clean_error_for_an_unreachable_tester(capsys):
 
 def test_slot_plan_and_value_bounds_come_from_the_metric_on_both_sides(inputs, monkeypatch):
     tester, client, _, _ = inputs
-    session = TesterSession(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester,
+    session = exact_session(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester,
                             min_modulus_bits=TEST_BITS)
     client_session = ClientSession(lambda name, metric: client, modulus_bits=TEST_BITS, allow_insecure=True)
     [hello] = session.start()
@@ -327,7 +329,7 @@ def test_slot_plan_and_value_bounds_come_from_the_metric_on_both_sides(inputs, m
     # and a Test-Client whose own values exceed the metric's bound refuses to encrypt them
     monkeypatch.setattr(ERO, "components", lambda option, params, info: (Component("f", 0, 0),
                                                                           Component("d", 0, 1)))
-    other = TesterSession(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester,
+    other = exact_session(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester,
                           min_modulus_bits=TEST_BITS)
     strict = ClientSession(lambda name, metric: client, modulus_bits=TEST_BITS, allow_insecure=True)
     [hello] = other.start()
@@ -339,7 +341,7 @@ def test_slot_plan_and_value_bounds_come_from_the_metric_on_both_sides(inputs, m
 
 def test_peer_faults_in_the_hello_are_protocol_errors(inputs):
     tester, client, _, _ = inputs
-    session = TesterSession(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester,
+    session = exact_session(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester,
                             min_modulus_bits=TEST_BITS)
     [hello] = session.start()
     session.close()

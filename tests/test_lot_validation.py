@@ -35,7 +35,7 @@ from common.results import AuditReport
 from ppre.local import local_services
 from proto import ppre_pb2 as pb
 from tester_service.server import run_audit
-from tests.helpers import TEST_BITS
+from tests.helpers import NO_RELEASE_CONTROLS, TEST_BITS
 from tests.metric_data import lot_validation_data
 
 pytestmark = pytest.mark.slow
@@ -70,7 +70,7 @@ def run_validation(directory, queries: int = QUERIES, bootstrap: int = BOOTSTRAP
                               has_seed=True, seed=11, metric_option="raw",
                               metric_params={"same_group_pairs": "true" if same_group_pairs else "false"})
     with local_services(lambda: probabilities, DatasetRegistry(named={"lot": path}),
-                        modulus_bits=bits, allow_insecure=bits < 2048) as svc:
+                        modulus_bits=bits, allow_insecure=bits < 2048, release=NO_RELEASE_CONTROLS) as svc:
         event = run_audit(svc.tester_address, request)
     assert event.WhichOneof("event") == "result", f"{event.error.code}: {event.error.message}"
     return AuditReport.from_proto(event.result)

@@ -86,7 +86,7 @@ def two_groups(ids, p_a) -> pd.DataFrame:
 
 def cli_json(capsys, *args: str) -> tuple[int, dict]:
     """`ppre audit --local --json ...`: exit code and the one JSON object printed."""
-    code = ppre_main(["audit", "--local", "--json", *args])
+    code = ppre_main(["audit", "--local", "--json", "--no-release-controls", *args])
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == 1, out

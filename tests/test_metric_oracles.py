@@ -26,7 +26,7 @@ from common.results import AuditReport
 from ppre.local import local_services
 from proto import ppre_pb2 as pb
 from tester_service.server import run_audit
-from tests.helpers import TEST_BITS
+from tests.helpers import NO_RELEASE_CONTROLS, TEST_BITS
 
 GROUPS = list(RACES)
 #: unequal group shares (every group still has dozens of members at n >= 600)
@@ -49,7 +49,7 @@ def run_through_services(tmp_path, probabilities: pd.DataFrame, dataset: pd.Data
                               metric_params={k: str(v) for k, v in (params or {}).items()},
                               result_recipient=recipient)
     with local_services(lambda: table.copy(), DatasetRegistry(named={"d": path}), modulus_bits=TEST_BITS,
-                        allow_insecure=True) as svc:
+                        allow_insecure=True, release=NO_RELEASE_CONTROLS) as svc:
         event = run_audit(svc.tester_address, request)
     assert event.WhichOneof("event") == "result", event
     report = AuditReport.from_proto(event.result)

@@ -19,10 +19,10 @@ from client_service.protocol import ClientSession
 from common import bootstrap as boot, commutative, encoding, paillier
 from tester_service import aggregation
 from common.errors import ProtocolError
-from common.masking import NOISE_BITS, R_MAX_BITS, R_MIN_BITS, STATISTICAL_BITS, AdditiveMask, RatioMask
+from common.masking import PRECISION_BITS, R_MAX_BITS, R_MIN_BITS, STATISTICAL_BITS, AdditiveMask, RatioMask
 from proto import ppre_pb2 as pb
 from tester_service.protocol import AuditSpec, TesterSession
-from tests.helpers import TEST_BITS, apply_ratio_mask, local_audit, make_inputs, run_sessions
+from tests.helpers import TEST_BITS, apply_ratio_mask, exact_session, local_audit, make_inputs, run_sessions
 
 
 def _client(client_df) -> ClientSession:
@@ -77,8 +77,9 @@ def test_ratio_mask_factors_are_log_uniform_and_full_entropy():
     """P2-learns variant (SPEC 4, masking): r has a log-uniform bit length in
     [R_MIN_BITS, R_MAX_BITS] with its top bit set and every lower bit random. A factor
     drawn from a small set (say powers of two) would let P2 try each r and strip the
-    mask; one longer than R_MAX_BITS would break the slot plan (`max_bits`), one
-    shorter than R_MIN_BITS the zero test of `masked_ratio`. Noise stays below 2^NOISE_BITS."""
+    mask; one longer than R_MAX_BITS would break the slot plan (`max_bits`). The noise
+    is uniform below r·2^PRECISION_BITS: as large as r, so the masked ratio's continued
+    fraction does not contain Num/Den (tests/test_crypto_toolkit.py runs that attack)."""
     masks = [RatioMask.draw() for _ in range(3000)]
     lengths = np.array([m.r.bit_length() for m in masks])
     assert lengths.min() == R_MIN_BITS and lengths.max() == R_MAX_BITS
@@ -90,9 +91,10 @@ def test_ratio_mask_factors_are_log_uniform_and_full_entropy():
         assert 0.4 < freq < 0.6, (below_top, freq)
     for bit in range(1, R_MIN_BITS - 1):
         assert 0.4 < np.mean([(m.r >> bit) & 1 for m in masks]) < 0.6, bit
-    noise = [e for m in masks for e in (m.e_num, m.e_den)]
-    assert 0 <= min(noise) and max(noise) < 1 << NOISE_BITS
-    assert max(noise).bit_length() == NOISE_BITS  # the noise spans its whole range
+    relative = [e / m.r for m in masks for e in (m.e_num, m.e_den)]
+    assert 0 <= min(relative) and max(relative) < 1 << PRECISION_BITS
+    assert max(relative) > 0.99 * (1 << PRECISION_BITS)  # the noise spans its whole range
+    assert 0.45 < np.mean(relative) / (1 << PRECISION_BITS) < 0.55  # uniformly
 
 
 def test_ratio_mask_bound_covers_every_masked_value():
@@ -101,7 +103,7 @@ def test_ratio_mask_bound_covers_every_masked_value():
     for value_bits in (1, 40, 200):
         x = (1 << value_bits) - 1
         r = (1 << R_MAX_BITS) - 1
-        worst = r * x + (1 << NOISE_BITS) - 1
+        worst = r * x + (r << PRECISION_BITS) - 1
         assert worst.bit_length() <= RatioMask.max_bits(value_bits)
         largest = max(apply_ratio_mask(RatioMask.draw(), x, x)[0] for _ in range(200))
         assert largest.bit_length() <= RatioMask.max_bits(value_bits)
@@ -127,7 +129,7 @@ def test_same_hello_gives_each_client_session_its_own_random_oracle():
     """Replaying one Hello (one Tester share) to two Test-Client sessions still gives two
     unrelated random oracles: the Client's share enters the salt (SPEC 3.1)."""
     tester_df, client_df = make_inputs(10, 10, 10)
-    t = TesterSession(AuditSpec(metric="ero", client_dataset="d"), tester_df, min_modulus_bits=TEST_BITS)
+    t = exact_session(AuditSpec(metric="ero", client_dataset="d"), tester_df, min_modulus_bits=TEST_BITS)
     [hello] = t.start()
     c1, c2 = _client(client_df), _client(client_df)
     [ack1], [ack2] = c1.receive(hello), c2.receive(hello)
@@ -225,7 +227,7 @@ def test_tester_drops_its_plaintext_table_as_soon_as_it_is_sent():
     tester_df, client_df = make_inputs(40, 40, 30, seed=7)
     ids = tester_df.member_id.astype(str).tolist()
     probs = tester_df.drop(columns="member_id").to_numpy(np.float64)
-    t = TesterSession(AuditSpec(metric="ero", client_dataset="d", bootstrap=3), tester_df,
+    t = exact_session(AuditSpec(metric="ero", client_dataset="d", bootstrap=3), tester_df,
                       min_modulus_bits=TEST_BITS)
     c = _client(client_df)
     assert _plaintext_held(t, ids, probs)  # the search does find the table while it is held
@@ -306,6 +308,7 @@ def test_identical_replicates_leave_the_tester_as_distinct_ciphertexts(monkeypat
     fixed_ratio = RatioMask.draw()
     fixed_pads = AdditiveMask((secrets.randbits(100), secrets.randbits(100)))
     monkeypatch.setattr(RatioMask, "draw", classmethod(lambda cls: fixed_ratio))
+    monkeypatch.setattr(RatioMask, "noise", staticmethod(lambda r: fixed_ratio.e_num))
     monkeypatch.setattr(AdditiveMask, "draw", classmethod(lambda cls, n_slots, bound_bits: fixed_pads))
     tester, client = make_inputs(30, 30, 25, seed=8)
     spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=6, seed=4, result_recipient=recipient)
@@ -318,7 +321,9 @@ def test_identical_replicates_leave_the_tester_as_distinct_ciphertexts(monkeypat
     packed = b"".join(c.ciphertexts for c in chunks)
     cts = [packed[i:i + width] for i in range(0, len(packed), width)]
     k = len(result.groups)
-    assert len(cts) == (spec.bootstrap + 1) * k
+    zero_tests = k if recipient == "client" else 0  # the estimate's items, Enc(rho * X) each
+    assert len(cts) == (spec.bootstrap + 1) * k + zero_tests
+    cts = cts[:(spec.bootstrap + 1) * k]
     for j in range(k):
         column = cts[j::k]
         assert len(set(column)) == len(column), f"group {j}: replicates share a ciphertext"
@@ -337,7 +342,7 @@ def test_a_weak_randomizer_base_from_the_test_client_does_not_switch_rerandomisa
     monkeypatch.setattr(RatioMask, "draw", classmethod(lambda cls: fixed_ratio))
     tester, client = make_inputs(30, 30, 25, seed=8)
     spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=8, seed=4)
-    session = TesterSession(spec, tester, min_modulus_bits=TEST_BITS, n_buckets=1)
+    session = exact_session(spec, tester, min_modulus_bits=TEST_BITS, n_buckets=1)
     peer = ClientSession(lambda name, metric: client, modulus_bits=TEST_BITS, allow_insecure=True)
     original = peer.receive
 
@@ -416,7 +421,7 @@ def test_auc_square_requests_are_masked_beyond_the_sums(monkeypatch):
     rng = np.random.default_rng(13)
     client = pd.DataFrame({"member_id": tester.member_id[:250], "y_true": rng.integers(0, 2, 250),
                            "score": rng.random(250).round(2)})
-    t_session = TesterSession(AuditSpec(metric="mqos-auc", client_dataset="d", bootstrap=5), tester,
+    t_session = exact_session(AuditSpec(metric="mqos-auc", client_dataset="d", bootstrap=5), tester,
                               min_modulus_bits=TEST_BITS)
     c_session = _client(client)
 

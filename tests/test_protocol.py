@@ -17,7 +17,7 @@ from tests.helpers import plain_ratio
 from common.races import RACES
 from proto import ppre_pb2 as pb
 from tester_service.protocol import AuditSpec, Phase, TesterSession
-from tests.helpers import TEST_BITS, local_audit, make_inputs, run_sessions
+from tests.helpers import TEST_BITS, exact_session, local_audit, make_inputs, run_sessions
 
 
 def _plain(tester: pd.DataFrame, client: pd.DataFrame, form: str = "fpr") -> np.ndarray:
@@ -82,7 +82,7 @@ def test_keys_are_per_session_and_state_is_dropped_at_the_end():
     for s in (c1, c2):
         assert s._com_key is None and s._paillier is None and s._ids is None and s._values is None
     spec = AuditSpec(metric="ero", client_dataset="d")
-    a, b = TesterSession(spec, tester), TesterSession(spec, tester)
+    a, b = exact_session(spec, tester), exact_session(spec, tester)
     assert a._com_key._key.private_bytes_raw() != b._com_key._key.private_bytes_raw()
     assert a._salt_share != b._salt_share
 
@@ -134,7 +134,7 @@ def test_no_plaintext_or_key_in_any_message(monkeypatch):
     tester, client = make_inputs(80, 80, 50, seed=9)
     spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=10, seed=1)
     for recipient in ("client", "tester"):
-        t = TesterSession(dataclasses.replace(spec, result_recipient=recipient), tester,
+        t = exact_session(dataclasses.replace(spec, result_recipient=recipient), tester,
                           min_modulus_bits=TEST_BITS)
         c = _client(client)
         keys = {"tester X25519 scalar": t._com_key._key.private_bytes_raw(), "tester AES key": aes_keys[-1]}
@@ -172,7 +172,7 @@ def test_no_plaintext_or_key_in_any_message(monkeypatch):
 # ---------------------------------------------------------------- a misbehaving peer
 def _tester(n=30):
     tester, _ = make_inputs(n, n, n)
-    return TesterSession(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester,
+    return exact_session(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester,
                          min_modulus_bits=TEST_BITS)
 
 
@@ -196,7 +196,7 @@ def test_wrong_phase_is_a_protocol_error():
 
 def _client_after_hello():
     tester_df, client_df = make_inputs(20, 20, 20)
-    t = TesterSession(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester_df, min_modulus_bits=TEST_BITS)
+    t = exact_session(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester_df, min_modulus_bits=TEST_BITS)
     c = _client(client_df)
     [hello] = t.start()
     [ack] = c.receive(hello)
@@ -244,7 +244,7 @@ def test_ciphertexts_out_of_range_from_the_client_are_refused():
 
 def test_weak_paillier_key_from_the_client_is_refused():
     tester_df, client_df = make_inputs(10, 10, 10)
-    t = TesterSession(AuditSpec(metric="ero", client_dataset="d"), tester_df)  # production minimum: 2048
+    t = exact_session(AuditSpec(metric="ero", client_dataset="d"), tester_df)  # production minimum: 2048
     c = _client(client_df)
     [hello] = t.start()
     [ack] = c.receive(hello)
@@ -260,7 +260,7 @@ def test_empty_intersection_is_a_clear_input_error():
 
 def test_tampered_result_is_refused():
     tester, client = make_inputs(30, 30, 20)
-    t = TesterSession(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester, min_modulus_bits=TEST_BITS)
+    t = exact_session(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester, min_modulus_bits=TEST_BITS)
     c = _client(client)
 
     def tamper(direction, msg):
@@ -274,7 +274,7 @@ def test_tampered_result_is_refused():
 @pytest.mark.parametrize("garbage", ["", "[]", "{}", '{"metric": "ero"}', "not json"])
 def test_malformed_result_is_a_protocol_error(garbage):
     tester, client = make_inputs(30, 30, 20)
-    t = TesterSession(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester, min_modulus_bits=TEST_BITS)
+    t = exact_session(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester, min_modulus_bits=TEST_BITS)
 
     def tamper(direction, msg):
         if msg.HasField("client_result"):

@@ -22,7 +22,7 @@ from ppre.local import local_services
 from proto import ppre_pb2 as pb
 from tester_service.inputs import read_probability_table
 from tester_service.server import run_audit
-from tests.helpers import TEST_BITS, free_loopback_port, wait_until, write_inputs
+from tests.helpers import NO_RELEASE_CONTROLS, TEST_BITS, free_loopback_port, wait_until, write_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,7 +65,7 @@ def _request(dataset="ero", **kw):
 def _services(tp, registry, **kw):
     holder = {"path": tp}
     ctx = local_services(lambda: read_probability_table(holder["path"]), registry, modulus_bits=TEST_BITS,
-                         allow_insecure=True, **kw)
+                         allow_insecure=True, **kw, release=NO_RELEASE_CONTROLS)
     return holder, ctx
 
 
@@ -167,19 +167,30 @@ def test_bad_inputs_reach_the_operator_and_services_stay_healthy(inputs, tmp_pat
 def test_misbehaving_peer_gets_a_clean_error_over_grpc(inputs):
     _, _, tp, cp = inputs
     _, ctx = _services(tp, DatasetRegistry(named={"ero": cp}))
-    with ctx as svc, grpc.insecure_channel(svc.client_address) as channel:
+    with ctx as svc, channels.make_channel(svc.client_address) as channel:
         raw = channel.stream_stream("/ppre.v1.Client/Exchange", request_serializer=lambda b: b,
                                     response_deserializer=lambda b: b)
+        def replies_and_status(call):  # the Abort first, then the call's status
+            replies = []
+            try:
+                replies.extend(call)
+            except grpc.RpcError as exc:
+                return replies, exc.code()
+            return replies, grpc.StatusCode.OK
+
         for garbage in (b"\xff\xfe garbage \x00" * 10, b""):  # not a PeerMessage / an empty one
-            replies = [pb.PeerMessage.FromString(b) for b in raw(iter([garbage]), timeout=10)]
+            raw_replies, status = replies_and_status(raw(iter([garbage]), timeout=10))
+            replies = [pb.PeerMessage.FromString(b) for b in raw_replies]
             assert len(replies) == 1 and replies[0].abort.code == "protocol_error", replies
             assert "PeerMessage" in replies[0].abort.message
+            assert status == grpc.StatusCode.INVALID_ARGUMENT
         typed = channel.stream_stream("/ppre.v1.Client/Exchange",
                                       request_serializer=pb.PeerMessage.SerializeToString,
                                       response_deserializer=pb.PeerMessage.FromString)
         wrong_phase = [pb.PeerMessage(table_end=pb.TableEnd(table=pb.AGGREGATES))]
-        replies = list(typed(iter(wrong_phase), timeout=10))
+        replies, status = replies_and_status(typed(iter(wrong_phase), timeout=10))
         assert replies[-1].abort.code == "protocol_error" and "phase" in replies[-1].abort.message
+        assert status == grpc.StatusCode.FAILED_PRECONDITION
         with pytest.raises(grpc.RpcError) as info:  # an oversized message
             list(typed(iter([pb.PeerMessage(chunk=pb.TableChunk(points=b"\x00" * (9 << 20)))]), timeout=10))
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -197,7 +208,7 @@ def test_misbehaving_peer_gets_a_clean_error_over_grpc(inputs):
 
 def test_cli_local_audit_prints_one_json_object(inputs, capsys):
     tester, client, tp, cp = inputs
-    code = ppre_main(["audit", "--local", "--metric", "ero", "--tester-probabilities", str(tp),
+    code = ppre_main(["audit", "--local", "--no-release-controls", "--metric", "ero", "--tester-probabilities", str(tp),
                       "--client-data", str(cp), "--bootstrap", "30", "--seed", "4", "--json"])
     out = capsys.readouterr().out
     assert code == 0
@@ -208,7 +219,7 @@ def test_cli_local_audit_prints_one_json_object(inputs, capsys):
     for g in report["groups"]:
         assert set(g) >= {"group", "estimate", "ci_low", "ci_high"}
         assert g["ci_low"] <= g["estimate"] <= g["ci_high"]
-    code = ppre_main(["audit", "--local", "--metric", "ero", "--tester-probabilities", str(tp),
+    code = ppre_main(["audit", "--local", "--no-release-controls", "--metric", "ero", "--tester-probabilities", str(tp),
                       "--client-data", str(cp), "--bootstrap", "10"])
     out = capsys.readouterr().out
     assert code == 0 and "white" in out and "ci_low" in out and "verdict" in out
@@ -221,22 +232,24 @@ def test_cli_reports_bad_input_with_exit_code_2(inputs, capsys):
     assert code == 2 and "file not found" in capsys.readouterr().err
 
 
-@pytest.mark.slow
 def _start_service_processes(tp, cp, cwd, env, flags: list[str], output):
     """`ppre [flags] client serve` and `ppre [flags] tester serve` on free loopback ports,
     the Tester on probability table `tp`, the Test-Client on dataset `ero` = `cp`:
     ([tester port, client port], tester process, client process)."""
     ports = [free_loopback_port(), free_loopback_port()]
     cmd = [sys.executable, "-m", "ppre.cli", *flags]
+    from tests.processes import serve_tls  # mutual TLS with the tests' development CA
     client_p = subprocess.Popen(cmd + ["client", "serve", "--host", "127.0.0.1", "--port", str(ports[1]),
-                                       "--dataset", f"ero={cp}"], cwd=cwd, env=env,
-                                stdout=output, stderr=subprocess.STDOUT)
+                                       "--dataset", f"ero={cp}", *serve_tls(f"127.0.0.1:{ports[1]}", "client")],
+                                cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT)
     tester_p = subprocess.Popen(cmd + ["tester", "serve", "--host", "127.0.0.1", "--port", str(ports[0]),
-                                       "--client", f"127.0.0.1:{ports[1]}", "--probabilities", str(tp)],
+                                       "--client", f"127.0.0.1:{ports[1]}", "--probabilities", str(tp),
+                                       *serve_tls(f"127.0.0.1:{ports[0]}", "tester")],
                                 cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT)
     return ports, tester_p, client_p
 
 
+@pytest.mark.slow
 def test_services_as_processes_write_no_files_and_log_no_member_data(inputs, tmp_path):
     tester, client, tp, cp = inputs
     run_dir = tmp_path / "run"
@@ -289,7 +302,7 @@ def test_unreachable_client_is_reported_not_hung(inputs):
     from tester_service.server import serve as serve_tester
     _, _, tp, _ = inputs
     dead = f"127.0.0.1:{free_loopback_port()}"
-    config = TesterConfig(dead, lambda: read_probability_table(tp), min_modulus_bits=TEST_BITS, deadline_s=20)
+    config = TesterConfig(dead, lambda: read_probability_table(tp), min_modulus_bits=TEST_BITS, deadline_s=20, release=NO_RELEASE_CONTROLS)
     server, port, _ = serve_tester(config, 0, host="127.0.0.1")
     try:
         event = run_audit(f"127.0.0.1:{port}", _request(), timeout=60)
@@ -318,7 +331,7 @@ def test_garbage_from_the_test_client_is_a_protocol_error_at_the_tester(inputs):
     fake_port = fake.add_insecure_port("127.0.0.1:0")
     fake.start()
     config = TesterConfig(f"127.0.0.1:{fake_port}", lambda: read_probability_table(tp),
-                          min_modulus_bits=TEST_BITS, deadline_s=20)
+                          min_modulus_bits=TEST_BITS, deadline_s=20, release=NO_RELEASE_CONTROLS)
     server, port, _ = serve_tester(config, 0, host="127.0.0.1")
     try:
         event = run_audit(f"127.0.0.1:{port}", _request(), timeout=60)

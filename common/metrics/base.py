@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -36,6 +37,9 @@ from common.errors import EncodingOverflowError, InputError
 
 #: the fixed-point scale of one probability (SPEC 4): q_ij = round(2^32 p_ij), rows sum to 2^32
 PROBABILITY_BITS = 32
+#: room a slot keeps for the release controls' noise (at most 8 sd of σ ≤ 2^20 times a
+#: member's largest contribution, which `item_bits` already bounds)
+NOISE_HEADROOM_BITS = 24
 
 
 # ----------------------------------------------------------------------------------
@@ -213,21 +217,68 @@ class Plan:
     item_slots: int
 
     def cell_values(self, item_slots: Sequence[Sequence[int]],
-                    ratio: Callable[[int, int], float | None]) -> np.ndarray:
+                    ratio: Callable[[int, int], float | None], *, plain_rows: int = 0,
+                    noise_sd: Sequence[Sequence[float]] = (), pseudo_values: bool = False) -> np.ndarray:
         """(replicates, cells) ratios from the decoded slots of every item, row-major
-        (replicate, item); `ratio(num, den)` is None where a cell has no denominator
-        (then NaN). Both parties' finish (masked ratios at the Test-Client, unpadded
-        values at the Tester) goes through here."""
+        (replicate, item). Replicates from `plain_rows` on are masked: `ratio(num, den)`
+        (None where a cell has no denominator, then NaN). The first `plain_rows` hold the
+        cells' aggregates themselves (noised by the release controls: `noise_sd[row][k]`
+        is the noise's standard deviation in slot k = item · item_slots + slot): Num/Den,
+        or NaN where Den is not above 3 sd of its noise (0 without noise), so that a
+        denominator the noise could have made is never divided by.
+
+        `pseudo_values` (release noise on a metric whose rows are split into G disjoint
+        random groups, rows 1..G, that add up to the estimate): each group's value is the
+        linearised pseudo-value R + G·(Num_g − R·Den_g)/Σ_g Den_g of the estimate's ratio R,
+        instead of the group's own ratio, so that a group's small noised denominator is
+        never divided by; their t interval is the random-groups interval of a ratio
+        estimator. Both parties' finish (decrypted values at the Test-Client, unpadded
+        ones at the Tester) goes through here."""
         n_items = len(self.items)
         replicates = len(item_slots) // n_items
         values = np.full((replicates, len(self.cells)), np.nan)
         for b in range(replicates):
+            sd = noise_sd[min(b, len(noise_sd) - 1)] if noise_sd else ()
             for c, cell in enumerate(self.cells):
                 slots = item_slots[b * n_items + cell.item]
-                r = ratio(slots[cell.num_slot], slots[cell.den_slot])
+                num, den = slots[cell.num_slot], slots[cell.den_slot]
+                if b < plain_rows:
+                    floor = 3.0 * sd[cell.item * self.item_slots + cell.den_slot] if sd else 0.0
+                    r = float(Fraction(num, den)) if den > floor else None
+                else:
+                    r = ratio(num, den)
                 if r is not None:
                     values[b, c] = r * 2.0 ** cell.scale_shift
+        if pseudo_values and replicates > 1 and plain_rows == replicates:
+            groups = replicates - 1
+            for c, cell in enumerate(self.cells):
+                rows = [item_slots[b * n_items + cell.item] for b in range(1, replicates)]
+                total = sum(row[cell.den_slot] for row in rows)
+                if np.isnan(values[0, c]) or total <= 0:
+                    values[1:, c] = np.nan
+                    continue
+                r = values[0, c] / 2.0 ** cell.scale_shift
+                values[1:, c] = [(r + groups * (row[cell.num_slot] - r * row[cell.den_slot]) / total)
+                                 * 2.0 ** cell.scale_shift for row in rows]
         return values
+
+    def suppress(self, values: np.ndarray, items: Sequence[int]) -> np.ndarray:
+        """`values` with every cell of a withheld item NaN in every replicate (the Tester
+        sent random values in their place: `tester_service.release`)."""
+        withheld = set(items)
+        cols = [c for c, cell in enumerate(self.cells) if cell.item in withheld]
+        if cols:
+            values = values.copy()
+            values[:, cols] = np.nan
+        return values
+
+    def cell_label(self, cell: Cell) -> str:
+        """How a report names a cell (release notes, suppression)."""
+        if cell.kind == "pair":
+            return f"{cell.group}/{cell.other}" + (f" at {cell.rank_pair}" if cell.rank_pair else "")
+        if cell.kind == "curve":
+            return f"{cell.group} at {cell.score:g}"
+        return cell.group
 
 
 #: a weight column: per-row integers; an int = the same weight for every row; a tuple of
@@ -311,7 +362,7 @@ class Metric:
     def item_bits(self, n_rows: int, n_units: int, components: Sequence[Component]) -> int:
         """Bits of the largest unmasked cell value any replicate can reach."""
         value = max(bits(c.bound) for c in components)
-        return bits(n_rows * n_units) + self.weight_bits(n_rows) + value
+        return bits(n_rows * n_units) + self.weight_bits(n_rows) + value + NOISE_HEADROOM_BITS
 
     def layout(self, option: str, params: dict[str, Any], info: dict[str, Any], *, n_rows: int, n_units: int,
                recipient: str, modulus_bits: int) -> Layout:
@@ -330,6 +381,24 @@ class Metric:
         (q1,) = q
         k = len(groups)
         return [q1[:, j] for j in range(k)] + [tuple(range(k))]
+
+    def size_weight(self, item: Item) -> int:
+        """The weight column whose sum over an item's rows is its cells' effective size."""
+        return item.weight
+
+    def slot_sensitivity(self, item: Item, layout: Layout, components: Sequence[Component],
+                         multiplicity: int) -> list[int]:
+        """Per slot of an item of a race-dependent weight column: the most one member's
+        probability vector can move it, in the slot's fixed-point units, per unit of
+        ||Δp||₂ (`tester_service.release`): the component's bound times the weight scale
+        (a probability, or a product of two, at 2^32 each) times the most rows a member
+        is in. Slots past the last component are 0."""
+        weight_scale = 1 << (PROBABILITY_BITS * self.n_ids)
+        out = []
+        for s in range(layout.slots):
+            c = item.ciphertext * layout.slots + s
+            out.append(components[c].bound * weight_scale * multiplicity if c < len(components) else 0)
+        return out
 
     def tester_facts(self, q: Sequence[np.ndarray], strata: np.ndarray | None, units: np.ndarray) -> Any:
         """Plaintext facts of the Tester's own weights a metric needs later (MQOS-AUC: S_j)."""

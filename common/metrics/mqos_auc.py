@@ -37,7 +37,8 @@ import secrets
 import numpy as np
 
 from common import paillier
-from common.metrics.base import (Cell, ClientRows, Component, Item, Metric, Param, Plan, PROBABILITY_BITS, bits,
+from common.metrics.base import (NOISE_HEADROOM_BITS, Cell, ClientRows, Component, Item, Metric, Param, Plan,
+                                 PROBABILITY_BITS, bits,
                                  finite_column, positive_int)
 from common.metrics.scoring import DEFAULT_RANDOM_GROUPS, dense_score_rank, doubled_a_weights, sample_pairs
 from common.tables import binary_column
@@ -103,7 +104,7 @@ class ExactAuc(MqosAuc):
         return 2 * PROBABILITY_BITS + 1 + bits(n_rows)
 
     def item_bits(self, n_rows, n_units, components):
-        return 2 * bits(n_rows) + 2 * PROBABILITY_BITS + 2
+        return 2 * bits(n_rows) + 2 * PROBABILITY_BITS + 2 + NOISE_HEADROOM_BITS
 
     def tester_facts(self, q, strata, units):
         """S_j over all rows and per random group (plaintext: Σ of the Tester's own weights)."""
@@ -176,6 +177,23 @@ class ExactAuc(MqosAuc):
                 den = paillier.scalar_pow(n, paillier.scalar_pow(n, t, s) * minus_t2 % n2, 2)
                 items.append(num * paillier.scalar_pow(n, den, shift) % n2)
         return items
+
+    def size_weight(self, item):
+        return item.weight + 2  # W_T = q: the effective size S_j
+
+    def squares_sensitivity(self, state, multiplicity):
+        """Per cell, the (Num, Den) slots' sensitivity to one member's probability vector
+        (per unit of ||Δp||₂, fixed-point units at 2^65): changing p_t moves L_j by at most
+        (A_j(t) + Σ_i p_ij·y_i·w(i,t))·|Δp_tj| ≤ 2·S_j·|Δp_tj|, T_j² by 2·T_j·|Δp_tj|, Q_j by
+        2·|Δp_tj|, Den = 2(T·S − T²) by 2(S + 3T)·|Δp_tj|; with T ≤ S: Num ≤ (4S + 2), Den ≤ 8S.
+        S_j is rounded up to a power of two so that the noise scale says little about it."""
+        scale = 1 << 65
+        out = []
+        for s_fixed in state["facts"]["S"]:
+            s_members = max(1, -(-int(s_fixed) >> PROBABILITY_BITS))
+            s_hat = 1 << (s_members - 1).bit_length()
+            out.append([(4 * s_hat + 2) * scale * multiplicity, 8 * s_hat * scale * multiplicity])
+        return out
 
     def plan(self, groups, strata_labels, layout, option, params, info):
         names = list(groups) + ["overall"]

@@ -11,8 +11,19 @@ Pr(N_j ≥ T) over all pools together. Verdict (rule "inclusion"): flagged when 
 group of some pool falls below the level. A pool with no member in the intersection
 is an error. The result is the Tester's (the Test-Client's session ends once its rows
 are sent).
+
+Release controls (`tester_service.release`): a pool/group cell whose expected count
+(with release noise: plus `threshold_noise`) is below the minimum effective size is
+suppressed (reported as null), and with release
+noise every expected count carries Gaussian noise (`noise`: the Tester's draw, one per
+group); Pr(N_j >= T) is then the Poisson tail at the noised expected count (post-
+processing of the noised release: the exact Poisson-binomial tail would use every
+member's probability again), and the all-pools figures come from the noised pool sums.
 """
 from __future__ import annotations
+
+import math
+from typing import Callable
 
 import numpy as np
 
@@ -57,22 +68,38 @@ class ProbabilisticCount(Metric):
             raise ValueError("pools")
 
     def local_result(self, probabilities, strata, strata_labels, groups, option, params, info, *,
-                     confidence, tau):
+                     confidence, tau, noise: Callable[[], np.ndarray] | None = None, min_size: float = 0.0,
+                     threshold_noise: Callable[[], np.ndarray] | None = None,
+                     suppressed: list[str] | None = None):
         from common.results import AuditReport, GroupResult, PoolResult, Verdict
         (p,) = probabilities
         t, level = params["count_threshold"], params["inclusion_level"]
         pools, below = [], []
+        total = np.zeros(len(groups))
         for s, label in enumerate(strata_labels):
             rows = p[strata == s]
             if len(rows) == 0:
                 raise InputError(f"pool '{label}' has no member in the intersection", column="pool")
             prob, expected = count_summary(rows, t)
+            hidden = (expected + threshold_noise() if threshold_noise is not None else expected) < min_size
+            if noise is not None:
+                expected = expected + noise()
+                prob = np.array([poisson_tail(x, t) for x in expected])
+            total += expected
             for j, g in enumerate(groups):
+                if hidden[j]:
+                    if suppressed is not None:
+                        suppressed.append(f"{label}/{g}")
+                    pools.append(PoolResult(label, g, len(rows), None, None, False))
+                    continue
                 included = bool(prob[j] >= level)
                 pools.append(PoolResult(label, g, len(rows), float(expected[j]), float(prob[j]), included))
                 if not included:
                     below.append(f"{label}/{g}")
-        prob_all, _ = count_summary(p, t)
+        if noise is not None:
+            prob_all = np.array([poisson_tail(x, t) for x in total])
+        else:
+            prob_all, _ = count_summary(p, t)
         group_results = [GroupResult.from_values(g, prob_all[j], np.nan, np.nan) for j, g in enumerate(groups)]
         if below:
             message = (f"flagged: Pr(N >= {t}) is below the inclusion level {level:g} for "
@@ -87,3 +114,13 @@ class ProbabilisticCount(Metric):
 
 
 METRIC = ProbabilisticCount()
+
+
+def poisson_tail(mean: float, t: int) -> float:
+    """Pr(N >= t) for N ~ Poisson(max(mean, 0))."""
+    lam = max(float(mean), 0.0)
+    term, below = math.exp(-lam), 0.0
+    for k in range(t):
+        below += term
+        term *= lam / (k + 1)
+    return max(0.0, 1.0 - below)

@@ -21,6 +21,82 @@ def add_service_arguments(s: argparse.ArgumentParser) -> None:
                    help="most audits at once; more are refused (env PPRE_MAX_SESSIONS, default 4)")
 
 
+class _Names(argparse.Action):
+    """A repeatable NAME[,NAME...] option whose first use replaces its default (an env
+    variable or the development identity) instead of adding to it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        current = getattr(namespace, self.dest, None)
+        current = list(current) if isinstance(current, list) and current is not self.default else []
+        current.append(values)
+        setattr(namespace, self.dest, current)
+
+
+def add_names_argument(s: argparse.ArgumentParser, flag: str, env_name: str, default: str, what: str) -> None:
+    s.add_argument(flag, action=_Names, default=os.environ.get(env_name, default), metavar="NAME",
+                   help=f"{what} (repeatable, or a comma-separated list; env {env_name}, default {default})")
+
+
+def add_tls_arguments(s: argparse.ArgumentParser, role: str | None) -> None:
+    """Mutual TLS material for `role` (tester, client, operator; None: `--tls-role` picks),
+    or `--insecure`. Read with `tls_identity(args)`."""
+    from common.tls import ROLES
+
+    env = os.environ.get
+    g = s.add_argument_group("mutual TLS (see README, 'Security: TLS and identities')")
+    files = f"DIR/ca.pem, DIR/{role}.pem, DIR/{role}.key" if role else "DIR/ca.pem, DIR/ROLE.pem, DIR/ROLE.key"
+    g.add_argument("--tls-dir", default=env("PPRE_TLS_DIR"), metavar="DIR",
+                   help=f"certificates as `ppre certs init DIR` writes them: {files} (env PPRE_TLS_DIR)")
+    if role is None:
+        g.add_argument("--tls-role", choices=ROLES, default=env("PPRE_TLS_ROLE", "operator"),
+                       help="whose certificate to present from --tls-dir (env PPRE_TLS_ROLE, default operator)")
+    g.add_argument("--ca", default=env("PPRE_TLS_CA"), metavar="FILE",
+                   help="the CA certificate every peer's certificate must chain to (env PPRE_TLS_CA; "
+                        "instead of DIR/ca.pem)")
+    g.add_argument("--cert", default=env("PPRE_TLS_CERT"), metavar="FILE",
+                   help="this party's certificate chain, PEM (env PPRE_TLS_CERT)")
+    g.add_argument("--key", default=env("PPRE_TLS_KEY"), metavar="FILE",
+                   help="this party's private key, PEM (env PPRE_TLS_KEY)")
+    g.add_argument("--insecure", action="store_true",
+                   help="plaintext gRPC: no encryption, no peer authentication, no allow-lists (says so loudly)")
+    if role is not None:
+        s.set_defaults(tls_role=role)
+
+
+def tls_identity(args: argparse.Namespace):
+    """The party's `TlsIdentity`, or None with --insecure (after the warning on stderr).
+    Neither: a clear error, nothing starts."""
+    import sys
+    from pathlib import Path
+
+    from common.errors import InputError
+    from common.tls import CA_CERT, INSECURE_WARNING, TlsIdentity
+
+    given = {flag: value for flag, value in (("--tls-dir", args.tls_dir), ("--ca", args.ca), ("--cert", args.cert),
+                                             ("--key", args.key)) if value}
+    if args.insecure:
+        if given:
+            raise InputError(f"--insecure and TLS material ({', '.join(given)}, or their PPRE_TLS_* variables) "
+                             "exclude each other: choose one")
+        print(INSECURE_WARNING, file=sys.stderr, flush=True)
+        return None
+    role = args.tls_role
+    if not given:
+        raise InputError("no TLS certificates: give --tls-dir DIR (create one with `ppre certs init DIR`) or "
+                         "--ca, --cert and --key (env PPRE_TLS_DIR, PPRE_TLS_CA, PPRE_TLS_CERT, PPRE_TLS_KEY); "
+                         "plaintext only with --insecure")
+    directory = Path(args.tls_dir) if args.tls_dir else None
+    if directory is not None and not directory.is_dir():
+        raise InputError("is not a directory (create one with `ppre certs init DIR`)", file=str(directory))
+    paths = {"--ca": args.ca or (directory / CA_CERT if directory else None),
+             "--cert": args.cert or (directory / f"{role}.pem" if directory else None),
+             "--key": args.key or (directory / f"{role}.key" if directory else None)}
+    missing = [flag for flag, path in paths.items() if path is None]
+    if missing:
+        raise InputError(f"TLS needs {', '.join(missing)} too (or --tls-dir)")
+    return TlsIdentity.from_files(paths["--ca"], paths["--cert"], paths["--key"])
+
+
 def link_settings(args: argparse.Namespace):
     from common.channels import LinkSettings
     return LinkSettings.from_env(peer_timeout_s=args.peer_timeout)

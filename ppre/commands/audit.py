@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from common.bootstrap import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES
 from common.errors import InputError
 from common.metrics import METRICS
 from common.results import DEFAULT_TAU
-from ppre.commands.tester import add_preparation_arguments, preparation_config
+from ppre.commands import add_tls_arguments, tls_identity
+from ppre.commands.tester import (add_preparation_arguments, add_release_arguments, preparation_config,
+                                  release_settings)
 
 
 LOCAL_DATASET = "local"
@@ -67,7 +70,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--tester-members", help="--local: members file (BISG + Self-ID + clipping per audit), "
                                             "instead of --tester-probabilities")
     add_preparation_arguments(s, prefix="tester-")
+    add_release_arguments(s, local=True)
     s.add_argument("--timeout", type=float, default=3600.0)
+    add_tls_arguments(s, "operator")
+    s.add_argument("--tester-identity", default=os.environ.get("PPRE_TESTER_IDENTITY", "tester.ppre.local"),
+                   metavar="NAME", help="the identity the Tester's certificate must carry, whatever address "
+                                        "--tester names (env PPRE_TESTER_IDENTITY, default tester.ppre.local)")
     s.set_defaults(func=run)
 
 
@@ -110,17 +118,30 @@ def run(args: argparse.Namespace) -> int:
         load()  # fail fast, before any service starts
         registry = DatasetRegistry(named={LOCAL_DATASET: args.client_data})
         request = build_request(args, LOCAL_DATASET)
-        with local_services(load, registry) as services:
-            event = run_audit(services.tester_address, request, timeout=args.timeout, on_progress=_progress(args))
+        # mutual TLS with a development CA made in memory for this run (--insecure: plaintext)
+        if args.insecure:
+            from common.tls import INSECURE_WARNING
+            print(INSECURE_WARNING, file=sys.stderr, flush=True)
+        release, accountant = release_settings(args, local=True)
+        with local_services(load, registry, tls=not args.insecure, release=release,
+                            accountant=accountant) as services:
+            event = run_audit(services.tester_address, request, timeout=args.timeout, on_progress=_progress(args),
+                              tls=services.operator_tls)
     else:
         if not args.tester or not args.client_dataset:
             raise InputError("give --tester and --client-dataset (or --local)", parameter="--tester")
-        event = run_audit(args.tester, build_request(args, args.client_dataset), timeout=args.timeout,
-                          on_progress=_progress(args))
-    return print_event(event, as_json=args.json)
+        request = build_request(args, args.client_dataset)
+        tls = tls_identity(args)
+        event = run_audit(args.tester, request, timeout=args.timeout, on_progress=_progress(args), tls=tls,
+                          server_name=args.tester_identity if tls is not None else None)
+    return print_event(event, as_json=args.json, insecure=args.insecure)
 
 
-def print_event(event, *, as_json: bool) -> int:
+#: what an --insecure audit's result says about its link (`info.transport`)
+INSECURE_TRANSPORT = "insecure: plaintext gRPC, peers not authenticated"
+
+
+def print_event(event, *, as_json: bool, insecure: bool = False) -> int:
     from common.results import AuditReport
 
     if event.WhichOneof("event") == "error":
@@ -130,5 +151,9 @@ def print_event(event, *, as_json: bool) -> int:
             print(f"ppre audit: error ({event.error.code}): {event.error.message}", file=sys.stderr)
         return 2
     report = AuditReport.from_proto(event.result)
+    if insecure:
+        report.info["transport"] = INSECURE_TRANSPORT
     print(report.to_json() if as_json else report.to_table())
+    if insecure and not as_json:
+        print(f"WARNING: this audit ran over {INSECURE_TRANSPORT} (--insecure)")
     return 0

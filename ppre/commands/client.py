@@ -5,7 +5,7 @@ import argparse
 import os
 
 from common.errors import InputError
-from ppre.commands import add_service_arguments, link_settings
+from ppre.commands import add_names_argument, add_service_arguments, add_tls_arguments, link_settings, tls_identity
 
 
 def _named(values: list[str]) -> dict[str, str]:
@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--dataset", action="append", default=[], metavar="NAME=FILE",
                    help="a named dataset file (repeatable)")
     add_service_arguments(s)
+    add_tls_arguments(s, "client")
+    add_names_argument(s, "--allow-tester", "PPRE_ALLOW_TESTERS", "tester.ppre.local",
+                       "a Tester identity (certificate SAN or CN) allowed to open audit sessions")
     s.set_defaults(func=run)
 
 
@@ -39,8 +42,15 @@ def run(args: argparse.Namespace) -> int:
     from common.memory import protect_process
 
     protect_process()  # SPEC 7: a crash must not write keys or tables to disk (no core dumps)
+    from common.tls import parse_names
+
+    tls = tls_identity(args)
     registry = DatasetRegistry(args.data_dir, _named(args.dataset))
-    config = ClientConfig(registry, settings=link_settings(args), max_sessions=args.max_sessions)
+    config = ClientConfig(registry, settings=link_settings(args), max_sessions=args.max_sessions, tls=tls,
+                          allowed_testers=parse_names(args.allow_tester))
     server, port, servicer = serve(config, args.port, args.host)
-    print(f"client serving on {args.host}:{port}; datasets: {', '.join(registry.names()) or 'none'}", flush=True)
+    security = (f"mutual TLS as {tls.identity}; Testers allowed: {', '.join(config.allowed_testers)}"
+                if tls is not None else "INSECURE plaintext")
+    print(f"client serving on {args.host}:{port}; datasets: {', '.join(registry.names()) or 'none'}; {security}",
+          flush=True)
     return serve_forever(server, servicer)

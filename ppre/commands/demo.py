@@ -3,9 +3,11 @@
 With no arguments: `ppre.synth` draws members (true race from national shares,
 surname from Pr(s|r), ZCTA from Pr(g|r)), a 6% Self-ID survey and model outputs with
 an injected false-positive disparity; both services start as real gRPC servers on
-loopback; the Tester prepares BISG + privatised Self-ID + clipped probabilities inside
-the audit; an ERO audit runs (B = 1000, 95% CIs, 2048-bit Paillier) and the table is
-printed beside the FPR computed with the hidden true races.
+loopback, over mutual TLS with a development CA made in memory for the run
+(`--insecure`: plaintext, with a warning); the Tester prepares BISG + privatised
+Self-ID + clipped probabilities inside the audit; an ERO audit runs (B = 1000, 95%
+CIs, 2048-bit Paillier) and the table is printed beside the FPR computed with the
+hidden true races.
 `--write-data DIR` writes the inputs docker-compose.yml mounts and exits.
 """
 from __future__ import annotations
@@ -29,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--disparity", type=float, default=0.10, help="extra FPR injected for black members")
     s.add_argument("--seed", type=int, default=4)
     s.add_argument("--write-data", metavar="DIR", help="write the compose example data and exit")
+    s.add_argument("--insecure", action="store_true",
+                   help="plaintext gRPC between the demo's services (default: mutual TLS, in-memory CA)")
     s.set_defaults(func=run)
 
 
@@ -60,14 +64,19 @@ def run(args: argparse.Namespace) -> int:
     print(f"PPRE demo: {len(data.members)} synthetic members (surnames and ZCTAs drawn from the 2010 Census "
           f"tables), {len(data.self_id)} Self-ID answers, {len(data.ero)} model outputs; injected disparity: "
           f"FPR +{args.disparity:.2f} for black members.", flush=True)
+    if args.insecure:
+        from common.tls import INSECURE_WARNING
+        print(INSECURE_WARNING, file=sys.stderr, flush=True)
+    else:
+        print("Both links use mutual TLS (a development CA made in memory for this run).", flush=True)
     preparation = PreparationConfig(threshold=DEMO_THRESHOLD)
     with tempfile.TemporaryDirectory(prefix="ppre-demo-") as tmp:
         members, self_id, outputs = write_inputs(data, Path(tmp) / "tester", Path(tmp) / "client")
         request = pb.AuditRequest(metric="ero", client_dataset="ero", bootstrap=args.bootstrap, confidence=0.95,
                                   has_seed=True, seed=args.seed)
         with local_services(lambda: prepare_from_files(members, self_id, preparation),
-                            DatasetRegistry(named={"ero": outputs})) as svc:
-            event = run_audit(svc.tester_address, request, on_progress=lambda p: print(
+                            DatasetRegistry(named={"ero": outputs}), tls=not args.insecure) as svc:
+            event = run_audit(svc.tester_address, request, tls=svc.operator_tls, on_progress=lambda p: print(
                 f"  [{p.elapsed_s:6.1f}s] {p.phase}: {p.message}", flush=True))
     if event.WhichOneof("event") != "result":
         print(f"demo audit failed ({event.error.code}): {event.error.message}", file=sys.stderr)
@@ -81,9 +90,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'group':<12}{'members':>8}{'PPRE':>9}{'true race':>11}{'in CI':>7}")
     for g in report.by_group:
         t = truth[g.group]
-        inside = g.estimate is not None and not math.isnan(t) and g.ci_low <= t <= g.ci_high
+        inside = g.ci_low is not None and not math.isnan(t) and g.ci_low <= t <= g.ci_high
         est = f"{g.estimate:.4f}" if g.estimate is not None else "n/a"
-        print(f"{g.group:<12}{int(sizes.get(g.group, 0)):>8}{est:>9}{t:>11.4f}{'yes' if inside else 'no':>7}")
+        print(f"{g.group:<12}{int(sizes.get(g.group, 0)):>8}{est:>9}{t:>11.4f}{'n/a' if g.ci_low is None else 'yes' if inside else 'no':>7}")
     print("\nSmall groups are pulled towards the overall rate: BISG probabilities spread each member's"
           "\nweight over several groups (attenuation); the largest groups are measured best.")
     print(f"total {report.phase_seconds.get('total', 0):.1f} s")

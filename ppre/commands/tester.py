@@ -5,7 +5,7 @@ import argparse
 import os
 
 from common.errors import InputError
-from ppre.commands import add_service_arguments, link_settings
+from ppre.commands import add_names_argument, add_service_arguments, add_tls_arguments, link_settings, tls_identity
 
 
 
@@ -23,11 +23,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="members file (member_id, surname, zip[, first_name, tract, state, country, opt_out]): "
                         "BISG + Self-ID + clipping run inside each audit (env PPRE_TESTER_MEMBERS)")
     add_preparation_arguments(s)
+    add_release_arguments(s)
     s.add_argument("--buckets", type=int, default=int(os.environ.get("PPRE_BOOTSTRAP_BUCKETS", "128")))
     s.add_argument("--audit-log", default=os.environ.get("PPRE_AUDIT_LOG"),
                    help="append every audit request and its outcome to this hash-chained log "
                         "(no member-level data; check it with `ppre log verify`) (env PPRE_AUDIT_LOG)")
     add_service_arguments(s)
+    add_tls_arguments(s, "tester")
+    add_names_argument(s, "--allow-operator", "PPRE_ALLOW_OPERATORS", "operator.ppre.local",
+                       "an operator identity (certificate SAN or CN) allowed to start audits")
+    s.add_argument("--client-identity", default=os.environ.get("PPRE_CLIENT_IDENTITY", "client.ppre.local"),
+                   metavar="NAME", help="the identity the Test-Client's certificate must carry, whatever address "
+                                        "--client names (env PPRE_CLIENT_IDENTITY, default client.ppre.local)")
     s.set_defaults(func=run)
 
 
@@ -48,6 +55,53 @@ def add_preparation_arguments(s: argparse.ArgumentParser, prefix: str = "") -> N
     s.add_argument("--group-mapping", default=env("PPRE_GROUP_MAPPING", ""),
                    help="coarsened groups, e.g. 'hsm=black+hispanic+aian,non_hsm=white+api+multiple'")
     s.add_argument("--opt-out-column", default=env("PPRE_OPT_OUT_COLUMN", "opt_out"))
+
+
+def add_release_arguments(s: argparse.ArgumentParser, local: bool = False) -> None:
+    """The Tester's release controls (SPEC section 8; `tester_service.release`), shared
+    with `ppre audit --local`. The defaults are the secure ones."""
+    from tester_service import release as r
+    env = os.environ.get
+    s.add_argument("--min-intersection", type=int, default=env("PPRE_MIN_INTERSECTION", str(r.DEFAULT_MIN_INTERSECTION)),
+                   metavar="N", help=f"refuse audits whose intersection holds fewer distinct members "
+                                     f"(default {r.DEFAULT_MIN_INTERSECTION})")
+    s.add_argument("--min-effective-size", type=float,
+                   default=env("PPRE_MIN_EFFECTIVE_SIZE", str(r.DEFAULT_MIN_EFFECTIVE_SIZE)), metavar="X",
+                   help=f"suppress cells whose effective size (sum of p_ij over their rows) is below X "
+                        f"(default {r.DEFAULT_MIN_EFFECTIVE_SIZE:g})")
+    s.add_argument("--noise-rho", type=float, default=env("PPRE_NOISE_RHO", str(r.DEFAULT_RHO_PER_AUDIT)),
+                   metavar="RHO", help=f"zCDP rho one audit spends on Gaussian noise added under encryption "
+                                       f"(default {r.DEFAULT_RHO_PER_AUDIT:g}; 0: no noise)")
+    s.add_argument("--privacy-budget", type=float, default=env("PPRE_PRIVACY_BUDGET", str(r.DEFAULT_BUDGET)),
+                   metavar="RHO", help=f"total rho per Test-Client identity, across audits and dataset names "
+                                       f"(default {r.DEFAULT_BUDGET:g}; 'inf': unlimited)")
+    where = "default: the user's data directory" if local else "default: in memory, reset on restart"
+    s.add_argument("--privacy-ledger", default=env("PPRE_PRIVACY_LEDGER"), metavar="FILE",
+                   help=f"keep the rho spent per Test-Client here ({where}; env PPRE_PRIVACY_LEDGER)")
+    s.add_argument("--no-release-controls", action="store_true",
+                   default=env("PPRE_NO_RELEASE_CONTROLS", "") == "1",
+                   help="turn every release control off: exact results, no protection of the members "
+                        "against a Test-Client that chooses its outputs (stated loudly in the output)")
+
+
+#: printed on stderr whenever the release controls are off
+RELEASE_OFF_WARNING = ("WARNING: --no-release-controls: results are released without noise, thresholds or "
+                       "budget; a Test-Client that chooses its outputs can read members' race off them")
+
+
+def release_settings(args: argparse.Namespace, local: bool = False):
+    """(ReleasePolicy, PrivacyAccountant) from the release flags."""
+    import sys
+
+    from tester_service.release import PrivacyAccountant, ReleasePolicy, local_ledger_path
+    if args.no_release_controls:
+        print(RELEASE_OFF_WARNING, file=sys.stderr, flush=True)
+        policy = ReleasePolicy.off()
+        return policy, PrivacyAccountant(policy.budget)
+    policy = ReleasePolicy(min_intersection=args.min_intersection, min_effective_size=args.min_effective_size,
+                           rho=args.noise_rho, budget=args.privacy_budget)
+    ledger = args.privacy_ledger or (local_ledger_path() if local else None)
+    return policy, PrivacyAccountant(policy.budget, ledger, identity="local Test-Client" if local else None)
 
 
 def preparation_config(args: argparse.Namespace):
@@ -71,8 +125,12 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("give exactly one of --probabilities (a prepared table) and --members",
                          parameter="--probabilities/--members")
     from tester_service.audit_log import AuditLog
+    from common.tls import parse_names
+    tls = tls_identity(args)
     service = dict(n_buckets=args.buckets, settings=link_settings(args), max_sessions=args.max_sessions,
-                   audit_log=AuditLog(args.audit_log) if args.audit_log else None)
+                   audit_log=AuditLog(args.audit_log) if args.audit_log else None, tls=tls,
+                   allowed_operators=parse_names(args.allow_operator), client_name=args.client_identity)
+    service["release"], service["accountant"] = release_settings(args)
     if args.probabilities:
         mapping = preparation_config(args).group_mapping
         config = TesterConfig.from_probability_file(args.client, args.probabilities, mapping, **service)
@@ -82,5 +140,7 @@ def run(args: argparse.Namespace) -> int:
                                            **service)
         config.load_probabilities()  # check the files and parameters now, not at the first audit
     server, port, servicer = serve(config, args.port, args.host)
-    print(f"tester serving on {args.host}:{port}; Test-Client at {args.client}", flush=True)
+    security = (f"mutual TLS as {tls.identity}; operators allowed: {', '.join(config.allowed_operators)}; "
+                f"Test-Client identity {config.client_name}" if tls is not None else "INSECURE plaintext")
+    print(f"tester serving on {args.host}:{port}; Test-Client at {args.client}; {security}", flush=True)
     return serve_forever(server, servicer)
