@@ -340,7 +340,7 @@ class TesterSession:
         distinct = len(members)
         self._multiplicity = max(members.values())
         del members
-        if self.metric.unique_ids and self._multiplicity > 1:
+        if self.metric.unique_ids and self.metric.n_ids == 1 and self._multiplicity > 1:
             raise ProtocolError("a member appears in more than one row of a dataset whose member ids must be unique")
         if distinct < self.release.min_intersection:
             raise ReleaseRefused(f"the intersection holds {distinct} distinct members; the Tester releases results "

@@ -579,16 +579,7 @@ def test_a_tester_sending_mutated_messages_gets_a_clean_error(services, mutation
     """The real Tester, whose k-th outgoing message is mutated, against the real
     Test-Client: the operator gets a result or a clean error event, within bounds."""
     mutation.at %= 6  # Hello, the rows' chunk and end, and (for the result) the header, aggregates, end
-    MutatingOutbox.plan = mutation
-    try:
-        t0 = time.monotonic()
-        outcome = run_audit(services["tester"], pb.AuditRequest(metric="ero", client_dataset="ero", bootstrap=3,
-                                                                 has_seed=True, seed=2), timeout=40)
-        took = time.monotonic() - t0
-    finally:
-        MutatingOutbox.plan = None
-    _check_outcome(outcome, took, mutation)
-    _healthy(services)
+    _mutated_audit(MutatingOutbox, services, mutation)
 
 
 @settings(FUZZ, max_examples=14)
@@ -597,14 +588,20 @@ def test_a_test_client_sending_mutated_messages_gives_the_operator_a_protocol_er
     """The real Test-Client, whose k-th outgoing message is mutated, against the real
     Tester: the operator gets a result or a clean error event, within bounds."""
     mutation.at %= 6  # HelloAck, the shuffled rows' chunk and end, its own rows' chunk and end, the result
-    ClientMutatingOutbox.plan = mutation
+    _mutated_audit(ClientMutatingOutbox, services, mutation)
+
+
+def _mutated_audit(outbox, services, mutation) -> None:
+    """One audit with `outbox` mutating its k-th message: a result or a clean error, in
+    bounded time, and both services healthy afterwards."""
+    outbox.plan = mutation
     try:
         t0 = time.monotonic()
         outcome = run_audit(services["tester"], pb.AuditRequest(metric="ero", client_dataset="ero", bootstrap=3,
                                                                  has_seed=True, seed=2), timeout=40)
         took = time.monotonic() - t0
     finally:
-        ClientMutatingOutbox.plan = None
+        outbox.plan = None
     _check_outcome(outcome, took, mutation)
     _healthy(services)
 

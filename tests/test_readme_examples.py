@@ -27,7 +27,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 #: keys of every result, and the parts only some metrics add
 BASE_KEYS = {"metric", "metric_option", "n_matched", "bootstrap", "confidence", "interval", "groups",
              "differences", "verdict", "params", "info", "result_recipient", "tau", "phase_seconds",
-             "preparation"}
+             "preparation", "release"}
 EXTRA_KEYS = {"lot": {"cells"}, "pot": {"cells", "curves"}, "prob-count": {"pools"}}
 WITH_OVERALL = {"ero", "mqos-ndcg", "mqos-auc", "output"}
 GROUP_KEYS = {"group", "estimate", "ci_low", "ci_high"}

@@ -30,7 +30,6 @@ guesser reaches with probability below `CHANCE_ALPHA` (binomial).
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import io
@@ -47,7 +46,6 @@ import pandas as pd
 from scipy.stats import binom
 
 from common.races import RACES
-from ppre.cli import build_parser
 from ppre.cli import main as ppre_main
 
 K = len(RACES)
@@ -133,16 +131,6 @@ def make_population(directory: Path, *, members: int = POPULATION["members"], se
 # Defences: the Tester's release controls, as `ppre audit --local` flags
 # ----------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
-def audit_flags() -> frozenset[str]:
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return frozenset(s for action in sub.choices["audit"]._actions for s in action.option_strings)
-
-
-def release_flags_available() -> bool:
-    return "--no-release-controls" in audit_flags()
-
-
 @dataclass(frozen=True)
 class Defences:
     """A setting of the Tester's release controls (tester_service/release.py)."""
@@ -153,13 +141,13 @@ class Defences:
 
     def flags(self, ledger: Path) -> list[str]:
         if self.controls_off:
-            # until the flags exist the services have no release control: the same thing
-            return ["--no-release-controls"] if release_flags_available() else []
+            return ["--no-release-controls"]
         return ["--privacy-ledger", str(ledger), *self.extra]
 
 
 OFF = Defences("off", controls_off=True)
-#: the defaults: min intersection 100, min effective size 30, noise rho 1 per audit, budget rho 2
+#: the defaults (tester_service.release): min intersection 100, min effective size 30 (on
+#: noisy sizes), noise rho 0.2 per audit, budget rho 0.4
 DEFAULTS = Defences("defaults")
 #: ablation (report only): the default noise and minimum sizes, but no budget
 NOISE_ONLY = Defences("noise, no budget", extra=("--privacy-budget", "inf"))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tests.attacks import differencing, reconstruction, single_member, suppression
 from tests.attacks.harness import (CHANCE, DEFAULTS, KEY_BITS, NOISE_ONLY, OFF, POPULATION, Attacker,
-                                   make_population, release_flags_available)
+                                   make_population)
 
 SETTINGS = {"off": OFF, "defaults": DEFAULTS, "noise": NOISE_ONLY}
 #: (name, module, which targets) as the tests use them
@@ -47,9 +47,6 @@ def main(argv: list[str] | None = None) -> int:
     for name in attacks:
         if name not in ATTACKS:
             parser.error(f"unknown attack {name!r} (choose from {', '.join(ATTACKS)})")
-    if not release_flags_available() and set(settings) - {"off"}:
-        print("note: `ppre audit` has no release-control flags yet: every setting runs without controls",
-              file=sys.stderr)
 
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ppre-attacks-"))
     t0 = time.perf_counter()
