@@ -134,7 +134,9 @@ def test_every_audit_request_is_recorded_without_member_data(tmp_path):
     assert first["metric"] == "ero" and first["client_dataset"] == "ero" and first["who"]
     assert first["parameters"]["bootstrap"] == 10 and first["parameters"]["seed"] == 4
     assert first["outcome"] == {"status": "result", "n_matched": 90,
-                                "result_sha256": result_digest(ok.result.report_json)}
+                                "result_sha256": result_digest(ok.result.report_json),
+                                "release": {"controls": False, "rho": 0.0}}  # the controls it ran under
+    assert first["client"] == svc.tester_config.client_identity
     assert second["outcome"]["status"] == "error" and second["outcome"]["code"] == "bad_input"
     text = log_path.read_text()
     assert not any(member in text for member in set(tester.member_id) | set(client.member_id))

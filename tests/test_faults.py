@@ -617,9 +617,10 @@ def test_eight_concurrent_audits_match_the_lone_audit(deploy, tiny, request):
     for event in events:
         assert json.loads(event.result.report_json)["n_matched"] == N_TINY_OVERLAP
         got = _proto_estimates(event)
-        # Each audit draws fresh masks, so the unmasked ratio may differ in the last bit.
+        # Each audit draws fresh masks, whose noise (below the mask factor: one fixed-point
+        # unit, 2^-32 of one member's weight) moves a ratio by about 1e-11 (common.masking).
         assert [g[:2] for g in got] == [g[:2] for g in reference], (got, reference)
-        assert all(math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15)
+        assert all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
                    for g, r in zip(got, reference) for a, b in zip(g[2:], r[2:])), (got, reference)
     peak = (max_active(tester), max_active(client))
     assert min(peak) >= 2, f"the audits did not overlap: peak sessions {peak}"
@@ -680,8 +681,9 @@ def test_soak_200_audits_do_not_grow_memory_fds_or_threads(deploy, tiny, request
     Expected, after a 50-audit warm-up (the allocator's arenas fill up over the first
     tens of audits): resident memory grows by at most 10% (median of the samples of the
     last 50 audits against the median of the 50 after warm-up: single samples swing by
-    ±10% with the allocator), and open descriptors and threads do not grow (every
-    sample after warm-up at most the warm-up's)."""
+    ±10% with the allocator), and open descriptors and our threads do not grow (every
+    sample after warm-up at most the warm-up's; gRPC's on-demand EventEngine pool may add
+    a few, bounded)."""
     from tester_service.server import run_audit
 
     env = {"PPRE_WORKERS": "1"}
@@ -719,6 +721,10 @@ def test_soak_200_audits_do_not_grow_memory_fds_or_threads(deploy, tiny, request
         assert all(u.group_processes == 1 for u in after), f"{name}: PPRE_WORKERS=1 should mean one process"
         assert rss_late <= 1.10 * rss_early, f"{name}: median RSS {rss_early} -> {rss_late} KiB"
         assert max(u.fds for u in after) <= warm.fds, f"{name}: fds {warm.fds} -> {[u.fds for u in after]}"
-        assert max(u.threads for u in after) <= warm.threads, \
-            f"{name}: threads {warm.threads} -> {[u.threads for u in after]}"
+        # our threads must not grow at all; gRPC's EventEngine pool may add a thread or two
+        # under load (it grows on demand, bounded), where a leak would add one per audit
+        assert max(u.own_threads for u in after) <= warm.own_threads, \
+            f"{name}: own threads {warm.own_threads} -> {[u.own_threads for u in after]}"
+        assert max(u.pool_threads for u in after) <= warm.pool_threads + 4, \
+            f"{name}: gRPC pool threads {warm.pool_threads} -> {[u.pool_threads for u in after]}"
     assert_no_files(tester, client)

@@ -56,7 +56,7 @@ def test_dataset_names_are_checked(tmp_path):
 def test_cli_flags_with_bad_values_are_named(capsys, monkeypatch):
     from ppre.cli import main as ppre_main
 
-    assert ppre_main(["client", "serve", "--port", "0", "--dataset", "no-equals-sign"]) == 2
+    assert ppre_main(["client", "serve", "--insecure", "--port", "0", "--dataset", "no-equals-sign"]) == 2
     assert "--dataset" in capsys.readouterr().err
     assert ppre_main(["audit", "--metric", "ero"]) == 2
     assert "--tester" in capsys.readouterr().err
