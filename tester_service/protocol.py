@@ -375,7 +375,7 @@ class TesterSession:
                                           self.params, self._info, confidence=self.spec.confidence,
                                           tau=self.spec.tau, noise=noise, min_size=self.release.min_effective_size,
                                           threshold_noise=threshold_noise, suppressed=suppressed)
-        self._note_noise(1, self.release.single_sigma(1) if self.release.noisy else 0.0, [])
+        self._note_noise(1, self.release.single_sigma(1) if self.release.noisy else 0.0)
         if suppressed:
             self._release_info["suppressed"] = suppressed
         self._spend_budget()
@@ -545,7 +545,7 @@ class TesterSession:
         ticks = chunk_ticks(len(tasks), partial(self._tick, "bootstrap"))
         computed = point + [c for part in parallel.run_chunks(aggregation.replicate_chunk, tasks, checkpoint=ticks)
                             for c in part]
-        self._note_noise(len(comps), sigma0, scales)
+        self._note_noise(len(comps), sigma0)
         if self.release.noisy:  # an item made of others (overall) has their noises' sum
             by_item = {i: scales[d] for d, i in enumerate(direct)}
             for i, parts in parts_of.items():
@@ -576,7 +576,7 @@ class TesterSession:
         sigma0, sigma_b = self.release.sigmas(2)
         cells = len(sens)
         items = [self._add_noise(c, sens[i % cells], sigma0 if i < cells else sigma_b) for i, c in enumerate(items)]
-        self._note_noise(2, sigma0, sens)
+        self._note_noise(2, sigma0)
         if self.release.noisy:
             self._noise_sd = [sig * float(x) for sig in (sigma0, sigma_b) for row in sens for x in row]
         self._lap("squares")
@@ -585,7 +585,9 @@ class TesterSession:
     # ------------------------------------------------------------------ release controls
     def _suppress_small(self, weights: list, strata: np.ndarray | None) -> None:
         """The items (and so cells) whose effective size, Σ of the size weight over the
-        rows that enter them, is below the policy's minimum, or 0 whatever the policy."""
+        rows that enter them, is below the policy's minimum: with release noise, the size
+        plus Gaussian noise (an exact comparison would be an oracle); without, the exact
+        size, and a size of 0 whatever the policy (the mask cannot show a zero)."""
         metric, plan = self.metric, self._plan
         scale = float(1 << (encoding.PROBABILITY_BITS * metric.n_ids))
         n = self.n_matched
@@ -635,7 +637,7 @@ class TesterSession:
         return paillier.add_plain(self._pub.n, ciphertext,
                                   gaussian_slots([sigma * x for x in scales], self._layout.slot_bits))
 
-    def _note_noise(self, n_components: int, sigma0: float, scales: list[list[int]]) -> None:
+    def _note_noise(self, n_components: int, sigma0: float) -> None:
         """What the report says about the noise: σ₀ in members (per unit of sensitivity)."""
         info = self._release_info
         info["controls"] = self.release != ReleasePolicy.off()
