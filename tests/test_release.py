@@ -334,3 +334,19 @@ def test_noisy_random_groups_become_pseudo_values_of_the_ratio_estimator():
     assert np.mean(pseudo[1:, 0]) == pytest.approx(r)  # the groups add up to the estimate
     expected = [r + 4 * (n - r * d) / den for n, d in groups]
     assert pseudo[1:, 0] == pytest.approx(expected)
+
+
+def test_auc_exact_carries_noise_scaled_to_its_pairwise_sensitivity():
+    """MQOS-AUC exact is not a sum over rows: one member moves every other row's A_j, so
+    its noise grows with S_j (`MqosAuc.squares_sensitivity`) while its denominator
+    T·(S − T) grows with S_j²; the overall AUC of 3,000 members is noisy, and close."""
+    tester, client = make_inputs(3000, 3000, 3000, seed=21)
+    rng = np.random.default_rng(2)
+    client = client[["member_id", "y_true"]].copy()
+    client["score"] = rng.random(len(client)) + 0.5 * client.y_true
+    spec = AuditSpec(metric="mqos-auc", client_dataset="d", metric_option="exact", seed=1)
+    exact, _, _ = _audit(tester, client, ReleasePolicy.off(), spec=spec)
+    noisy, _, _ = _audit(tester, client, ReleasePolicy(rho=1.0, budget=1.0), spec=spec)
+    a, b = exact.group("overall").estimate, noisy.group("overall").estimate
+    assert a != b and abs(a - b) < 0.1
+    assert noisy.interval == "random_groups" and noisy.release["rho"] == 1.0

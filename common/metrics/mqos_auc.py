@@ -32,6 +32,7 @@ group and overall (the global AUC). Verdict: a group significantly below overall
 """
 from __future__ import annotations
 
+import math
 import secrets
 
 import numpy as np
@@ -183,16 +184,18 @@ class ExactAuc(MqosAuc):
 
     def squares_sensitivity(self, state, multiplicity):
         """Per cell, the (Num, Den) slots' sensitivity to one member's probability vector
-        (per unit of ||Δp||₂, fixed-point units at 2^65): changing p_t moves L_j by at most
-        (A_j(t) + Σ_i p_ij·y_i·w(i,t))·|Δp_tj| ≤ 2·S_j·|Δp_tj|, T_j² by 2·T_j·|Δp_tj|, Q_j by
-        2·|Δp_tj|, Den = 2(T·S − T²) by 2(S + 3T)·|Δp_tj|; with T ≤ S: Num ≤ (4S + 2), Den ≤ 8S.
-        S_j is rounded up to a power of two so that the noise scale says little about it."""
+        (per unit of ||Δp||₂, in fixed-point units of 2^65: Num = L − (T² − Q)/2 and
+        Den = T·(S − T)). Changing p_t moves L_j by at most (A_j(t) + Σ_i p_ij·y_i·w(i,t))
+        ·|Δp_tj| ≤ 2·S_j·|Δp_tj|, T_j²/2 by T_j·|Δp_tj|, Q_j/2 by |Δp_tj|, and Den by
+        (S + 3T)·|Δp_tj|; with T ≤ S: Num ≤ 3S + 1, Den ≤ 4S. S_j is rounded up to a power
+        of 2^(1/4), so that the noise scale says little about it (at most 19% more noise)."""
         scale = 1 << 65
         out = []
         for s_fixed in state["facts"]["S"]:
-            s_members = max(1, -(-int(s_fixed) >> PROBABILITY_BITS))
-            s_hat = 1 << (s_members - 1).bit_length()
-            out.append([(4 * s_hat + 2) * scale * multiplicity, 8 * s_hat * scale * multiplicity])
+            s_members = max(1.0, int(s_fixed) / float(1 << PROBABILITY_BITS))
+            s_hat = 2.0 ** (math.ceil(4.0 * math.log2(s_members)) / 4.0)
+            out.append([math.ceil((3 * s_hat + 1) * multiplicity) * scale,
+                        math.ceil(4 * s_hat * multiplicity) * scale])
         return out
 
     def plan(self, groups, strata_labels, layout, option, params, info):
