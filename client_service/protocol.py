@@ -310,10 +310,7 @@ class ClientSession:
 
     def _finish(self) -> list[pb.PeerMessage]:
         header, plan = self._header, self._plan
-        n_items = header.items
-        expected = (header.replicates + 1) * n_items + header.zero_tests
-        if len(self._aggregates) != expected:
-            raise ProtocolError(f"{len(self._aggregates)} aggregates received, {expected} expected")
+        # the table's length was checked on arrival (common.validation)
         zero_tests = self._aggregates[len(self._aggregates) - header.zero_tests:]
         self._aggregates = self._aggregates[:len(self._aggregates) - header.zero_tests]
         empty = [i for i, z in enumerate(self._paillier.decrypt_task()(zero_tests)) if z == 0]
@@ -349,9 +346,7 @@ class ClientSession:
                 decoded.append(layout.unpack(value))
             except EncodingOverflowError:
                 raise ProtocolError("an aggregate does not decode: overflow") from None
-        half = len(header.noise_sd) // 2
-        sd = [header.noise_sd[:half], header.noise_sd[half:]] if half else ()
-        values = plan.cell_values(decoded, masked_ratio, plain_rows=header.plain_rows, noise_sd=sd,
+        values = plan.cell_values(decoded, masked_ratio, plain_rows=header.plain_rows, noise_sd=header.noise_sd,
                                   pseudo_values=header.interval == "random_groups"
                                   and self._metric.interval == "percentile")
         # an empty item of the estimate (its zero test): its cells are undefined, not a ratio of noises

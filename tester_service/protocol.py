@@ -375,7 +375,7 @@ class TesterSession:
                                           self.params, self._info, confidence=self.spec.confidence,
                                           tau=self.spec.tau, noise=noise, min_size=self.release.min_effective_size,
                                           threshold_noise=threshold_noise, suppressed=suppressed)
-        self._note_noise(1, self.release.single_sigma(1) if self.release.noisy else 0.0)
+        self._note_noise(1, self.release.single_sigma(1) if self.release.noisy else 0.0, 0.0, [])
         if suppressed:
             self._release_info["suppressed"] = suppressed
         self._spend_budget()
@@ -545,13 +545,11 @@ class TesterSession:
         ticks = chunk_ticks(len(tasks), partial(self._tick, "bootstrap"))
         computed = point + [c for part in parallel.run_chunks(aggregation.replicate_chunk, tasks, checkpoint=ticks)
                             for c in part]
-        self._note_noise(len(comps), sigma0)
-        if self.release.noisy:  # an item made of others (overall) has their noises' sum
-            by_item = {i: scales[d] for d, i in enumerate(direct)}
-            for i, parts in parts_of.items():
-                by_item[i] = [math.sqrt(sum(float(by_item[p][k]) ** 2 for p in parts)) for k in range(len(scales[0]))]
-            per_item = [by_item[i] for i in range(len(plan_items))]
-            self._noise_sd = [sig * x for sig in (sigma0, sigma_b) for row in per_item for x in row]
+        # an item made of others (overall) carries the sum of their noises
+        by_item = {i: scales[d] for d, i in enumerate(direct)}
+        for i, parts in parts_of.items():
+            by_item[i] = [math.sqrt(sum(float(by_item[p][k]) ** 2 for p in parts)) for k in range(len(scales[0]))]
+        self._note_noise(len(comps), sigma0, sigma_b, [by_item[i] for i in range(len(plan_items))])
         slot = {i: d for d, i in enumerate(direct)}
         items = []
         for r in range(len(count_rows)):
@@ -576,9 +574,7 @@ class TesterSession:
         sigma0, sigma_b = self.release.sigmas(2)
         cells = len(sens)
         items = [self._add_noise(c, sens[i % cells], sigma0 if i < cells else sigma_b) for i, c in enumerate(items)]
-        self._note_noise(2, sigma0)
-        if self.release.noisy:
-            self._noise_sd = [sig * float(x) for sig in (sigma0, sigma_b) for row in sens for x in row]
+        self._note_noise(2, sigma0, sigma_b, sens)
         self._lap("squares")
         yield from self._send_items(items, self._replicates())
 
@@ -609,15 +605,13 @@ class TesterSession:
             return sizes[(w, stratum)]
 
         minimum = self.release.min_effective_size
+        keys = [(metric.size_weight(item), item.stratum) for item in plan.items]
         if self.release.noisy:  # decided on noisy sizes (one draw per weight and stratum)
             sigma = self.release.threshold_sigma() * self._multiplicity
-            noisy = {key: value + gaussian(sigma) for key, value in
-                     ((key, size(*key)) for key in {(metric.size_weight(it), it.stratum) for it in plan.items})}
-            self._suppressed = [i for i, item in enumerate(plan.items)
-                                if not noisy[(metric.size_weight(item), item.stratum)] >= minimum]
+            measured = {key: size(*key) + gaussian(sigma) for key in set(keys)}
+            self._suppressed = [i for i, key in enumerate(keys) if not measured[key] >= minimum]
         else:
-            self._suppressed = [i for i, item in enumerate(plan.items)
-                                if not size(metric.size_weight(item), item.stratum) >= max(minimum, 1e-300)]
+            self._suppressed = [i for i, key in enumerate(keys) if not (size(*key) >= minimum and size(*key) > 0)]
         if self._suppressed:
             hidden = set(self._suppressed)
             self._release_info["suppressed"] = [plan.cell_label(c) for c in plan.cells if c.item in hidden]
@@ -637,8 +631,12 @@ class TesterSession:
         return paillier.add_plain(self._pub.n, ciphertext,
                                   gaussian_slots([sigma * x for x in scales], self._layout.slot_bits))
 
-    def _note_noise(self, n_components: int, sigma0: float) -> None:
-        """What the report says about the noise: σ₀ in members (per unit of sensitivity)."""
+    def _note_noise(self, n_components: int, sigma0: float, sigma_b: float, scales: list[list[int]]) -> None:
+        """What the report says about the noise (σ₀ in members, per unit of sensitivity),
+        and, for the header, the noise's sd per item slot: the estimate's, then the
+        groups' (`scales`: each item's slot sensitivities)."""
+        if self.release.noisy:
+            self._noise_sd = [sig * float(x) for sig in (sigma0, sigma_b) for row in scales for x in row]
         info = self._release_info
         info["controls"] = self.release != ReleasePolicy.off()
         info.update({"min_intersection": self.release.min_intersection,
@@ -759,9 +757,8 @@ class TesterSession:
             except EncodingOverflowError:
                 raise ProtocolError("a masked plaintext does not decode") from None
         noisy = self.release.noisy
-        sd = [self._noise_sd[:len(self._noise_sd) // 2], self._noise_sd[len(self._noise_sd) // 2:]] if noisy else ()
         values = plan.suppress(plan.cell_values(slots, lambda num, den: float(num) / float(den) if den != 0 else None,
-                                                plain_rows=replicates + 1 if noisy else 0, noise_sd=sd,
+                                                plain_rows=replicates + 1 if noisy else 0, noise_sd=self._noise_sd,
                                                 pseudo_values=noisy and self.metric.interval == "percentile"),
                                self._suppressed)
         report = finish(self.metric, plan, values, option=self.spec.metric_option, confidence=self.spec.confidence,

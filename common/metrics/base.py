@@ -218,12 +218,13 @@ class Plan:
 
     def cell_values(self, item_slots: Sequence[Sequence[int]],
                     ratio: Callable[[int, int], float | None], *, plain_rows: int = 0,
-                    noise_sd: Sequence[Sequence[float]] = (), pseudo_values: bool = False) -> np.ndarray:
+                    noise_sd: Sequence[float] = (), pseudo_values: bool = False) -> np.ndarray:
         """(replicates, cells) ratios from the decoded slots of every item, row-major
         (replicate, item). Replicates from `plain_rows` on are masked: `ratio(num, den)`
         (None where a cell has no denominator, then NaN). The first `plain_rows` hold the
-        cells' aggregates themselves (noised by the release controls: `noise_sd[row][k]`
-        is the noise's standard deviation in slot k = item · item_slots + slot): Num/Den,
+        cells' aggregates themselves (noised by the release controls: `noise_sd` holds the
+        noise's standard deviation per slot k = item · item_slots + slot, the estimate's
+        and then the groups', as `AggregatesHeader.noise_sd` carries them): Num/Den,
         or NaN where Den is not above 3 sd of its noise (0 without noise), so that a
         denominator the noise could have made is never divided by.
 
@@ -237,8 +238,9 @@ class Plan:
         n_items = len(self.items)
         replicates = len(item_slots) // n_items
         values = np.full((replicates, len(self.cells)), np.nan)
+        half = len(noise_sd) // 2
         for b in range(replicates):
-            sd = noise_sd[min(b, len(noise_sd) - 1)] if noise_sd else ()
+            sd = (noise_sd[:half] if b == 0 else noise_sd[half:]) if half else ()
             for c, cell in enumerate(self.cells):
                 slots = item_slots[b * n_items + cell.item]
                 num, den = slots[cell.num_slot], slots[cell.den_slot]
