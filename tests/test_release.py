@@ -350,3 +350,21 @@ def test_auc_exact_carries_noise_scaled_to_its_pairwise_sensitivity():
     a, b = exact.group("overall").estimate, noisy.group("overall").estimate
     assert a != b and abs(a - b) < 0.1
     assert noisy.interval == "random_groups" and noisy.release["rho"] == 1.0
+
+
+def test_bad_release_flags_are_named(tmp_path, capsys):
+    tester, client = make_inputs(150, 150, 150, seed=15)
+    tp, cp = tmp_path / "p.csv", tmp_path / "c.csv"
+    tester.to_csv(tp, index=False)
+    client.to_csv(cp, index=False)
+    base = ["audit", "--local", "--json", "--metric", "ero", "--tester-probabilities", str(tp), "--client-data", str(cp)]
+    for flags, named in ((["--noise-rho", "-1"], "noise rho"), (["--min-effective-size", "-3"], "min effective size"),
+                         (["--min-intersection", "0"], "min intersection"),
+                         (["--noise-rho", "1", "--privacy-budget", "0.5"], "exceeds the whole budget")):
+        assert ppre_main(base + flags) == 2
+        captured = capsys.readouterr()
+        assert named in captured.out + captured.err, (flags, captured)
+    (tmp_path / "ledger.json").write_text("not json")
+    assert ppre_main(base + ["--privacy-ledger", str(tmp_path / "ledger.json")]) == 2
+    captured = capsys.readouterr()
+    assert "ledger.json" in captured.out + captured.err
