@@ -57,12 +57,15 @@ class ClientSession:
     def __init__(self, load_dataset: DatasetLoader, *, modulus_bits: int = paillier.MIN_MODULUS_BITS,
                  allow_insecure: bool = False, checkpoint: Callable[[], None] | None = None,
                  progress: Callable[[str, int, int], None] | None = None,
-                 max_received_bytes: int = validation.DEFAULT_MAX_RECEIVED_BYTES) -> None:
+                 max_received_bytes: int = validation.DEFAULT_MAX_RECEIVED_BYTES,
+                 executor: parallel.Executor | None = None) -> None:
         """`checkpoint()` runs between chunks of the long steps (encryption, decryption);
         whatever it raises ends the session (the servicer stops work for a Tester that left,
         or when it shuts down). `progress(phase, done, total)` reports what the session is
         busy with (the servicer's heartbeats carry it to the Tester). `max_received_bytes`:
-        the most the Tester may send in this session (`common.validation`)."""
+        the most the Tester may send in this session (`common.validation`). `executor`:
+        where the per-row work runs (the service's; default inline, `common.parallel`)."""
+        self._executor = executor or parallel.InlineExecutor()
         self._load_dataset = load_dataset
         self._checkpoint = checkpoint
         self._progress = progress or (lambda phase, done, total: None)
@@ -264,10 +267,10 @@ class ClientSession:
             self._values = None
             step = wire.rows_per_chunk(pub.ciphertext_bytes)
             tasks = [(pub.n, pub.h, values[i:i + step]) for i in range(0, len(values), step)]
-            if len(tasks) < parallel.chunk_count():
-                tasks = [(pub.n, pub.h, part) for part in parallel.split(values, parallel.chunk_count())]
+            if len(tasks) < self._executor.chunk_count():
+                tasks = [(pub.n, pub.h, part) for part in parallel.split(values, self._executor.chunk_count())]
             ticks = chunk_ticks(len(tasks), partial(self._tick, "he_encrypt"))
-            cts = [c for part in parallel.run_chunks(paillier.encrypt_chunk, tasks, checkpoint=ticks) for c in part]
+            cts = [c for part in self._executor.run_chunks(paillier.encrypt_chunk, tasks, checkpoint=ticks) for c in part]
             del values
             self._lap("he_encrypt_values")
             width, n_cts = pub.ciphertext_bytes, self._layout.n_ciphertexts
@@ -316,11 +319,11 @@ class ClientSession:
         empty = [i for i, z in enumerate(self._paillier.decrypt_task()(zero_tests)) if z == 0]
         # workers get the narrow decryption task (p and h_p), never the key (common.paillier)
         decrypt = self._paillier.decrypt_task(signed=True)
-        parts = parallel.split(self._aggregates, parallel.chunk_count(parallel.CHECKPOINT_CHUNKS))
+        parts = parallel.split(self._aggregates, self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS))
         tasks = [(part,) for part in parts]
         ticks = chunk_ticks(len(tasks), partial(self._tick, "decrypt"))
         try:
-            signed = [m for part in parallel.run_chunks(decrypt, tasks, checkpoint=ticks) for m in part]
+            signed = [m for part in self._executor.run_chunks(decrypt, tasks, checkpoint=ticks) for m in part]
         except EncodingOverflowError:
             raise ProtocolError("an aggregate does not decode: overflow") from None
         del decrypt

@@ -25,7 +25,7 @@ import grpc
 
 from client_service.datasets import DatasetRegistry
 from client_service.protocol import ClientSession, Phase
-from common import channels, paillier, validation
+from common import channels, paillier, parallel, validation
 from common import tls as tls_
 from common.admission import SessionTable
 from common.errors import InputError, PeerAborted, PPREError, ProtocolError, ShuttingDownError
@@ -67,6 +67,8 @@ class ClientConfig:
     tls: tls_.TlsIdentity | None = None
     #: Tester identities allowed to open an Exchange (`--allow-tester`; TLS only)
     allowed_testers: tuple[str, ...] = (tls_.TESTER_IDENTITY,)
+    #: where the sessions' per-row work runs (`--executor`; common.parallel); None: inline
+    executor: parallel.Executor | None = None
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
@@ -99,7 +101,8 @@ class _Exchange:
         self.inbox: Inbox | None = None
         self.session = ClientSession(config.datasets.load, modulus_bits=config.modulus_bits,
                                      allow_insecure=config.allow_insecure, checkpoint=self.checkpoint,
-                                     progress=self.state.update, max_received_bytes=config.max_received_bytes)
+                                     progress=self.state.update, max_received_bytes=config.max_received_bytes,
+                                     executor=config.executor)
 
     def stop(self, error: BaseException) -> None:
         self.stop_error = error

@@ -119,7 +119,7 @@ class PrivateKey:
 
 
 class ModPDecryption:
-    """Paillier decryption modulo p as a task for `parallel.run_chunks`: carries p and
+    """Paillier decryption modulo p as a task for an executor (`common.parallel`): carries p and
     h_p only (module docstring: this narrows what travels, p still factors n).
 
     Deliberately picklable (it is built for workers), but prints no secret."""

@@ -42,7 +42,7 @@ def expect_phase(current: enum.Enum, *allowed: enum.Enum) -> None:
 
 
 def chunk_ticks(total: int, tick: Callable[[int, int], None]) -> Callable[[], None]:
-    """A checkpoint for `parallel.run_chunks` over `total` chunks: calls `tick(done, total)`
+    """A checkpoint for `Executor.run_chunks` over `total` chunks: calls `tick(done, total)`
     after each chunk (a session's progress report and its own checkpoint)."""
     done = 0
 

@@ -9,7 +9,7 @@ X[b] = Π_m C[m]^(c_bm) (the point estimate is the replicate with every count 1)
 value is masked and rerandomised before it leaves the Tester (`mask_chunk`).
 
 Every function here is top-level and takes only integers and lists, so
-`common.parallel.run_chunks` can send it to worker processes.
+an executor (`common.parallel`) can send it to worker processes.
 """
 from __future__ import annotations
 

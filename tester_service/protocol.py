@@ -121,7 +121,8 @@ class TesterSession:
                  preparation: dict[str, float] | None = None,
                  release: ReleasePolicy | None = None,
                  charge: Callable[[float], float] | None = None,
-                 max_received_bytes: int = validation.DEFAULT_MAX_RECEIVED_BYTES) -> None:
+                 max_received_bytes: int = validation.DEFAULT_MAX_RECEIVED_BYTES,
+                 executor: parallel.Executor | None = None) -> None:
         """`progress(phase, message, done, total)` reports each finished phase and the
         rows done within long ones; `checkpoint()` runs between chunks of the long steps,
         and whatever either raises ends the session (the servicer uses this to stop an
@@ -131,8 +132,10 @@ class TesterSession:
         secure defaults of `tester_service.release`); `charge(rho)` spends this audit's
         privacy budget just before anything is released (it raises to refuse, and returns
         the budget left). `max_received_bytes`: the most the Test-Client may send in this
-        session (`common.validation`)."""
+        session (`common.validation`). `executor`: where the per-row work runs (the
+        service's; default inline, `common.parallel`)."""
         self.spec = spec.validated()
+        self._executor = executor or parallel.InlineExecutor()
         self.metric = get_metric(self.spec.metric).for_option(self.spec.metric_option)
         self.params = self.metric.parse_params(self.spec.params)
         self.groups: tuple[str, ...] = tuple(c for c in probabilities.columns if c != "member_id")
@@ -455,10 +458,10 @@ class TesterSession:
                 jobs.append(([cts[i][t] for i in lst], columns))
         del cts
         pub = self._pub
-        tasks = [(pub.n, part) for part in parallel.split(jobs, parallel.chunk_count(parallel.CHECKPOINT_CHUNKS))]
+        tasks = [(pub.n, part) for part in parallel.split(jobs, self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS))]
         del jobs
         ticks = chunk_ticks(len(tasks), partial(self._tick, "aggregation"))
-        sums = [s for part in parallel.run_chunks(aggregation.bucket_sums_chunk, tasks, checkpoint=ticks)
+        sums = [s for part in self._executor.run_chunks(aggregation.bucket_sums_chunk, tasks, checkpoint=ticks)
                 for s in part]
         # agg[key][w][t]: every weight column, explicit, constant or a sum of others
         agg: dict[int, list[list[int]]] = {}
@@ -541,9 +544,9 @@ class TesterSession:
         if sigma_b > 0:
             columns = [[self._add_noise(x, scales[d], sigma_b) for x in col] for d, col in enumerate(columns)]
         tasks = [(pub.n, columns, part) for part in
-                 parallel.split(count_rows[1:], parallel.chunk_count(parallel.CHECKPOINT_CHUNKS))]
+                 parallel.split(count_rows[1:], self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS))]
         ticks = chunk_ticks(len(tasks), partial(self._tick, "bootstrap"))
-        computed = point + [c for part in parallel.run_chunks(aggregation.replicate_chunk, tasks, checkpoint=ticks)
+        computed = point + [c for part in self._executor.run_chunks(aggregation.replicate_chunk, tasks, checkpoint=ticks)
                             for c in part]
         # an item made of others (overall) carries the sum of their noises
         by_item = {i: scales[d] for d, i in enumerate(direct)}
@@ -693,11 +696,11 @@ class TesterSession:
             pads = [sum(p << (s * shift) for s, p in enumerate(d.pads)) for d in draws]
             ratio = None
         h = paillier.randomizer_base(pub.n)  # our own base, never the Test-Client's h
-        parts = parallel.split(list(range(len(items))), parallel.chunk_count(parallel.CHECKPOINT_CHUNKS))
+        parts = parallel.split(list(range(len(items))), self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS))
         tasks = [(pub.n, h, [items[i] for i in part], [ratio[i] for i in part] if ratio else None,
                   [pads[i] for i in part] if pads else None) for part in parts]
         ticks = chunk_ticks(len(tasks), partial(self._tick, "bootstrap"))
-        out = [c for part in parallel.run_chunks(aggregation.mask_chunk, tasks, checkpoint=ticks) for c in part]
+        out = [c for part in self._executor.run_chunks(aggregation.mask_chunk, tasks, checkpoint=ticks) for c in part]
         self._lap("bootstrap_and_mask")
         self._progress("bootstrap", f"{replicates} replicates masked; sending to the Test-Client")
         self.phase = Phase.WAIT_RESULT

@@ -21,7 +21,7 @@ import grpc
 import pandas as pd
 
 from common import bootstrap as boot_defaults
-from common import channels, paillier
+from common import channels, paillier, parallel
 from common import tls as tls_
 from common import validation
 from common.admission import SessionTable
@@ -75,6 +75,8 @@ class TesterConfig:
     allowed_operators: tuple[str, ...] = (tls_.OPERATOR_IDENTITY,)
     #: the identity the Test-Client's certificate must carry (`--client-identity`; TLS only)
     client_name: str = tls_.CLIENT_IDENTITY
+    #: where the sessions' per-row work runs (`--executor`; common.parallel); None: inline
+    executor: parallel.Executor | None = None
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
@@ -288,7 +290,8 @@ class _AuditRun:
                                     checkpoint=self._check,
                                     preparation=preparation.counts() if preparation is not None else None,
                                     release=cfg.release, max_received_bytes=cfg.max_received_bytes,
-                                    charge=lambda rho: cfg.accountant.charge(identity, rho))
+                                    charge=lambda rho: cfg.accountant.charge(identity, rho),
+                                    executor=cfg.executor)
             del probabilities
             cfg.sessions.append(session)
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from common import commutative, encoding, paillier
-from common.errors import EncodingOverflowError, ProtocolError
+from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.masking import PRECISION_BITS, AdditiveMask, RatioMask, masked_ratio
 from common.symmetric import RowSealer, sealed_width
 from tests.helpers import apply_ratio_mask
@@ -323,21 +323,35 @@ def test_sealed_rows_round_trip_and_tampering_is_detected():
     assert np.array_equal(sealer.open_rows(sealer.seal_rows(ints), 6), ints)
 
 
-@pytest.mark.parametrize("workers", ["1", "2"])
-def test_run_chunks_keeps_order_and_stops_at_a_failing_checkpoint(monkeypatch, workers):
-    """common.parallel: results in order, inline and on the pool; a checkpoint that
-    raises (a cancelled session) ends the call after the chunk it follows."""
+@pytest.mark.parametrize("spec", ["inline", "processes:1", "processes:2"])
+def test_run_chunks_keeps_order_and_stops_at_a_failing_checkpoint(spec):
+    """common.parallel: results in order, inline and on a pool; a checkpoint that
+    raises (a cancelled session) ends the call after the chunk it follows; `stream`
+    yields in order too, and a failing chunk's error reaches the caller."""
     from common import parallel
-    monkeypatch.setenv("PPRE_WORKERS", workers)
-    tasks = [(3, e) for e in range(12)]
-    assert parallel.run_chunks(pow, tasks) == [3 ** e for e in range(12)]
-    calls = []
+    executor = parallel.executor_from_spec(spec)
+    try:
+        tasks = [(3, e) for e in range(12)]
+        assert executor.run_chunks(pow, tasks) == [3 ** e for e in range(12)]
+        assert list(executor.stream(pow, iter(tasks), window=3)) == [3 ** e for e in range(12)]
+        calls = []
 
-    def checkpoint():
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("cancelled")
+        def checkpoint():
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError("cancelled")
 
-    with pytest.raises(RuntimeError, match="cancelled"):
-        parallel.run_chunks(pow, tasks, checkpoint=checkpoint)
-    assert len(calls) == 2
+        with pytest.raises(RuntimeError, match="cancelled"):
+            executor.run_chunks(pow, tasks, checkpoint=checkpoint)
+        assert len(calls) == 2
+        with pytest.raises(ZeroDivisionError):
+            executor.run_chunks(divmod, [(1, 1), (1, 0), (2, 1)])
+    finally:
+        executor.shutdown()
+
+
+@pytest.mark.parametrize("spec", ["processes:0", "process", "dask:/x", "threads"])
+def test_an_unknown_executor_is_refused_naming_the_flag(spec):
+    from common import parallel
+    with pytest.raises(InputError, match="--executor"):
+        parallel.executor_from_spec(spec)

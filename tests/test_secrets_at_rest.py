@@ -24,6 +24,7 @@ import re
 import signal
 import tempfile
 import traceback
+from pathlib import Path
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -145,22 +146,27 @@ def captured(monkeypatch) -> Captured:
     return cap
 
 
+@dataclass
+class Workers:
+    run_dir: Path
+    executor: parallel.ProcessExecutor
+
+
 @pytest.fixture()
 def workers(monkeypatch, tmp_path):
     """Two worker processes (so the chunk functions really cross a process boundary), an
     empty working directory that is also TMPDIR and HOME; the pool is gone afterwards."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    parallel.shutdown()
-    monkeypatch.setenv("PPRE_WORKERS", "2")
     for var in ("TMPDIR", "HOME"):
         monkeypatch.setenv(var, str(run_dir))
     monkeypatch.setattr(tempfile, "tempdir", None)
     monkeypatch.chdir(run_dir)
+    executor = parallel.ProcessExecutor(2)
     try:
-        yield run_dir
+        yield Workers(run_dir, executor)
     finally:
-        parallel.shutdown()
+        executor.shutdown()
 
 
 def _leaks(text: str, needles: dict[str, str]) -> list[str]:
@@ -235,27 +241,28 @@ def test_worker_tasks_carry_no_private_key(monkeypatch, captured, workers, recip
     to bytes holding no q, lambda, phi, commutative scalar, AES key or salt; p travels only
     inside the client's `ModPDecryption` tasks, and no `PrivateKey` travels at all."""
     calls = []
-    real = parallel.run_chunks
+    executor = workers.executor
+    real = executor.submit
 
-    def spy(fn, argument_tuples, **kw):
-        calls.append((fn, pickle.dumps((fn, list(argument_tuples)))))
-        return real(fn, argument_tuples, **kw)
-    monkeypatch.setattr(parallel, "run_chunks", spy)
+    def spy(fn, *args):  # every chunk that crosses to a worker goes through submit
+        calls.append((fn, pickle.dumps((fn, args))))
+        return real(fn, *args)
+    monkeypatch.setattr(executor, "submit", spy)
     tester, client = make_inputs(150, 130, 120, seed=17)
     spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=20, seed=1, result_recipient=recipient)
-    t = TesterSession(spec, tester, min_modulus_bits=TEST_BITS)
+    t = TesterSession(spec, tester, min_modulus_bits=TEST_BITS, executor=executor)
     c = client_protocol.ClientSession(lambda name, metric: client.copy(), modulus_bits=TEST_BITS,
-                                      allow_insecure=True)
+                                      allow_insecure=True, executor=executor)
     try:
         run_sessions(t, c)
     finally:
         t.close()
         c.close()
     assert t.result is not None
-    assert parallel._pool is not None  # the chunks really went to worker processes
+    assert executor.started  # the chunks really went to worker processes
     assert len(captured.paillier) == 1 and calls
     decrypting = [fn for fn, _ in calls if isinstance(fn, paillier.ModPDecryption)]
-    assert len(decrypting) == 1, [type(fn).__name__ for fn, _ in calls]
+    assert decrypting, [type(fn).__name__ for fn, _ in calls]
     key = captured.paillier[0]
     never = {k: v for k, v in captured.key_ints().items() if k.startswith(("q", "lambda", "phi"))}
     assert len(never) == 3
@@ -309,7 +316,7 @@ def test_no_key_material_in_debug_logs_output_files_or_reprs(monkeypatch, tmp_pa
     monkeypatch.setattr(client_protocol.ClientSession, "_finish", finish)
     with local_services(lambda: read_probability_table(tp), DatasetRegistry(named={"ero": cp}),
                         modulus_bits=TEST_BITS, allow_insecure=True,
-                        release=ReleasePolicy(budget=math.inf)) as svc:
+                        release=ReleasePolicy(budget=math.inf), executor=workers.executor) as svc:
         def idle():
             return svc.client_servicer.active_sessions == 0 and svc.tester_config.sessions == []
         for recipient in ("client", "tester"):
@@ -337,7 +344,7 @@ def test_no_key_material_in_debug_logs_output_files_or_reprs(monkeypatch, tmp_pa
     assert not _leaks(logs, needles)
     assert not _leaks(out + err, needles)
     assert not _leaks("\n".join(errors), needles)
-    assert [p for p in workers.rglob("*")] == []
+    assert [p for p in workers.run_dir.rglob("*")] == []
     assert not _leaks("\n".join(snapshots), captured.key_text())
     # the search would see them: a factor in hex, a scalar in base64, a salt as bytes
     assert _leaks(f"x {captured.paillier[0].q:x} y", needles)
@@ -356,9 +363,9 @@ def test_protocol_errors_carry_no_secret_and_no_member_data(captured, workers):
     spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=20, seed=3)
 
     def run(tamper) -> PPREError:
-        t = TesterSession(spec, tester, min_modulus_bits=TEST_BITS)
+        t = TesterSession(spec, tester, min_modulus_bits=TEST_BITS, executor=workers.executor)
         c = client_protocol.ClientSession(lambda name, metric: client.copy(), modulus_bits=TEST_BITS,
-                                          allow_insecure=True)
+                                          allow_insecure=True, executor=workers.executor)
         try:
             with pytest.raises(PPREError) as info:
                 run_sessions(t, c, tap=lambda direction, msg: tamper(msg))

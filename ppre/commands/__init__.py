@@ -19,6 +19,24 @@ def add_service_arguments(s: argparse.ArgumentParser) -> None:
                    help="longest wait for the peer's next message (env PPRE_PEER_TIMEOUT, default 600)")
     s.add_argument("--max-sessions", type=int, default=env("PPRE_MAX_SESSIONS", "4"), metavar="N",
                    help="most audits at once; more are refused (env PPRE_MAX_SESSIONS, default 4)")
+    add_executor_argument(s)
+
+
+def add_executor_argument(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--executor", default=None, metavar="SPEC",
+                   help="where the per-row work runs: processes (default: PPRE_WORKERS or one per CPU), "
+                        "processes:N, inline, or dask://HOST:PORT (a Dask scheduler) (env PPRE_EXECUTOR)")
+
+
+def make_executor(args: argparse.Namespace):
+    """The service's executor (`common.parallel`), started now: a local pool's workers
+    are ready before the first audit, a Dask cluster is checked before anything listens."""
+    from common import parallel
+    executor = parallel.executor_from_spec(args.executor)
+    start = getattr(executor, "start", None)
+    if start is not None:
+        start()
+    return executor
 
 
 class _Names(argparse.Action):
@@ -102,12 +120,10 @@ def link_settings(args: argparse.Namespace):
     return LinkSettings.from_env(peer_timeout_s=args.peer_timeout)
 
 
-def serve_forever(server, servicer) -> int:
+def serve_forever(server, servicer, executor=None) -> int:
     """Block until SIGTERM/SIGINT, then shut down within about 10 s: health NOT_SERVING,
     no new audit, running sessions ended with a "shutting down" error to the operator
     and the peer, gRPC stopped, worker processes terminated."""
-    from common import parallel
-
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -118,5 +134,6 @@ def serve_forever(server, servicer) -> int:
         pass
     servicer.shutdown(SHUTDOWN_SESSIONS_S)
     server.stop(grace=SHUTDOWN_GRACE_S).wait(SHUTDOWN_GRACE_S + 1)  # bounded: never hang on a stuck call
-    parallel.shutdown(wait=False)
+    if executor is not None:
+        executor.shutdown(wait=False)
     return 0

@@ -19,7 +19,7 @@ from common.bootstrap import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES
 from common.errors import InputError
 from common.metrics import METRICS
 from common.results import DEFAULT_TAU
-from ppre.commands import add_tls_arguments, tls_identity
+from ppre.commands import add_executor_argument, add_tls_arguments, tls_identity
 from ppre.commands.tester import (add_preparation_arguments, add_release_arguments, preparation_config,
                                   release_settings)
 
@@ -72,6 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_preparation_arguments(s, prefix="tester-")
     add_release_arguments(s, local=True)
     s.add_argument("--timeout", type=float, default=3600.0)
+    add_executor_argument(s)
     add_tls_arguments(s, "operator")
     s.add_argument("--tester-identity", default=os.environ.get("PPRE_TESTER_IDENTITY", "tester.ppre.local"),
                    metavar="NAME", help="the identity the Tester's certificate must carry, whatever address "
@@ -123,10 +124,15 @@ def run(args: argparse.Namespace) -> int:
             from common.tls import INSECURE_WARNING
             print(INSECURE_WARNING, file=sys.stderr, flush=True)
         release, accountant = release_settings(args, local=True)
-        with local_services(load, registry, tls=not args.insecure, release=release,
-                            accountant=accountant) as services:
-            event = run_audit(services.tester_address, request, timeout=args.timeout, on_progress=_progress(args),
-                              tls=services.operator_tls)
+        from ppre.commands import make_executor
+        executor = make_executor(args)  # one pool for both local services
+        try:
+            with local_services(load, registry, tls=not args.insecure, release=release,
+                                accountant=accountant, executor=executor) as services:
+                event = run_audit(services.tester_address, request, timeout=args.timeout,
+                                  on_progress=_progress(args), tls=services.operator_tls)
+        finally:
+            executor.shutdown(wait=False)
     else:
         if not args.tester or not args.client_dataset:
             raise InputError("give --tester and --client-dataset (or --local)", parameter="--tester")

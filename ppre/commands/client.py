@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from client_service.datasets import DatasetRegistry
     from client_service.server import ClientConfig, serve
-    from ppre.commands import serve_forever
+    from ppre.commands import make_executor, serve_forever
     from common.memory import protect_process
 
     protect_process()  # SPEC 7: a crash must not write keys or tables to disk (no core dumps)
@@ -47,10 +47,10 @@ def run(args: argparse.Namespace) -> int:
     tls = tls_identity(args)
     registry = DatasetRegistry(args.data_dir, _named(args.dataset))
     config = ClientConfig(registry, settings=link_settings(args), max_sessions=args.max_sessions, tls=tls,
-                          allowed_testers=parse_names(args.allow_tester))
+                          allowed_testers=parse_names(args.allow_tester), executor=make_executor(args))
     server, port, servicer = serve(config, args.port, args.host)
     security = (f"mutual TLS as {tls.identity}; Testers allowed: {', '.join(config.allowed_testers)}"
                 if tls is not None else "INSECURE plaintext")
     print(f"client serving on {args.host}:{port}; datasets: {', '.join(registry.names()) or 'none'}; {security}",
           flush=True)
-    return serve_forever(server, servicer)
+    return serve_forever(server, servicer, config.executor)

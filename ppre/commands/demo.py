@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from common.bootstrap import DEFAULT_REPLICATES
+from ppre.commands import add_executor_argument
 
 #: the paper's production clipping threshold; the 90% rule is the service default
 DEMO_THRESHOLD = 0.825
@@ -30,6 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--bootstrap", type=int, default=DEFAULT_REPLICATES)
     s.add_argument("--disparity", type=float, default=0.10, help="extra FPR injected for black members")
     s.add_argument("--seed", type=int, default=4)
+    add_executor_argument(s)
     s.add_argument("--write-data", metavar="DIR", help="write the compose example data and exit")
     s.add_argument("--insecure", action="store_true",
                    help="plaintext gRPC between the demo's services (default: mutual TLS, in-memory CA)")
@@ -74,10 +76,16 @@ def run(args: argparse.Namespace) -> int:
         members, self_id, outputs = write_inputs(data, Path(tmp) / "tester", Path(tmp) / "client")
         request = pb.AuditRequest(metric="ero", client_dataset="ero", bootstrap=args.bootstrap, confidence=0.95,
                                   has_seed=True, seed=args.seed)
-        with local_services(lambda: prepare_from_files(members, self_id, preparation),
-                            DatasetRegistry(named={"ero": outputs}), tls=not args.insecure) as svc:
-            event = run_audit(svc.tester_address, request, tls=svc.operator_tls, on_progress=lambda p: print(
-                f"  [{p.elapsed_s:6.1f}s] {p.phase}: {p.message}", flush=True))
+        from ppre.commands import make_executor
+        executor = make_executor(args)
+        try:
+            with local_services(lambda: prepare_from_files(members, self_id, preparation),
+                                DatasetRegistry(named={"ero": outputs}), tls=not args.insecure,
+                                executor=executor) as svc:
+                event = run_audit(svc.tester_address, request, tls=svc.operator_tls, on_progress=lambda p: print(
+                    f"  [{p.elapsed_s:6.1f}s] {p.phase}: {p.message}", flush=True))
+        finally:
+            executor.shutdown(wait=False)
     if event.WhichOneof("event") != "result":
         print(f"demo audit failed ({event.error.code}): {event.error.message}", file=sys.stderr)
         return 1

@@ -116,7 +116,7 @@ def preparation_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppre.commands import serve_forever
+    from ppre.commands import make_executor, serve_forever
     from common.memory import protect_process
 
     protect_process()  # SPEC 7: a crash must not write keys or tables to disk (no core dumps)
@@ -130,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     service = dict(n_buckets=args.buckets, settings=link_settings(args), max_sessions=args.max_sessions,
                    audit_log=AuditLog(args.audit_log) if args.audit_log else None, tls=tls,
                    allowed_operators=parse_names(args.allow_operator), client_name=args.client_identity)
+    service["executor"] = make_executor(args)
     service["release"], service["accountant"] = release_settings(args)
     if args.probabilities:
         mapping = preparation_config(args).group_mapping
@@ -143,4 +144,4 @@ def run(args: argparse.Namespace) -> int:
     security = (f"mutual TLS as {tls.identity}; operators allowed: {', '.join(config.allowed_operators)}; "
                 f"Test-Client identity {config.client_name}" if tls is not None else "INSECURE plaintext")
     print(f"tester serving on {args.host}:{port}; Test-Client at {args.client}; {security}", flush=True)
-    return serve_forever(server, servicer)
+    return serve_forever(server, servicer, config.executor)
