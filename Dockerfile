@@ -3,6 +3,9 @@
 #   docker build -t ppre .
 #   docker run --rm ppre                       # ppre --help
 #   docker compose up -d                       # see docker-compose.yml
+#   docker compose --profile dask up -d        # + a Dask scheduler and workers from this image
+#                                              #   (`dask` comes with the dependencies; README
+#                                              #   "Running the per-row work on a Dask cluster")
 #
 # The project is installed with pip from pyproject.toml into a virtual environment at
 # /opt/ppre; the generated gRPC stubs (proto/*_pb2*.py) are committed, so no

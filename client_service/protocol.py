@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import enum
 import json
-import random
 import secrets
 from functools import partial
 from typing import Callable, Iterable, Iterator
@@ -41,6 +40,19 @@ PROTOCOL_VERSION = validation.PROTOCOL_VERSION
 DatasetLoader = Callable[[str, Metric], pd.DataFrame]
 #: own ids hashed and encrypted per step of step 4 (a checkpoint and a progress report each)
 ID_STEP_ROWS = 32_768
+
+
+def secret_permutation(n: int) -> np.ndarray:
+    """A uniformly random order of n rows from the OS's secret randomness: the ranks of
+    fresh 64-bit random keys (ties, with probability below n^2 / 2^65, only keep two
+    rows in their original order)."""
+    return np.argsort(np.frombuffer(secrets.token_bytes(8 * n), dtype=np.uint64), kind="stable")
+
+
+def _call(task, *args):
+    """Run a narrow key task (`PrivateKey.encrypt_task()`) on its arguments: a top-level
+    function, so that an executor can send it to a worker process."""
+    return task(*args)
 
 
 class Phase(enum.Enum):
@@ -92,7 +104,9 @@ class ClientSession:
         self._strata: np.ndarray | None = None
         self._salt: bytes | None = None
         self._reader: wire.TableReader | None = None
-        self._doubled: list[bytes] = []
+        self._own_points: list | None = None  # futures: each distinct member's Com.Enc_sk2(RO(id))
+        self._own_codes: np.ndarray | None = None  # per id slot of every row: its distinct member
+        self._doubled: list = []  # futures: the Tester's points, doubly encrypted, per chunk
         self._sealed: list[bytes] = []
         self._header: pb.AggregatesHeader | None = None
         self._aggregates: list[int] = []
@@ -116,6 +130,10 @@ class ClientSession:
         self._values = None
         self._units = None
         self._strata = None
+        for future in self._doubled + (self._own_points or []):
+            future.cancel()
+        self._own_points = None
+        self._own_codes = None
         self._doubled = []
         self._sealed = []
         self._aggregates = []
@@ -150,9 +168,7 @@ class ClientSession:
         self._info = dict(rows.info)
         self._strata_labels = tuple(rows.strata_labels)
         # own rows in random order (never the file's order); units to random buckets
-        order = list(range(n))
-        random.SystemRandom().shuffle(order)
-        order = np.asarray(order, dtype=np.int64)
+        order = secret_permutation(n)
         self._ids = [np.asarray(ids, dtype=object)[order] for ids in rows.ids]
         if metric.resampling == "unit":
             keys, inverse = np.unique(rows.units[order], return_inverse=True)
@@ -187,16 +203,40 @@ class ClientSession:
         share = secrets.token_bytes(32)
         self._salt = commutative.session_salt(hello.salt_share, share)
         ack.salt_share = share
+        self._start_own_ids()
         self.phase = Phase.WAIT_TESTER_ROWS
         self._reader = wire.TableReader(wire.tester_rows(hello.sealed_width))
         self._lap("keygen_and_load")
         return [pb.PeerMessage(hello_ack=ack)]
 
     # ---------------------------------------------------------------- steps 3-4
+    def _start_own_ids(self) -> None:
+        """Step 4's ids, started as soon as the salt is known, so that the executor works
+        on them while the Tester's rows arrive: Com.Enc_sk2(RO(id)) of each distinct
+        member once (`_own_codes` maps every id slot of every row to it)."""
+        n_ids = len(self._ids)
+        flat = np.empty(len(self._ids[0]) * n_ids, dtype=object)
+        for s, ids in enumerate(self._ids):
+            flat[s::n_ids] = ids
+        self._ids = None
+        codes, unique = pd.factorize(pd.Series(flat, dtype=object))
+        del flat
+        self._own_codes = codes
+        unique = [str(u) for u in unique]
+        hash_task, multiply = self._salt.hash_task(), self._com_key.multiply_task()
+        self._own_points = [self._executor.submit(commutative.encrypt_ids, hash_task, multiply,
+                                                  unique[start:start + ID_STEP_ROWS])
+                            for start in range(0, len(unique), ID_STEP_ROWS)]
+
     def _on_chunk(self, chunk: pb.TableChunk, rows: validation.Rows) -> list[pb.PeerMessage]:
         if self.phase is Phase.WAIT_TESTER_ROWS:
-            doubled = self._com_key.encrypt_points(rows.points)
-            self._doubled.append(doubled)
+            # step 3 on the executor, while the next chunks arrive (the points were checked
+            # by the gate, common.validation; the task checks them again where it runs)
+            first = self._reader.rows - chunk.rows
+            future = self._executor.submit(self._com_key.multiply_task(), chunk.points, first)
+            if future.done():
+                future.result()  # a chunk that failed already (e.g. inline) fails the session now
+            self._doubled.append(future)
             self._sealed.append(chunk.sealed)
             self._progress("double_encrypt", self._reader.rows, 0)
         else:
@@ -210,77 +250,85 @@ class ClientSession:
             return self._square()
         return self._finish()
 
-    def _encrypt_own_ids(self) -> bytes:
-        """Com.Enc_sk2(RO(id)) of every id slot of every row, each distinct member once."""
-        n = len(self._ids[0])
-        n_ids = len(self._ids)
-        flat = np.empty(n * n_ids, dtype=object)
-        for s, ids in enumerate(self._ids):
-            flat[s::n_ids] = ids
-        codes, unique = pd.factorize(pd.Series(flat, dtype=object))
-        unique = [str(u) for u in unique]
+    def _wait(self, futures: list, phase: str) -> bytes:
+        """The results of `futures`, in order, joined; a progress tick (and the session's
+        checkpoint) after each."""
         parts = []
-        for start in range(0, len(unique), ID_STEP_ROWS):
-            stop = min(len(unique), start + ID_STEP_ROWS)
-            hashed = commutative.hash_ids(self._salt, unique[start:stop])
-            parts.append(self._com_key.encrypt_points(commutative.split_points(hashed)))
-            self._tick("encrypt_ids", stop, len(unique))
-        encrypted = commutative.split_points(b"".join(parts))
-        del parts, unique
-        return b"".join(encrypted[c] for c in codes)
+        for i, future in enumerate(futures):
+            parts.append(future.result())
+            self._tick(phase, i + 1, len(futures))
+        return b"".join(parts)
 
     def _send_tables(self) -> Iterator[pb.PeerMessage]:
-        self._progress("shuffle", 0, 0)
-        points = commutative.split_points(b"".join(self._doubled))
         width = self._reader.layout.sealed
-        sealed = b"".join(self._sealed)
-        self._doubled, self._sealed = [], []
-        order = list(range(len(points)))
-        random.SystemRandom().shuffle(order)
-        shuffled_points = b"".join(points[i] for i in order)
-        shuffled_sealed = b"".join(sealed[i * width:(i + 1) * width] for i in order)
+        doubled, self._doubled = self._doubled, []
+        points = np.frombuffer(self._wait(doubled, "double_encrypt"), dtype=f"V{commutative.POINT_BYTES}")
+        sealed = np.frombuffer(b"".join(self._sealed), dtype=f"V{width}") if width else None
+        self._sealed = []
+        self._progress("shuffle", 0, 0)
+        n_tester = len(points)
+        order = secret_permutation(n_tester)
+        shuffled_points = points[order].tobytes()
+        shuffled_sealed = sealed[order].tobytes() if sealed is not None else b""
         del points, sealed, order
         self._lap("psi_double_encrypt_and_shuffle")
-        n_tester = len(shuffled_points) // commutative.POINT_BYTES
         yield from wire.table_messages(wire.shuffled_rows(width), n_tester, points=shuffled_points,
                                        sealed=shuffled_sealed)
         del shuffled_points, shuffled_sealed
 
         metric = self._metric
-        n = len(self._ids[0])
-        own_points = self._encrypt_own_ids()
-        self._ids = None
+        codes, self._own_codes = self._own_codes, None
+        futures, self._own_points = self._own_points, []
+        encrypted = np.frombuffer(self._wait(futures, "encrypt_ids"), dtype=f"V{commutative.POINT_BYTES}")
+        own_points = encrypted[codes].tobytes()  # every id slot of every row, row-major
+        del encrypted, codes
         self._com_key = None  # SPEC 7: no longer needed once both tables are encrypted
         self._lap("psi_encrypt_own_ids")
-        columns = {"points": own_points}
-        if self._units is not None:
-            columns["units"] = wire.pack_indices(self._units)
-        if self._strata is not None:
-            columns["strata"] = wire.pack_indices(self._strata)
+        n_ids = metric.n_ids
+        n = len(own_points) // (commutative.POINT_BYTES * n_ids)
+        units, strata = self._units, self._strata
         self._units = self._strata = None
-        width = 0
-        n_cts = 0
+        width = n_cts = 0
         if metric.needs_he:
-            pub = self._paillier.public
-            # signed encoding (SPEC 4): a packed value whose top slot is negative is x + n
-            values = [v % pub.n if v < 0 else v for v in self._values]
-            self._values = None
-            step = wire.rows_per_chunk(pub.ciphertext_bytes)
-            tasks = [(pub.n, pub.h, values[i:i + step]) for i in range(0, len(values), step)]
-            if len(tasks) < self._executor.chunk_count():
-                tasks = [(pub.n, pub.h, part) for part in parallel.split(values, self._executor.chunk_count())]
-            ticks = chunk_ticks(len(tasks), partial(self._tick, "he_encrypt"))
-            cts = [c for part in self._executor.run_chunks(paillier.encrypt_chunk, tasks, checkpoint=ticks) for c in part]
-            del values
-            self._lap("he_encrypt_values")
-            width, n_cts = pub.ciphertext_bytes, self._layout.n_ciphertexts
-            columns["ciphertexts"] = paillier.ciphertexts_to_bytes(cts, width)
-            del cts
+            width, n_cts = self._paillier.public.ciphertext_bytes, self._layout.n_ciphertexts
             self.phase = Phase.WAIT_SQUARE_REQUEST if metric.needs_squares else Phase.WAIT_AGGREGATES_HEADER
             if metric.needs_squares:
                 self._reader = wire.TableReader(wire.ciphertext_table(pb.SQUARE_REQUEST, width))
-        layout = wire.client_rows(metric.n_ids, n_cts, width, units="units" in columns, strata="strata" in columns)
-        yield from wire.table_messages(layout, n, **columns)
+        layout = wire.client_rows(n_ids, n_cts, width, units=units is not None, strata=strata is not None)
+        step = wire.rows_per_chunk(layout.row_bytes)
+        starts = range(0, n, step)
+
+        def columns(start: int, stop: int) -> dict[str, bytes]:
+            cols = {"points": own_points[start * n_ids * commutative.POINT_BYTES:stop * n_ids * commutative.POINT_BYTES]}
+            if units is not None:
+                cols["units"] = wire.pack_indices(units[start:stop])
+            if strata is not None:
+                cols["strata"] = wire.pack_indices(strata[start:stop])
+            return cols
+
+        if metric.needs_he:
+            # HE.Enc of each chunk's values on the executor, sent as each chunk is ready
+            # (the Tester joins one chunk while the next ones are encrypted)
+            pub = self._paillier.public
+            encrypt = self._paillier.encrypt_task()
+            # signed encoding (SPEC 4): a packed value whose top slot is negative is x + n
+            values = [v % pub.n if v < 0 else v for v in self._values]
+            self._values = None
+            tasks = ((encrypt, values[a * n_cts:min(n, a + step) * n_cts]) for a in starts)
+            done = 0
+            for a, cts in zip(starts, self._executor.stream(_call, tasks)):
+                b = min(n, a + step)
+                yield from wire.chunk_messages(layout, b - a, ciphertexts=cts, **columns(a, b))
+                done = b
+                self._tick("he_encrypt", done, n)
+            del values, encrypt
+            self._lap("he_encrypt_values")
+        else:
+            for a in starts:
+                b = min(n, a + step)
+                yield from wire.chunk_messages(layout, b - a, **columns(a, b))
+        yield wire.table_end(layout, n)
+        del own_points
         if not metric.needs_he:
             # nothing more to do: P1 computes the statistic from the joined rows alone
             self.phase = Phase.DONE

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import gmpy2
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -53,9 +54,13 @@ class SessionSalt(bytes):
         return format(repr(self), spec)
 
     def __reduce_ex__(self, protocol):
-        raise TypeError("the session salt is never serialised")
+        raise TypeError("the session salt is never serialised (use hash_task() for a worker)")
 
     __reduce__ = __reduce_ex__
+
+    def hash_task(self) -> "HashToCurve":
+        """RO for worker processes: the one operation, picklable, printing no secret."""
+        return HashToCurve(bytes(self))
 
 
 def session_salt(tester_share: bytes, client_share: bytes) -> SessionSalt:
@@ -81,14 +86,42 @@ def hash_ids(salt: bytes, member_ids: list[str]) -> bytes:
     return b"".join(hash_to_curve(salt, m) for m in member_ids)
 
 
+class HashToCurve:
+    """RO(id) over a chunk of ids, as a task an executor can send to a worker process
+    (`common.parallel`): carries the session salt and nothing else. Deliberately
+    picklable (built for workers); prints no secret."""
+
+    __slots__ = ("_salt",)
+
+    def __init__(self, salt: bytes) -> None:
+        self._salt = bytes(salt)
+
+    def __repr__(self) -> str:
+        return "HashToCurve(<secret>)"
+
+    __str__ = __repr__
+
+    def __reduce__(self):
+        return (HashToCurve, (self._salt,))
+
+    def __call__(self, member_ids: Sequence[str]) -> bytes:
+        return hash_ids(self._salt, member_ids)
+
+
+def encrypt_ids(hash_task: HashToCurve, multiply: "ScalarMultiplication", member_ids: Sequence[str]) -> bytes:
+    """Com.Enc_sk(RO(id)) for a chunk of ids, packed (one worker task for both steps)."""
+    return multiply.points(split_points(hash_task(member_ids)))
+
+
 def split_points(packed: bytes) -> list[bytes]:
     if len(packed) % POINT_BYTES:
         raise ProtocolError(f"point table of {len(packed)} bytes is not a multiple of {POINT_BYTES}")
     return [packed[i:i + POINT_BYTES] for i in range(0, len(packed), POINT_BYTES)]
 
 
-def validate_points(packed: bytes) -> list[bytes]:
-    """Check a peer's packed points: canonical, on the curve, not the identity.
+def validate_points(packed: bytes, first: int = 0) -> list[bytes]:
+    """Check a peer's packed points: canonical, on the curve, not the identity (`first`:
+    the index of the first point, for the error message).
 
     Small-order points are rejected later by X25519 itself (all-zero output), which
     `CommutativeKey.encrypt` turns into a ProtocolError.
@@ -97,9 +130,9 @@ def validate_points(packed: bytes) -> list[bytes]:
     for i, pt in enumerate(points):
         u = int.from_bytes(pt, "little")
         if u >= P:
-            raise ProtocolError(f"point {i} is not canonically encoded")
+            raise ProtocolError(f"point {first + i} is not canonically encoded")
         if u < 2 or not _on_curve(u):
-            raise ProtocolError(f"point {i} is not on Curve25519")
+            raise ProtocolError(f"point {first + i} is not on Curve25519")
     return points
 
 
@@ -119,20 +152,57 @@ class CommutativeKey:
     __str__ = __repr__
 
     def __reduce__(self):
-        raise TypeError("a commutative key is never serialised")
+        raise TypeError("a commutative key is never serialised (use multiply_task() for a worker)")
+
+    def multiply_task(self) -> "ScalarMultiplication":
+        """Com.Enc_sk for worker processes: the one operation, picklable, printing no secret
+        (the scalar travels to the worker through the executor, in memory only)."""
+        return ScalarMultiplication(self._key.private_bytes_raw())
 
     def encrypt_points(self, points: list[bytes]) -> bytes:
         """Com.Enc_sk on already validated points; returns packed points."""
-        out = bytearray()
-        exchange = self._key.exchange
-        from_bytes = X25519PublicKey.from_public_bytes
-        for i, pt in enumerate(points):
-            try:
-                out += exchange(from_bytes(pt))
-            except ValueError as exc:  # small-order point -> all-zero shared value
-                raise ProtocolError(f"point {i} has small order") from exc
-        return bytes(out)
+        return _multiply(self._key, points)
 
     def encrypt_packed(self, packed: bytes) -> bytes:
         """Validate a peer's packed points and encrypt them."""
         return self.encrypt_points(validate_points(packed))
+
+
+def _multiply(key: X25519PrivateKey, points: Sequence[bytes], first: int = 0) -> bytes:
+    out = bytearray()
+    exchange = key.exchange
+    from_bytes = X25519PublicKey.from_public_bytes
+    for i, pt in enumerate(points):
+        try:
+            out += exchange(from_bytes(pt))
+        except ValueError as exc:  # small-order point -> all-zero shared value
+            raise ProtocolError(f"point {first + i} has small order") from exc
+    return bytes(out)
+
+
+class ScalarMultiplication:
+    """Com.Enc_sk as a task an executor can send to a worker process: carries the X25519
+    scalar and nothing else. Deliberately picklable (built for workers); prints no secret."""
+
+    __slots__ = ("_scalar", "_key")
+
+    def __init__(self, scalar: bytes) -> None:
+        self._scalar = bytes(scalar)
+        self._key = X25519PrivateKey.from_private_bytes(self._scalar)
+
+    def __repr__(self) -> str:
+        return "ScalarMultiplication(<X25519 scalar, secret>)"
+
+    __str__ = __repr__
+
+    def __reduce__(self):
+        return (ScalarMultiplication, (self._scalar,))
+
+    def points(self, points: Sequence[bytes]) -> bytes:
+        """[sk]P for points we made ourselves (already on the curve)."""
+        return _multiply(self._key, points)
+
+    def __call__(self, packed: bytes, first: int = 0) -> bytes:
+        """Validate a peer's packed points (`validate_points`; `first`: the index of the
+        chunk's first point, for the error message) and multiply them: packed result."""
+        return _multiply(self._key, validate_points(packed, first), first)

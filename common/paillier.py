@@ -110,6 +110,12 @@ class PrivateKey:
         `decrypt_task(signed=True)`)."""
         return decrypt_mod_p_chunk(self.p, self.q, list(ciphertexts))
 
+    def encrypt_task(self) -> "OwnerEncryption":
+        """The key owner's encryption (CRT, about twice as fast as `encrypt_chunk`) as a
+        picklable task for worker processes: `task(plaintexts)` -> packed ciphertexts."""
+        return OwnerEncryption(self.p, self.q, self.public.h, secrets.token_bytes(16),
+                               self.public.ciphertext_bytes)
+
     def decrypt_task(self, *, signed: bool = False) -> "ModPDecryption":
         """The narrow, picklable operation a worker process runs on a chunk of ciphertexts
         (module docstring): `task(ciphertexts)` is m mod p for each, or with `signed` the
@@ -219,6 +225,76 @@ def encrypt_chunk(n: int, h: int, plaintexts: Sequence[int]) -> list[int]:
             raise ValueError("plaintext out of range: encode it first")
         out.append(int((1 + m * n_) % n2 * table.pow(secrets.randbits(RANDOMIZER_BITS)) % n2))
     return out
+
+
+def encrypt_packed_chunk(n: int, h: int, plaintexts: Sequence[int], width: int) -> bytes:
+    """`encrypt_chunk`, returned as packed big-endian ciphertexts of `width` bytes (what
+    crosses the wire; cheaper to return from a worker than a list of integers)."""
+    return ciphertexts_to_bytes(encrypt_chunk(n, h, plaintexts), width)
+
+
+#: window of the key owner's fixed-base tables (one per prime square; 2^w entries per
+#: row, ceil(RANDOMIZER_BITS / w) rows: 47 x 2048 x 256 bytes x 2 = 49 MB at 2048 bits)
+OWNER_WINDOW = 11
+#: the owner's tables of the current session, per worker process: {session token: tables}
+_owner_tables: dict[bytes, tuple] = {}
+
+
+class OwnerEncryption:
+    """Encryption by the key owner, as a task an executor can send to a worker process
+    (`PrivateKey.encrypt_task()`): the same ciphertexts as `encrypt_chunk` (g = n + 1,
+    randomizer h^alpha with a fresh `RANDOMIZER_BITS`-bit alpha), computed modulo p^2
+    and q^2 with fixed-base tables of h there and joined by the CRT: 2048-bit products
+    instead of 4096-bit ones, about half the cost.
+
+    It carries p and q (the whole private key, as `ModPDecryption` carries p, which
+    factors n anyway): deliberately picklable, built for workers, printing no secret. A
+    worker keeps the tables of one session only (`_owner_tables`): the next session's
+    task replaces them, and they die with the worker."""
+
+    __slots__ = ("_p", "_q", "_h", "_token", "_width", "_bits")
+
+    def __init__(self, p: int, q: int, h: int, token: bytes, width: int) -> None:
+        self._p, self._q, self._h = int(p), int(q), int(h)
+        self._token = token
+        self._width = int(width)
+        self._bits = (self._p * self._q).bit_length()
+
+    def __repr__(self) -> str:
+        return f"OwnerEncryption(<{self._bits}-bit, secret>)"
+
+    __str__ = __repr__
+
+    def __reduce__(self):
+        return (OwnerEncryption, (self._p, self._q, self._h, self._token, self._width))
+
+    def _tables(self) -> tuple:
+        tables = _owner_tables.get(self._token)
+        if tables is None:
+            _owner_tables.clear()  # never more than one session's tables in a process
+            p, q = mpz(self._p), mpz(self._q)
+            p2, q2 = p * p, q * q
+            tables = (p2, q2, p * q, FixedBase(self._h % p2, p2, window=OWNER_WINDOW),
+                      FixedBase(self._h % q2, q2, window=OWNER_WINDOW), gmpy2.invert(p2, q2))
+            _owner_tables[self._token] = tables
+        return tables
+
+    def __call__(self, plaintexts: Sequence[int]) -> bytes:
+        """Packed ciphertexts (big-endian, the key's ciphertext width) of `plaintexts`,
+        each already reduced mod n."""
+        p2, q2, n, tp, tq, p2_inv = self._tables()
+        width = self._width
+        out = bytearray()
+        for m in plaintexts:
+            if not 0 <= m < n:
+                raise ValueError("plaintext out of range: encode it first")
+            alpha = secrets.randbits(RANDOMIZER_BITS)
+            gm = 1 + m * n  # (1 + n)^m mod n^2
+            cp = gm % p2 * tp.pow(alpha) % p2
+            cq = gm % q2 * tq.pow(alpha) % q2
+            c = cp + p2 * ((cq - cp) * p2_inv % q2)
+            out += int(c).to_bytes(width, "big")
+        return bytes(out)
 
 
 def rerandomize_chunk(n: int, h: int, ciphertexts: Sequence[int]) -> list[int]:

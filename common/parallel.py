@@ -81,6 +81,9 @@ class _Done:
             raise self._error
         return self._value
 
+    def done(self) -> bool:
+        return True
+
     def cancel(self) -> bool:
         return False
 
@@ -95,7 +98,8 @@ class Executor:
     name: str = "inline"
 
     def submit(self, fn: Callable[..., Any], *args: Any):
-        """Start fn(*args); returns an object whose `result()` waits for it."""
+        """Start fn(*args); returns a future: `result()` waits for it, `done()` tells
+        whether it has finished, `cancel()` drops it if it has not started."""
         raise NotImplementedError
 
     def shutdown(self, wait: bool = True) -> None:

@@ -28,6 +28,14 @@ checks the content, and an error state sticks. In order:
    gcd(c, n) = 1), key sizes (`min_modulus_bits` .. `MAX_MODULUS_BITS`), resampling
    buckets and strata in range, the result and masked plaintexts against the audit.
 
+The two tables of a million rows whose points are multiplied by the receiver (the
+Tester's rows at the Test-Client, the Test-Client's rows at the Tester) are the one
+exception to "checked here": their points (and the Test-Client's ciphertexts) are
+checked by the same functions (`commutative.validate_points`, `check_ciphertexts`)
+inside the executor's task for each chunk, where the per-row work runs on all cores;
+the layout, the counts and the buckets and strata are still checked here as each chunk
+arrives, and a bad point or ciphertext fails the session the same way.
+
 The handler (`_on_<kind>(body, checked)` of each session) then uses what the validator
 returned and does not check again. Malformed content is a `ProtocolError` (the
 Test-Client's servicer ends the call with INVALID_ARGUMENT), a message at the wrong
@@ -335,12 +343,14 @@ class TesterInbound(Gate):
         layout = reader.layout
         if reader.table == pb.SQUARES:
             return Rows(ciphertexts=check_ciphertexts(chunk.ciphertexts, s._pub))
-        points = check_points(chunk.points)
         if reader.table == pb.SHUFFLED_ROWS:
+            points = check_points(chunk.points)
             if len(set(points)) != len(points) or any(pt in s._shuffled for pt in points):
                 raise ProtocolError("duplicate row in the shuffled table")
             return Rows(points=points)
-        cts = check_ciphertexts(chunk.ciphertexts, s._pub) if layout.ciphertexts else None
+        # the Test-Client's rows: their points and ciphertexts are checked on the executor,
+        # by the join's task for the chunk (`tester_service.protocol.double_client_chunk`:
+        # `validate_points` and `check_ciphertexts`), as the points are doubly encrypted
         units = wire.unpack_indices(chunk.units) if layout.units else None
         strata = wire.unpack_indices(chunk.strata) if layout.strata else None
         metric = s.metric
@@ -349,7 +359,7 @@ class TesterInbound(Gate):
             raise ProtocolError("a row's resampling bucket is out of range")
         if strata is not None and s._strata_labels and strata.size and strata.max() >= len(s._strata_labels):
             raise ProtocolError("a row's stratum is out of range")
-        return Rows(points=points, ciphertexts=cts, units=units, strata=strata)
+        return Rows(units=units, strata=strata)
 
     def _table_end(self, s, end: pb.TableEnd) -> None:
         s._reader.check_end(end, expected=self._expected_rows(s, s._reader.table))
@@ -444,7 +454,9 @@ class ClientInbound(Gate):
         at_most = MAX_SQUARES if reader.table == pb.SQUARE_REQUEST else wire.MAX_TABLE_ROWS
         reader.check_chunk(chunk, expected=self._expected_rows(s, reader.table), at_most=at_most)
         if reader.table == pb.TESTER_ROWS:
-            return Rows(points=check_points(chunk.points))
+            # the points are checked (`commutative.validate_points`) where they are
+            # multiplied, by the executor's task (`ScalarMultiplication`), chunk by chunk
+            return Rows()
         return Rows(ciphertexts=check_ciphertexts(chunk.ciphertexts, s._paillier.public))
 
     def _table_end(self, s, end: pb.TableEnd) -> None:

@@ -106,8 +106,9 @@ def unpack_indices(data: bytes):
     return np.frombuffer(data, dtype=">u4").astype(np.int64)
 
 
-def table_messages(layout: TableLayout, n_rows: int, **columns: bytes) -> Iterator[pb.PeerMessage]:
-    """Chunk packed columns (named as in COLUMNS) into PeerMessages, then a TableEnd."""
+def chunk_messages(layout: TableLayout, n_rows: int, **columns: bytes) -> Iterator[pb.PeerMessage]:
+    """Cut `n_rows` rows of packed columns (named as in COLUMNS) into TableChunk messages
+    of at most `CHUNK_BYTES`: one part of a table that is streamed as it is produced."""
     unknown = set(columns) - set(COLUMNS)
     if unknown:
         raise ValueError(f"unknown columns {sorted(unknown)}")
@@ -116,7 +117,16 @@ def table_messages(layout: TableLayout, n_rows: int, **columns: bytes) -> Iterat
         end = min(n_rows, start + step)
         parts = {c: columns.get(c, b"")[start * layout.width(c):end * layout.width(c)] for c in COLUMNS}
         yield pb.PeerMessage(chunk=pb.TableChunk(table=layout.table, rows=end - start, **parts))
-    yield pb.PeerMessage(table_end=pb.TableEnd(table=layout.table, rows=n_rows))
+
+
+def table_end(layout: TableLayout, n_rows: int) -> pb.PeerMessage:
+    return pb.PeerMessage(table_end=pb.TableEnd(table=layout.table, rows=n_rows))
+
+
+def table_messages(layout: TableLayout, n_rows: int, **columns: bytes) -> Iterator[pb.PeerMessage]:
+    """A whole table: its chunks, then a TableEnd."""
+    yield from chunk_messages(layout, n_rows, **columns)
+    yield table_end(layout, n_rows)
 
 
 @dataclass

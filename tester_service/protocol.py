@@ -23,6 +23,7 @@ just before anything leaves).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import math
@@ -89,6 +90,21 @@ class AuditSpec:
         if not self.tau > 0:
             raise InputError("must be positive", parameter="tau")
         return dataclasses.replace(self, metric_option=option, params=dict(self.params))
+
+
+#: chunks of the Test-Client's rows in flight on the executor at most (per worker: 2)
+JOIN_WINDOW = 4
+
+
+def double_client_chunk(multiply: commutative.ScalarMultiplication, points: bytes, first: int, ciphertexts: bytes,
+                        public_key: paillier.PublicKey | None) -> bytes:
+    """Step 5 for one chunk of the Test-Client's rows, on the executor: check its
+    ciphertexts (`common.validation.check_ciphertexts`) and return its points doubly
+    encrypted (the task checks them, `commutative.validate_points`). Top-level, so that
+    an executor can send it to a worker process."""
+    if ciphertexts:
+        validation.check_ciphertexts(ciphertexts, public_key)
+    return multiply(points, first)
 
 
 class Phase(enum.Enum):
@@ -177,6 +193,8 @@ class TesterSession:
         self._matched_units: list[np.ndarray] = []
         self._matched_strata: list[np.ndarray] = []
         self._reader: wire.TableReader | None = None
+        #: chunks of the Test-Client's rows being doubly encrypted on the executor, in order
+        self._pending: collections.deque = collections.deque()
         self._plan = None
         self._pads: list[AdditiveMask] | None = None
         self._masked_values: list[int] = []
@@ -205,6 +223,9 @@ class TesterSession:
         self._ids = None
         self._probabilities = None
         self._shuffled = None
+        for future, *_ in self._pending:
+            future.cancel()
+        self._pending = collections.deque()
         self._matched_sealed = []
         self._matched_cts = []
         self._matched_units = []
@@ -248,28 +269,33 @@ class TesterSession:
         salt = commutative.session_salt(self._salt_share, ack.salt_share)
         self._lap("handshake")
 
-        ids, probs = self._ids, self._probabilities
-        n = len(ids)
-        point_parts, sealed_parts = [], []
-        for start in range(0, n, UPLOAD_STEP_ROWS):
-            stop = min(n, start + UPLOAD_STEP_ROWS)
-            hashed = commutative.hash_ids(salt, ids[start:stop])
-            point_parts.append(self._com_key.encrypt_points(commutative.split_points(hashed)))
-            sealed_parts.append(self._sealer.seal_rows(probs[start:stop]))
-            self._tick("psi_upload", stop, n, f"{stop} of {n} rows encrypted")
-        points, sealed = b"".join(point_parts), b"".join(sealed_parts)
-        del point_parts, sealed_parts
-        # step 2 done: the plaintext table is dropped before anything is sent
-        self._ids = self._probabilities = None
-        del ids, probs
-        self._n_sent = n
-        self._lap("psi_tester_encrypt")
-        self._progress("psi_upload", f"sending {n} encrypted member rows")
         self.phase = Phase.WAIT_SHUFFLED
         width = sealed_width(len(self.groups))
         self._reader = wire.TableReader(wire.shuffled_rows(width))
         self._shuffled = {}
-        return wire.table_messages(wire.tester_rows(width), n, points=points, sealed=sealed)
+        return self._upload(salt, width)
+
+    def _upload(self, salt: commutative.SessionSalt, width: int) -> Iterator[pb.PeerMessage]:
+        """Step 2, streamed: each step's ids are hashed and encrypted on the executor while
+        the previous step's rows are sealed and sent; the plaintext table is dropped as
+        soon as its last row is encrypted."""
+        ids, probs = self._ids, self._probabilities
+        n = len(ids)
+        layout = wire.tester_rows(width)
+        starts = range(0, n, UPLOAD_STEP_ROWS)
+        tasks = ((salt.hash_task(), self._com_key.multiply_task(), ids[a:a + UPLOAD_STEP_ROWS]) for a in starts)
+        for a, points in zip(starts, self._executor.stream(commutative.encrypt_ids, tasks)):
+            b = min(n, a + UPLOAD_STEP_ROWS)
+            sealed = self._sealer.seal_rows(probs[a:b])
+            if b == n:  # step 2 done: the plaintext table is dropped
+                self._ids = self._probabilities = None
+                ids = probs = None
+            yield from wire.chunk_messages(layout, b - a, points=points, sealed=sealed)
+            self._tick("psi_upload", b, n, f"{b} of {n} rows encrypted and sent")
+        self._ids = self._probabilities = None
+        self._n_sent = n
+        self._lap("psi_tester_encrypt")
+        yield wire.table_end(layout, n)
 
     def _client_layout(self) -> wire.TableLayout:
         metric = self.metric
@@ -288,17 +314,24 @@ class TesterSession:
                 self._shuffled[pt] = chunk.sealed[i * width:(i + 1) * width]
             self._progress("psi_shuffled", "", self._reader.rows, self._n_sent)
             return []
-        self._join(chunk.rows, rows)
+        # step 5, one chunk: doubly encrypted (and checked) on the executor while the next
+        # chunks arrive; the chunks are joined in order as their points come back
+        first = self._reader.rows - chunk.rows
+        future = self._executor.submit(double_client_chunk, self._com_key.multiply_task(), chunk.points, first,
+                                       chunk.ciphertexts, self._pub)
+        self._pending.append((future, chunk.rows, chunk.ciphertexts, rows.units, rows.strata))
+        while self._pending and (len(self._pending) > self._executor.chunk_count(JOIN_WINDOW)
+                                 or self._pending[0][0].done()):
+            self._join(*self._pending.popleft())  # bounded: never more chunks held than the window
         self._progress("join", "", self._reader.rows, self._client_rows)
         return []
 
-    def _join(self, n_rows: int, rows: validation.Rows) -> None:
+    def _join(self, future, n_rows: int, ciphertexts: bytes, units, strata) -> None:
         """Step 5 for one chunk: a row is kept when every one of its members is among ours."""
         n_ids = self.metric.n_ids
-        doubled = commutative.split_points(self._com_key.encrypt_points(rows.points))
+        doubled = commutative.split_points(future.result())
         per_row = self._layout.n_ciphertexts if self._layout else 0
-        cts = rows.ciphertexts or []
-        units, strata = rows.units, rows.strata
+        width = self._pub.ciphertext_bytes if per_row else 0
         kept = []
         for r in range(n_rows):
             found = [self._shuffled.get(pt) for pt in doubled[r * n_ids:(r + 1) * n_ids]]
@@ -307,7 +340,9 @@ class TesterSession:
                 self._members.update(doubled[r * n_ids:(r + 1) * n_ids])
                 self._matched_sealed.append(found)
                 if per_row:
-                    self._matched_cts.append(cts[r * per_row:(r + 1) * per_row])
+                    start = r * per_row * width
+                    self._matched_cts.append([int.from_bytes(ciphertexts[start + t * width:start + (t + 1) * width],
+                                                             "big") for t in range(per_row)])
         if units is not None:
             self._matched_units.append(units[kept])
         if strata is not None:
@@ -321,6 +356,8 @@ class TesterSession:
             return []
         if self.phase is Phase.WAIT_SQUARES:
             return self._after_squares()
+        while self._pending:
+            self._join(*self._pending.popleft())
         # step 5: the join is complete; every id (and the unmatched rows) is deleted, and
         # the commutative key is no longer needed (SPEC 7: keys deleted as soon as possible)
         self._shuffled = None

@@ -101,7 +101,19 @@ def load_compose() -> dict:
 
 
 def services(compose: dict) -> dict[str, dict]:
-    return compose["services"]
+    """The default deployment's services: those of no profile (the optional `dask` profile's
+    cluster is tested by tests/test_dask.py)."""
+    return {name: svc for name, svc in compose["services"].items() if not svc.get("profiles")}
+
+
+_VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
+
+
+def interpolate(value: str, env: dict[str, str] | None = None) -> str:
+    """`${NAME}`, `${NAME:-default}` and `${NAME-default}` as Compose resolves them, from
+    `env` (default: the children's environment, which has no PPRE_ variable: the defaults)."""
+    env = child_env() if env is None else env
+    return _VARIABLE.sub(lambda m: env.get(m.group(1)) or (m.group(2) or ""), value)
 
 
 def container_ports(service: dict) -> list[int]:
@@ -437,7 +449,7 @@ class Stack:
         return value
 
     def service_env(self, name: str) -> dict[str, str]:
-        declared = {k: str(v) for k, v in (services(self.compose)[name].get("environment") or {}).items()}
+        declared = {k: interpolate(str(v)) for k, v in (services(self.compose)[name].get("environment") or {}).items()}
         env = {k: map_paths(v, self.mounts) for k, v in declared.items()}
         if self.mode == "loopback":
             ports = container_ports(services(self.compose)[name])
@@ -845,6 +857,7 @@ def docker_stack(request, tmp_path_factory):
     # reads its certificate; the image's user (uid 10001) must be able to write there.
     derived = copy.deepcopy(compose)
     derived.pop("volumes", None)
+    derived["services"] = services(derived)      # the default deployment only
     for svc in services(compose).values():  # every named volume: certificates, the Tester's state
         for source, target in volumes(svc):
             if source in (compose.get("volumes") or {}):
@@ -1042,7 +1055,7 @@ def test_compose_file_matches_the_cli(monkeypatch):
         assert isinstance(command, list) and command[0] == "ppre", f"{name}: list-form `ppre ...` command"
         env = svc.get("environment")
         assert isinstance(env, dict), f"{name}: mapping-form environment"
-        env = {k: str(v) for k, v in env.items()}
+        env = {k: interpolate(str(v)) for k, v in env.items()}
 
         # The command parses, with the declared environment, to a runnable sub-command.
         args = _parse(command[1:], env, monkeypatch)
@@ -1097,7 +1110,7 @@ def test_compose_file_matches_the_cli(monkeypatch):
 
     # The Tester reaches the Test-Client by its service name and listening port, after it is healthy.
     tester_args = _parse(svcs["tester"]["command"][1:],
-                         {k: str(v) for k, v in svcs["tester"]["environment"].items()}, monkeypatch)
+                         {k: interpolate(str(v)) for k, v in svcs["tester"]["environment"].items()}, monkeypatch)
     host, _, port = tester_args.client.rpartition(":")
     assert host in svcs and int(port) == listening[host], tester_args.client
     assert svcs["tester"]["depends_on"][host]["condition"] == "service_healthy"

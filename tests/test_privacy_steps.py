@@ -383,8 +383,9 @@ def test_client_sends_its_own_rows_in_random_order(monkeypatch):
                         lambda salt, ids: calls.append(list(ids)) or real(salt, ids))
     tester, client = make_inputs(200, 200, 150, seed=12)
     local_audit(tester, client, spec=AuditSpec(metric="ero", client_dataset="d", bootstrap=3, seed=1))
-    seen = calls[-1]  # the Tester hashes its own table first (step 2), P2 its rows last
-    assert sorted(seen) == sorted(client.member_id) and seen != list(client.member_id)
+    # one hashing call each: P2 (as soon as the salt is known) and the Tester (step 2)
+    seen = [c for c in calls if sorted(c) == sorted(client.member_id)]
+    assert len(seen) == 1 and seen[0] != list(client.member_id)
 
 
 def test_sampled_auc_pairs_hide_which_member_is_the_positive():

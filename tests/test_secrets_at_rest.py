@@ -235,17 +235,24 @@ def _walk(obj):
             yield from _walk(item)
 
 
+#: which narrow task may carry which secret to a worker (common.parallel): the task made
+#: for that one operation, never another, never a key object
+TASK_SECRETS = {"p": (paillier.ModPDecryption, paillier.OwnerEncryption), "q": (paillier.OwnerEncryption,),
+                "x25519": (commutative.ScalarMultiplication,), "salt": (commutative.HashToCurve,), "aes": ()}
+
+
 @pytest.mark.parametrize("recipient", ["client", "tester"])
 def test_worker_tasks_carry_no_private_key(monkeypatch, captured, workers, recipient):
-    """Every `run_chunks` call of an audit (both parties, on two worker processes) pickles
-    to bytes holding no q, lambda, phi, commutative scalar, AES key or salt; p travels only
-    inside the client's `ModPDecryption` tasks, and no `PrivateKey` travels at all."""
+    """Every chunk of an audit sent to a worker (both parties, two worker processes)
+    pickles to bytes holding no lambda, phi or AES key, and no key object at all; p and q,
+    an X25519 scalar or the salt travel only inside the one narrow task made for their
+    operation (`TASK_SECRETS`)."""
     calls = []
     executor = workers.executor
     real = executor.submit
 
     def spy(fn, *args):  # every chunk that crosses to a worker goes through submit
-        calls.append((fn, pickle.dumps((fn, args))))
+        calls.append((fn, args, pickle.dumps((fn, args))))
         return real(fn, *args)
     monkeypatch.setattr(executor, "submit", spy)
     tester, client = make_inputs(150, 130, 120, seed=17)
@@ -261,20 +268,27 @@ def test_worker_tasks_carry_no_private_key(monkeypatch, captured, workers, recip
     assert t.result is not None
     assert executor.started  # the chunks really went to worker processes
     assert len(captured.paillier) == 1 and calls
-    decrypting = [fn for fn, _ in calls if isinstance(fn, paillier.ModPDecryption)]
-    assert decrypting, [type(fn).__name__ for fn, _ in calls]
-    key = captured.paillier[0]
-    never = {k: v for k, v in captured.key_ints().items() if k.startswith(("q", "lambda", "phi"))}
-    assert len(never) == 3
-    for fn, blob in calls:
-        for obj in _walk(fn):
+    kinds = {type(obj).__name__ for fn, args, _ in calls for obj in _walk((fn, *args))}
+    # the per-row work really went there: both PSI steps, the encryption, the decryption
+    assert {"ScalarMultiplication", "HashToCurve", "OwnerEncryption", "ModPDecryption"} <= kinds, kinds
+    ints = captured.key_ints()
+    never = {k: v for k, v in ints.items() if k.startswith(("lambda", "phi"))}
+    assert len(never) == 2
+    for fn, args, blob in calls:
+        objects = list(_walk((fn, *args)))
+        for obj in objects:
             assert not isinstance(obj, (paillier.PrivateKey, commutative.CommutativeKey, symmetric.RowSealer))
         for name, x in never.items():
             assert not any(form in blob for form in _int_bytes(x)), (name, fn)
+        secrets_here = {f"{kind}0": x for kind, x in (("p", ints["p0"]), ("q", ints["q0"]))}
+        for name, x in secrets_here.items():
+            if any(form in blob for form in _int_bytes(x)):
+                allowed = TASK_SECRETS[name[:-1]]
+                assert any(isinstance(obj, allowed) for obj in objects), (name, fn)
         for name, b in captured.key_bytes().items():
-            assert b not in blob, (name, fn)
-        if not isinstance(fn, paillier.ModPDecryption):
-            assert not any(form in blob for form in _int_bytes(key.p)), fn
+            if b in blob:
+                allowed = TASK_SECRETS[name.split("-")[0]]
+                assert any(isinstance(obj, allowed) for obj in objects), (name, fn)
 
 
 # --------------------------------------------------------------------------- logs, files, tracebacks

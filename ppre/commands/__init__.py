@@ -23,7 +23,7 @@ def add_service_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def add_executor_argument(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--executor", default=None, metavar="SPEC",
+    s.add_argument("--executor", default=os.environ.get("PPRE_EXECUTOR"), metavar="SPEC",
                    help="where the per-row work runs: processes (default: PPRE_WORKERS or one per CPU), "
                         "processes:N, inline, or dask://HOST:PORT (a Dask scheduler) (env PPRE_EXECUTOR)")
 
