@@ -16,6 +16,7 @@ result (P2 learns it) or return the masked plaintexts.
 """
 from __future__ import annotations
 
+import collections
 import enum
 import json
 import secrets
@@ -105,6 +106,7 @@ class ClientSession:
         self._salt: bytes | None = None
         self._reader: wire.TableReader | None = None
         self._own_points: list | None = None  # futures: each distinct member's Com.Enc_sk2(RO(id))
+        self._own_todo: collections.deque = collections.deque()  # their chunks not yet submitted
         self._own_codes: np.ndarray | None = None  # per id slot of every row: its distinct member
         self._doubled: list = []  # futures: the Tester's points, doubly encrypted, per chunk
         self._sealed: list[bytes] = []
@@ -133,6 +135,7 @@ class ClientSession:
         for future in self._doubled + (self._own_points or []):
             future.cancel()
         self._own_points = None
+        self._own_todo = collections.deque()
         self._own_codes = None
         self._doubled = []
         self._sealed = []
@@ -224,9 +227,19 @@ class ClientSession:
         self._own_codes = codes
         unique = [str(u) for u in unique]
         hash_task, multiply = self._salt.hash_task(), self._com_key.multiply_task()
-        self._own_points = [self._executor.submit(commutative.encrypt_ids, hash_task, multiply,
-                                                  unique[start:start + ID_STEP_ROWS])
-                            for start in range(0, len(unique), ID_STEP_ROWS)]
+        self._own_todo = collections.deque((hash_task, multiply, unique[start:start + ID_STEP_ROWS])
+                                           for start in range(0, len(unique), ID_STEP_ROWS))
+        self._own_points = []
+        self._feed_own_ids()
+
+    def _feed_own_ids(self, everything: bool = False) -> None:
+        """Keep the executor busy with our own ids without making the Tester's chunks
+        wait: at most one chunk of them per worker in flight, topped up as the Tester's
+        rows arrive (their double encryption is on the critical path: the shuffled table
+        goes back first); `everything` submits the rest."""
+        todo = self._own_todo
+        while todo and (everything or sum(not f.done() for f in self._own_points) < self._executor.workers):
+            self._own_points.append(self._executor.submit(commutative.encrypt_ids, *todo.popleft()))
 
     def _on_chunk(self, chunk: pb.TableChunk, rows: validation.Rows) -> list[pb.PeerMessage]:
         if self.phase is Phase.WAIT_TESTER_ROWS:
@@ -238,6 +251,7 @@ class ClientSession:
                 future.result()  # a chunk that failed already (e.g. inline) fails the session now
             self._doubled.append(future)
             self._sealed.append(chunk.sealed)
+            self._feed_own_ids()
             self._progress("double_encrypt", self._reader.rows, 0)
         else:
             self._aggregates += rows.ciphertexts
@@ -261,6 +275,7 @@ class ClientSession:
 
     def _send_tables(self) -> Iterator[pb.PeerMessage]:
         width = self._reader.layout.sealed
+        self._feed_own_ids(everything=True)  # done while the shuffled table is sent
         doubled, self._doubled = self._doubled, []
         points = np.frombuffer(self._wait(doubled, "double_encrypt"), dtype=f"V{commutative.POINT_BYTES}")
         sealed = np.frombuffer(b"".join(self._sealed), dtype=f"V{width}") if width else None

@@ -310,8 +310,9 @@ class TesterSession:
             return []
         if self.phase is Phase.WAIT_SHUFFLED:
             width = self._reader.layout.sealed
+            sealed = chunk.sealed  # once: each read of a protobuf bytes field is a fresh copy
             for i, pt in enumerate(rows.points):
-                self._shuffled[pt] = chunk.sealed[i * width:(i + 1) * width]
+                self._shuffled[pt] = sealed[i * width:(i + 1) * width]
             self._progress("psi_shuffled", "", self._reader.rows, self._n_sent)
             return []
         # step 5, one chunk: doubly encrypted (and checked) on the executor while the next
