@@ -1,14 +1,20 @@
 """Benchmark: one ERO audit of a given size over the real services, each its own process.
 
     .venv/bin/python bench/bench_audit.py --members 1000000 [--overlap 0.5] [--bootstrap 1000]
-                                          [--workers N] [--data DIR] [--json FILE]
+                                          [--workers N] [--executor SPEC] [--data DIR] [--json FILE]
 
 Generates (or reuses, under --data) a fractional probability table for the Tester and
 an ERO dataset for the Test-Client (N members each, `overlap` of them shared, shuffled),
 starts `ppre client serve` and `ppre tester serve` as two processes on loopback, runs
 the audit through the operator RPC and prints: wall time, rows per second, every phase
-timing both parties report, and the peak resident memory of each service (the service
-process and its worker processes together, sampled every 0.2 s from /proc).
+timing both parties report, and the peak resident memory and the CPU seconds of each
+service during the audit (the service process and its worker processes together, sampled
+every 0.2 s from /proc; CPU of a worker that exits between two samples is partly missed).
+
+`--executor SPEC` is passed to both services (`common.parallel.executor_from_spec`:
+`processes`, `processes:N`, `inline`, `dask://HOST:PORT`); with a Dask cluster the per-row
+work runs in the cluster's workers, whose CPU is not part of the services' (see
+bench/bench_scaling.py, which starts the cluster and measures it).
 """
 from __future__ import annotations
 
@@ -53,9 +59,23 @@ def make_files(directory: Path, members: int, overlap: float, seed: int = 7) -> 
     return tp, cp
 
 
-def tree_rss_bytes(pid: int) -> int:
-    """Resident memory of a process and all its descendants (worker pools)."""
-    total, todo = 0, [pid]
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of one process (not its children), from /proc/PID/stat; None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # fields 14 and 15 of proc(5)
+
+
+def tree_stats(pid: int) -> tuple[int, dict[int, float]]:
+    """(resident memory in bytes, {pid: CPU seconds}) of a process and all its descendants
+    (worker pools)."""
+    total, cpu, todo = 0, {}, [pid]
     while todo:
         p = todo.pop()
         try:
@@ -63,25 +83,47 @@ def tree_rss_bytes(pid: int) -> int:
                 for line in fh:
                     if line.startswith("VmRSS:"):
                         total += int(line.split()[1]) * 1024
+            seconds = cpu_seconds(p)
+            if seconds is not None:
+                cpu[p] = seconds
             for task in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{task}/children") as fh:
                     todo += [int(c) for c in fh.read().split()]
         except (FileNotFoundError, ProcessLookupError):
             continue
-    return total
+    return total, cpu
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and all its descendants (worker pools)."""
+    return tree_stats(pid)[0]
 
 
 class PeakMemory(threading.Thread):
+    """Peak resident memory and CPU seconds (since start) of each named process tree."""
+
     def __init__(self, pids: dict[str, int]) -> None:
         super().__init__(daemon=True)
         self.pids = pids
         self.peak = {name: 0 for name in pids}
+        self.base = {name: tree_stats(pid)[1] for name, pid in pids.items()}  # CPU before the audit
+        self.last = {name: dict(cpu) for name, cpu in self.base.items()}
         self.stop = threading.Event()
+
+    def sample(self) -> None:
+        for name, pid in self.pids.items():
+            rss, cpu = tree_stats(pid)
+            self.peak[name] = max(self.peak[name], rss)
+            self.last[name].update(cpu)
+
+    def cpu(self) -> dict[str, float]:
+        return {name: sum(s - self.base[name].get(p, 0.0) for p, s in last.items())
+                for name, last in self.last.items()}
 
     def run(self) -> None:
         while not self.stop.wait(0.2):
-            for name, pid in self.pids.items():
-                self.peak[name] = max(self.peak[name], tree_rss_bytes(pid))
+            self.sample()
+        self.sample()
 
 
 def free_port() -> int:
@@ -109,6 +151,9 @@ def main() -> int:
     ap.add_argument("--overlap", type=float, default=0.5)
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--workers", type=int, default=None, help="PPRE_WORKERS of each service")
+    ap.add_argument("--executor", default=None, metavar="SPEC",
+                    help="--executor of both services: processes (default), processes:N, inline or "
+                         "dask://HOST:PORT (see common/parallel.py, common/dask_executor.py)")
     ap.add_argument("--data", type=Path, default=None, help="keep the generated files here (reused)")
     ap.add_argument("--json", type=Path, default=None, help="also write the measurements here")
     ap.add_argument("--no-release-controls", action="store_true",
@@ -136,14 +181,16 @@ def main() -> int:
     DevCA.generate().write(certs)
     operator = TlsIdentity.from_dir(certs, "operator")
     tls = ["--tls-dir", str(certs)]
+    executor = ["--executor", args.executor] if args.executor else []
     client_port, tester_port = free_port(), free_port()
     procs = {}
     try:
         procs["client"] = subprocess.Popen(ppre + ["client", "serve", "--host", "127.0.0.1", "--port",
-                                                   str(client_port), "--dataset", f"ero={cp}", *tls], env=env, cwd=ROOT)
+                                                   str(client_port), "--dataset", f"ero={cp}", *tls, *executor],
+                                           env=env, cwd=ROOT)
         procs["tester"] = subprocess.Popen(ppre + ["tester", "serve", "--host", "127.0.0.1", "--port",
                                                    str(tester_port), "--client", f"127.0.0.1:{client_port}",
-                                                   "--probabilities", str(tp), *tls,
+                                                   "--probabilities", str(tp), *tls, *executor,
                                                    *(["--no-release-controls"] if args.no_release_controls else
                                                      ["--privacy-budget", "inf"])], env=env, cwd=ROOT)
         wait_healthy(f"127.0.0.1:{client_port}", procs["client"], tls=operator)
@@ -181,8 +228,10 @@ def main() -> int:
     out = {
         "members_each_side": args.members, "overlap": args.overlap, "bootstrap": args.bootstrap,
         "workers": args.workers or os.cpu_count(), "cpus": os.cpu_count(), "n_matched": r.n_matched,
+        "executor": args.executor or os.environ.get("PPRE_EXECUTOR") or "processes",
         "wall_s": round(wall, 1), "rows_per_s": round(2 * args.members / wall),
         "peak_rss_mib": {k: round(v / 2**20) for k, v in memory.peak.items()},
+        "cpu_s": {k: round(v, 1) for k, v in memory.cpu().items()},
         "phase_seconds": {k: round(v, 1) for k, v in r.phase_seconds.items()},
         "estimates": {g.group: round(g.estimate, 5) for g in r.groups},
     }

@@ -28,7 +28,6 @@ import dataclasses
 import enum
 import math
 import secrets
-from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator
@@ -167,7 +166,6 @@ class TesterSession:
         self.release = release if release is not None else ReleasePolicy()
         self._charge = charge
         self._release_info: dict[str, Any] = {}
-        self._members: Counter | None = Counter()  # joined rows per (doubly encrypted) member
         self._multiplicity = 1
         self._suppressed: list[int] = []
         self._noise_sd: list[float] = []  # per item slot: the estimate's, then the groups'
@@ -187,9 +185,14 @@ class TesterSession:
         self._strata_labels: tuple[str, ...] = ()
         self._info: dict[str, Any] = {}
         self._client_rows = 0
-        self._shuffled: dict[bytes, bytes] | None = None
-        self._matched_sealed: list[list[bytes]] = []
-        self._matched_cts: list[list[int]] = []
+        #: the shuffled table (step 3) as it arrives, then `_index` sorted by point
+        self._shuffled: list[tuple[bytes, bytes]] | None = None
+        self._index: tuple[np.ndarray, np.ndarray] | None = None
+        #: per matched row: where each of its members is in `_index`, its ciphertexts
+        #: (packed), and its members' doubly encrypted points (for the release checks)
+        self._matched_at: list[np.ndarray] = []
+        self._matched_cts: list[bytes] = []
+        self._matched_points: list[np.ndarray] = []
         self._matched_units: list[np.ndarray] = []
         self._matched_strata: list[np.ndarray] = []
         self._reader: wire.TableReader | None = None
@@ -223,10 +226,12 @@ class TesterSession:
         self._ids = None
         self._probabilities = None
         self._shuffled = None
+        self._index = None
+        self._matched_at = []
+        self._matched_points = []
         for future, *_ in self._pending:
             future.cancel()
         self._pending = collections.deque()
-        self._matched_sealed = []
         self._matched_cts = []
         self._matched_units = []
         self._matched_strata = []
@@ -234,7 +239,6 @@ class TesterSession:
         self._masked_values = []
         self._squares_state = None
         self._squares = []
-        self._members = None
         if self.phase is not Phase.DONE:
             self.phase = Phase.CLOSED
 
@@ -272,7 +276,7 @@ class TesterSession:
         self.phase = Phase.WAIT_SHUFFLED
         width = sealed_width(len(self.groups))
         self._reader = wire.TableReader(wire.shuffled_rows(width))
-        self._shuffled = {}
+        self._shuffled = []
         return self._upload(salt, width)
 
     def _upload(self, salt: commutative.SessionSalt, width: int) -> Iterator[pb.PeerMessage]:
@@ -309,10 +313,7 @@ class TesterSession:
             self._squares += rows.ciphertexts
             return []
         if self.phase is Phase.WAIT_SHUFFLED:
-            width = self._reader.layout.sealed
-            sealed = chunk.sealed  # once: each read of a protobuf bytes field is a fresh copy
-            for i, pt in enumerate(rows.points):
-                self._shuffled[pt] = sealed[i * width:(i + 1) * width]
+            self._shuffled.append((chunk.points, chunk.sealed))
             self._progress("psi_shuffled", "", self._reader.rows, self._n_sent)
             return []
         # step 5, one chunk: doubly encrypted (and checked) on the executor while the next
@@ -327,23 +328,34 @@ class TesterSession:
         self._progress("join", "", self._reader.rows, self._client_rows)
         return []
 
+    def _index_shuffled(self) -> None:
+        """The shuffled table, sorted by point for the join (arrays, not a dict of a
+        million objects); a point that appears twice is refused."""
+        width = self._reader.layout.sealed
+        points = np.frombuffer(b"".join(p for p, _ in self._shuffled), dtype=f"S{commutative.POINT_BYTES}")
+        sealed = np.frombuffer(b"".join(s for _, s in self._shuffled), dtype=f"V{width}")
+        self._shuffled = None
+        order = np.argsort(points, kind="stable")
+        points, sealed = points[order], sealed[order]
+        if len(points) > 1 and bool((points[1:] == points[:-1]).any()):
+            raise ProtocolError("duplicate row in the shuffled table")
+        self._index = (points, sealed)
+
     def _join(self, future, n_rows: int, ciphertexts: bytes, units, strata) -> None:
         """Step 5 for one chunk: a row is kept when every one of its members is among ours."""
         n_ids = self.metric.n_ids
-        doubled = commutative.split_points(future.result())
-        per_row = self._layout.n_ciphertexts if self._layout else 0
-        width = self._pub.ciphertext_bytes if per_row else 0
-        kept = []
-        for r in range(n_rows):
-            found = [self._shuffled.get(pt) for pt in doubled[r * n_ids:(r + 1) * n_ids]]
-            if all(s is not None for s in found):
-                kept.append(r)
-                self._members.update(doubled[r * n_ids:(r + 1) * n_ids])
-                self._matched_sealed.append(found)
-                if per_row:
-                    start = r * per_row * width
-                    self._matched_cts.append([int.from_bytes(ciphertexts[start + t * width:start + (t + 1) * width],
-                                                             "big") for t in range(per_row)])
+        doubled = np.frombuffer(future.result(), dtype=f"S{commutative.POINT_BYTES}")
+        keys = self._index[0]
+        at = np.minimum(np.searchsorted(keys, doubled), len(keys) - 1) if len(keys) else np.zeros(len(doubled), int)
+        found = (keys[at] == doubled) if len(keys) else np.zeros(len(doubled), bool)
+        kept = np.flatnonzero(found.reshape(n_rows, n_ids).all(axis=1))
+        if not len(kept):
+            return
+        self._matched_at.append(at.reshape(n_rows, n_ids)[kept])
+        self._matched_points.append(doubled.reshape(n_rows, n_ids)[kept].ravel())
+        if self._layout is not None and self._layout.n_ciphertexts:
+            row = self._layout.n_ciphertexts * self._pub.ciphertext_bytes
+            self._matched_cts.append(np.frombuffer(ciphertexts, dtype=f"V{row}")[kept].tobytes())
         if units is not None:
             self._matched_units.append(units[kept])
         if strata is not None:
@@ -351,6 +363,7 @@ class TesterSession:
 
     def _on_table_end(self, end: pb.TableEnd, _: None) -> Iterable[pb.PeerMessage]:
         if self.phase is Phase.WAIT_SHUFFLED:
+            self._index_shuffled()
             self._lap("psi_client_double_encrypt")
             self.phase = Phase.WAIT_CLIENT_ROWS
             self._reader = wire.TableReader(self._client_layout())
@@ -361,9 +374,8 @@ class TesterSession:
             self._join(*self._pending.popleft())
         # step 5: the join is complete; every id (and the unmatched rows) is deleted, and
         # the commutative key is no longer needed (SPEC 7: keys deleted as soon as possible)
-        self._shuffled = None
         self._com_key = None
-        self.n_matched = len(self._matched_sealed)
+        self.n_matched = sum(len(a) for a in self._matched_at)
         self._lap("client_encrypt_and_join")
         self._progress("join", f"{self.n_matched} rows matched")
         if self.n_matched == 0:
@@ -377,10 +389,13 @@ class TesterSession:
     def _check_intersection(self) -> None:
         """Release controls on the intersection (SPEC 8): enough distinct members, and each
         in no more rows than the metric allows; the counts are then dropped."""
-        members, self._members = self._members, None
-        distinct = len(members)
-        self._multiplicity = max(members.values())
-        del members
+        points = np.concatenate(self._matched_points)
+        self._matched_points = []
+        _, counts = np.unique(points, return_counts=True)
+        del points
+        distinct = len(counts)
+        self._multiplicity = int(counts.max())
+        del counts
         if self.metric.unique_ids and self.metric.n_ids == 1 and self._multiplicity > 1:
             raise ProtocolError("a member appears in more than one row of a dataset whose member ids must be unique")
         if distinct < self.release.min_intersection:
@@ -391,9 +406,11 @@ class TesterSession:
     def _open(self) -> tuple[list[np.ndarray], np.ndarray | None, np.ndarray | None]:
         """The matched rows' probability vectors (one array per id slot), units and strata."""
         k = len(self.groups)
-        probs = [self._sealer.open_rows(b"".join(row[s] for row in self._matched_sealed), k)
-                 for s in range(self.metric.n_ids)]
-        self._matched_sealed = []
+        at = np.concatenate(self._matched_at)
+        sealed = self._index[1]
+        self._matched_at, self._index = [], None  # every id is gone: only the vectors' places
+        probs = [self._sealer.open_rows(sealed[at[:, s]].tobytes(), k) for s in range(self.metric.n_ids)]
+        del at, sealed
         self._sealer = None
         units = np.concatenate(self._matched_units) if self._matched_units else None
         strata = np.concatenate(self._matched_strata) if self._matched_strata else None
@@ -437,7 +454,6 @@ class TesterSession:
         q = [qs[canonical] for qs in q]
         units = units[canonical] if units is not None else None
         strata = strata[canonical] if strata is not None else None
-        self._matched_cts = [self._matched_cts[i] for i in canonical]
         rng = np.random.default_rng(self.spec.seed)
         # With release noise, a bootstrap metric's interval comes from disjoint random
         # groups instead (`_interval`): the Test-Client's units go to the groups at random.
@@ -484,23 +500,30 @@ class TesterSession:
         explicit = [w for w, col in enumerate(weights) if not isinstance(col, (int, tuple))]
         const = [w for w, col in enumerate(weights) if isinstance(col, int)]
         need_ones = bool(const)
-        cts = self._matched_cts
-        self._matched_cts = []
-        jobs = []
-        for idx in groups_idx:
-            lst = idx.tolist()
-            columns = [np.asarray(weights[w])[idx].tolist() for w in explicit]
-            if need_ones:
-                columns.append([1] * len(lst))
-            for t in range(n_cts):
-                jobs.append(([cts[i][t] for i in lst], columns))
-        del cts
         pub = self._pub
-        tasks = [(pub.n, part) for part in parallel.split(jobs, self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS))]
-        del jobs
-        ticks = chunk_ticks(len(tasks), partial(self._tick, "aggregation"))
-        sums = [s for part in self._executor.run_chunks(aggregation.bucket_sums_chunk, tasks, checkpoint=ticks)
-                for s in part]
+        width = pub.ciphertext_bytes
+        # the joined rows' ciphertexts as they arrived (packed); a bucket's rows are picked
+        # by their place in that order (`canonical`), so the table is never copied whole
+        packed, self._matched_cts = b"".join(self._matched_cts), []
+        cts = np.frombuffer(packed, dtype=f"V{width}").reshape(n, n_cts)
+        columns_of = [np.asarray(weights[w]) for w in explicit]
+
+        def task(part) -> tuple:
+            jobs = []
+            for idx in part:
+                columns = [col[idx].tolist() for col in columns_of]
+                if need_ones:
+                    columns.append([1] * len(idx))
+                rows = canonical[idx]
+                jobs += [(cts[rows, t].tobytes(), columns) for t in range(n_cts)]
+            return pub.n, width, jobs
+
+        parts = parallel.split(groups_idx, self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS))
+        ticks = chunk_ticks(len(parts), partial(self._tick, "aggregation"))
+        # built as the workers take them: a few tasks' copies of the rows at a time
+        sums = [s for part in self._executor.stream(aggregation.bucket_sums_packed, (task(p) for p in parts),
+                                                    checkpoint=ticks) for s in part]
+        del cts, packed, columns_of
         # agg[key][w][t]: every weight column, explicit, constant or a sum of others
         agg: dict[int, list[list[int]]] = {}
         n2 = pub.n2

@@ -78,7 +78,7 @@ def test_keys_are_per_session_and_state_is_dropped_at_the_end():
     assert t1.phase is Phase.DONE
     for s in (t1, t2):
         assert s._com_key is None and s._sealer is None and s._ids is None and s._probabilities is None
-        assert s._shuffled is None and s._matched_cts == [] and s._pads is None
+        assert s._shuffled is None and s._index is None and s._matched_cts == [] and s._pads is None
     for s in (c1, c2):
         assert s._com_key is None and s._paillier is None and s._ids is None and s._values is None
     spec = AuditSpec(metric="ero", client_dataset="d")
@@ -240,6 +240,32 @@ def test_ciphertexts_out_of_range_from_the_client_are_refused():
     with pytest.raises(ProtocolError, match="out of range"):
         for m in replies:
             t.receive(m)
+
+
+def test_a_shuffled_row_repeated_across_chunks_is_refused():
+    """Step 3: the shuffled table is a permutation of our rows; a point sent twice, in two
+    chunks, is refused when the table ends (within one chunk the gate refuses it at once)."""
+    t, c, ack = _client_after_hello()
+    out = list(t.receive(ack))
+    replies = [m for msg in out for m in c.receive(msg)]
+    shuffled = [m for m in replies if m.HasField("chunk") and m.chunk.table == pb.SHUFFLED_ROWS]
+    assert len(shuffled) == 1 and shuffled[0].chunk.rows == 20
+    chunk = shuffled[0].chunk
+    width = len(chunk.sealed) // chunk.rows
+    first = pb.TableChunk(table=pb.SHUFFLED_ROWS, rows=10, points=chunk.points[:320], sealed=chunk.sealed[:10 * width])
+    # the second half with its first point replaced by one of the first half
+    second = pb.TableChunk(table=pb.SHUFFLED_ROWS, rows=10, points=chunk.points[:32] + chunk.points[352:],
+                           sealed=chunk.sealed[10 * width:])
+    t.receive(pb.PeerMessage(chunk=first))
+    t.receive(pb.PeerMessage(chunk=second))
+    with pytest.raises(ProtocolError, match="duplicate row in the shuffled table"):
+        t.receive(pb.PeerMessage(table_end=pb.TableEnd(table=pb.SHUFFLED_ROWS, rows=20)))
+    t2, c2, ack2 = _client_after_hello()
+    for msg in t2.receive(ack2):
+        c2.receive(msg)
+    with pytest.raises(ProtocolError, match="duplicate row in the shuffled table"):
+        t2.receive(pb.PeerMessage(chunk=pb.TableChunk(table=pb.SHUFFLED_ROWS, rows=2, points=chunk.points[:32] * 2,
+                                                      sealed=chunk.sealed[:2 * width])))
 
 
 def test_weak_paillier_key_from_the_client_is_refused():
