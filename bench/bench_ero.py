@@ -49,8 +49,6 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--result-recipient", default="client")
     args = ap.parse_args()
-    if args.workers:
-        os.environ["PPRE_WORKERS"] = str(args.workers)
 
     from client_service.datasets import DatasetRegistry
     from common import parallel
@@ -62,23 +60,26 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         tp, cp = make_files(Path(tmp), args.members, args.overlap)
-        # warm the worker pool so that process start-up is not billed to the audit
-        parallel.run_chunks(abs, [(1,), (2,), (3,), (4,)])
+        # one pool for both services, started now so that process start-up is not billed to the audit
+        executor = parallel.ProcessExecutor(args.workers).start()
         request = pb.AuditRequest(metric="ero", client_dataset="ero", bootstrap=args.bootstrap, confidence=0.95,
                                   has_seed=True, seed=1, result_recipient=args.result_recipient)
-        with local_services(lambda: read_probability_table(tp), DatasetRegistry(named={"ero": cp})) as svc:
-            t0 = time.perf_counter()
-            event = run_audit(svc.tester_address, request)
-            wall = time.perf_counter() - t0
+        try:
+            with local_services(lambda: read_probability_table(tp), DatasetRegistry(named={"ero": cp}),
+                                executor=executor) as svc:
+                t0 = time.perf_counter()
+                event = run_audit(svc.tester_address, request)
+                wall = time.perf_counter() - t0
+        finally:
+            executor.shutdown()
     if event.WhichOneof("event") != "result":
         print("audit failed:", event.error.code, event.error.message)
         return 1
     report = AuditReport.from_proto(event.result)
     print(report.to_table())
     print(f"\nwall time: {wall:.2f} s  ({args.members} x {args.members} members, "
-          f"{args.overlap:.0%} overlap, B={args.bootstrap}, workers={parallel.worker_count()}, cpus={os.cpu_count()})")
+          f"{args.overlap:.0%} overlap, B={args.bootstrap}, workers={executor.workers}, cpus={os.cpu_count()})")
     print(json.dumps({k: round(v, 2) for k, v in report.phase_seconds.items()}, indent=1))
-    parallel.shutdown()
     return 0
 
 

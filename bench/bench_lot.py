@@ -76,10 +76,11 @@ def validation_rows(report, gaps=GAPS) -> list[dict]:
 
 
 def run(queries: int, bootstrap: int, *, bits: int = 2048, seed: int = 1, same_group_pairs: bool = False,
-        data_seed: int = 7):
-    """Generate the data, run the audit; returns (AuditReport, wall seconds, setup seconds)."""
+        data_seed: int = 7, executor=None):
+    """Generate the data, run the audit on `executor` (both services' per-row work; default
+    inline, `common.parallel`; the caller starts and shuts it down); returns (AuditReport,
+    wall seconds, setup seconds)."""
     from client_service.datasets import DatasetRegistry
-    from common import parallel
     from common.results import AuditReport
     from ppre.local import local_services
     from proto import ppre_pb2 as pb
@@ -89,13 +90,11 @@ def run(queries: int, bootstrap: int, *, bits: int = 2048, seed: int = 1, same_g
     with tempfile.TemporaryDirectory() as tmp:
         probabilities, path = make_data(Path(tmp), queries, data_seed)
         setup = time.perf_counter() - t_setup
-        # warm the worker pool so that process start-up is not billed to the audit
-        parallel.run_chunks(abs, [(1,), (2,), (3,), (4,)])
         params = {"same_group_pairs": "true"} if same_group_pairs else {}
         request = pb.AuditRequest(metric="lot", client_dataset="lot", bootstrap=bootstrap, confidence=0.95,
                                   has_seed=True, seed=seed, metric_option="raw", metric_params=params)
         with local_services(lambda: probabilities, DatasetRegistry(named={"lot": path}),
-                            modulus_bits=bits, allow_insecure=bits < 2048) as svc:
+                            modulus_bits=bits, allow_insecure=bits < 2048, executor=executor) as svc:
             t0 = time.perf_counter()
             event = run_audit(svc.tester_address, request)
             wall = time.perf_counter() - t0
@@ -119,16 +118,19 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE")
     args = ap.parse_args()
-    if args.workers:
-        os.environ["PPRE_WORKERS"] = str(args.workers)
     from common import parallel
 
     load_before = os.getloadavg()
-    report, wall, setup = run(args.queries, args.bootstrap, bits=args.bits, seed=args.seed,
-                              same_group_pairs=args.same_group_pairs, data_seed=args.data_seed)
+    # one pool for both services, started before the audit so that process start-up is not billed to it
+    executor = parallel.ProcessExecutor(args.workers).start()
+    try:
+        report, wall, setup = run(args.queries, args.bootstrap, bits=args.bits, seed=args.seed,
+                                  same_group_pairs=args.same_group_pairs, data_seed=args.data_seed,
+                                  executor=executor)
+    finally:
+        executor.shutdown()  # reap the workers, so that their CPU time is counted below
     load_after = os.getloadavg()
-    workers = parallel.worker_count()
-    parallel.shutdown()  # reap the workers, so that their CPU time is counted below
+    workers = executor.workers
     t = os.times()
     cpu = t.user + t.system + t.children_user + t.children_system
     rows = validation_rows(report)

@@ -357,13 +357,19 @@ class ClientSession:
         pub = key.public
         masked = self._aggregates
         self._aggregates = []
-        plain = key.decrypt_mod_p(masked)
-        squares = paillier.encrypt_chunk(pub.n, pub.h, [m * m % pub.n for m in plain])
+        # on the executor, with the key's narrow tasks (never the key itself)
+        parts = parallel.split(masked, self._executor.chunk_count())
+        decrypt = key.decrypt_task()
+        plain = [m for part in self._executor.run_chunks(decrypt, [(p,) for p in parts]) for m in part]
+        del decrypt
+        encrypt = key.encrypt_task()
+        squares = b"".join(self._executor.run_chunks(
+            _call, [(encrypt, [m * m % pub.n for m in part]) for part in parallel.split(plain, len(parts))]))
+        del encrypt
         self.phase = Phase.WAIT_AGGREGATES_HEADER
         self._lap("squares")
         layout = wire.ciphertext_table(pb.SQUARES, pub.ciphertext_bytes)
-        yield from wire.table_messages(layout, len(squares),
-                                       ciphertexts=paillier.ciphertexts_to_bytes(squares, pub.ciphertext_bytes))
+        yield from wire.table_messages(layout, len(plain), ciphertexts=squares)
 
     # ---------------------------------------------------------------- step 7
     def _on_aggregates_header(self, header: pb.AggregatesHeader, plan) -> list[pb.PeerMessage]:

@@ -133,3 +133,24 @@ def test_ratio_of_a_zero_denominator_is_undefined():
     """A replicate whose Den is zero has no ratio (NaN), never Num itself."""
     r = ratios(np.array([[3.0, 2.0, 0.0]]), np.array([[0.0, 1.0, 4.0]]))
     assert np.isnan(r[0, 0]) and r[0, 1] == 2.0 and r[0, 2] == 0.0
+
+
+def test_replicate_chunk_equals_one_multi_exponentiation_per_replicate():
+    """`aggregation.replicate_chunk` shares work across the replicates of a chunk: every
+    output equals the plain multi-exponentiation of its counts, for random counts, all
+    zeros, and counts of 2^16 and above."""
+    import secrets as _secrets
+
+    from common import paillier
+    from tester_service.aggregation import replicate_chunk
+    n = (2 ** 127 - 1) * (2 ** 89 - 1)
+    n2 = n * n
+    rng = np.random.default_rng(3)
+    for m, rows in ((1, 3), (5, 40), (23, 70), (64, 9)):
+        columns = [[_secrets.randbelow(n2 - 2) + 2 for _ in range(m)] for _ in range(3)]
+        counts = rng.integers(0, 6, size=(rows, m))
+        counts[0] = 0
+        counts[-1] = rng.integers(2 ** 16, 2 ** 20, size=m)
+        out = replicate_chunk(n, columns, counts.tolist())
+        expected = [paillier.multi_exp(col, list(r), n2) for r in counts.tolist() for col in columns]
+        assert out == expected

@@ -412,10 +412,10 @@ def test_auc_square_requests_are_masked_beyond_the_sums(monkeypatch):
     import pandas as pd
     from client_service import protocol as client_protocol
     decrypted: list[int] = []
-    real = client_protocol.paillier.decrypt_mod_p_chunk
+    real = client_protocol.paillier.ModPDecryption.__call__
 
-    def spy(p, q, cts):
-        out = real(p, q, cts)
+    def spy(self, cts):
+        out = real(self, cts)
         decrypted.extend(out)
         return out
     tester, _ = make_inputs(300, 10, 0, seed=13)
@@ -428,9 +428,9 @@ def test_auc_square_requests_are_masked_beyond_the_sums(monkeypatch):
 
     def tap(direction, msg):
         if msg.HasField("table_end") and msg.table_end.table == pb.SQUARE_REQUEST:
-            monkeypatch.setattr(client_protocol.paillier, "decrypt_mod_p_chunk", spy)
+            monkeypatch.setattr(client_protocol.paillier.ModPDecryption, "__call__", spy)
         if msg.HasField("table_end") and msg.table_end.table == pb.SQUARES:
-            monkeypatch.setattr(client_protocol.paillier, "decrypt_mod_p_chunk", real)
+            monkeypatch.setattr(client_protocol.paillier.ModPDecryption, "__call__", real)
     run_sessions(t_session, c_session, tap=tap)
     largest_sum = 250 << encoding.PROBABILITY_BITS  # no T exceeds n * 2^32
     assert decrypted and min(decrypted) > largest_sum << 32
