@@ -115,23 +115,8 @@ def _tree_cpu_seconds() -> float:
     """User + system CPU seconds of this process (both services' threads) and of its live
     child processes (the executor's workers): less sensitive than the wall time to other
     work on the machine."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total, todo, seen = 0.0, [os.getpid()], set()
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{task}/children") as fh:
-                    todo += [int(c) for c in fh.read().split()]
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return total
+    from bench_psi import tree_cpu_seconds
+    return tree_cpu_seconds()
 
 
 def estimates(report) -> dict[str, float | None]:
