@@ -50,12 +50,6 @@ def secret_permutation(n: int) -> np.ndarray:
     return np.argsort(np.frombuffer(secrets.token_bytes(8 * n), dtype=np.uint64), kind="stable")
 
 
-def _call(task, *args):
-    """Run a narrow key task (`PrivateKey.encrypt_task()`) on its arguments: a top-level
-    function, so that an executor can send it to a worker process."""
-    return task(*args)
-
-
 class Phase(enum.Enum):
     WAIT_HELLO = "wait_hello"
     WAIT_TESTER_ROWS = "wait_tester_rows"
@@ -329,9 +323,9 @@ class ClientSession:
             # signed encoding (SPEC 4): a packed value whose top slot is negative is x + n
             values = [v % pub.n if v < 0 else v for v in self._values]
             self._values = None
-            tasks = ((encrypt, values[a * n_cts:min(n, a + step) * n_cts]) for a in starts)
+            tasks = ((values[a * n_cts:min(n, a + step) * n_cts],) for a in starts)
             done = 0
-            for a, cts in zip(starts, self._executor.stream(_call, tasks)):
+            for a, cts in zip(starts, self._executor.stream(encrypt, tasks)):
                 b = min(n, a + step)
                 yield from wire.chunk_messages(layout, b - a, ciphertexts=cts, **columns(a, b))
                 done = b
@@ -364,7 +358,7 @@ class ClientSession:
         del decrypt
         encrypt = key.encrypt_task()
         squares = b"".join(self._executor.run_chunks(
-            _call, [(encrypt, [m * m % pub.n for m in part]) for part in parallel.split(plain, len(parts))]))
+            encrypt, [([m * m % pub.n for m in part],) for part in parallel.split(plain, len(parts))]))
         del encrypt
         self.phase = Phase.WAIT_AGGREGATES_HEADER
         self._lap("squares")

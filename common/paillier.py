@@ -227,12 +227,6 @@ def encrypt_chunk(n: int, h: int, plaintexts: Sequence[int]) -> list[int]:
     return out
 
 
-def encrypt_packed_chunk(n: int, h: int, plaintexts: Sequence[int], width: int) -> bytes:
-    """`encrypt_chunk`, returned as packed big-endian ciphertexts of `width` bytes (what
-    crosses the wire; cheaper to return from a worker than a list of integers)."""
-    return ciphertexts_to_bytes(encrypt_chunk(n, h, plaintexts), width)
-
-
 #: window of the key owner's fixed-base tables (one per prime square; 2^w entries per
 #: row, ceil(RANDOMIZER_BITS / w) rows: 47 x 2048 x 256 bytes x 2 = 49 MB at 2048 bits)
 OWNER_WINDOW = 11
