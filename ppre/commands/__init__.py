@@ -5,11 +5,16 @@ import argparse
 import os
 import signal
 import threading
+import time
 
 #: SIGTERM to exit: sessions get this long to end cleanly, gRPC calls a little more
 SHUTDOWN_SESSIONS_S = 5.0
 SHUTDOWN_GRACE_S = 2.0
 SIGNAL_POLL_S = 0.2
+# Health stays up answering NOT_SERVING at least this long after SIGTERM, so that a health
+# check (compose, a load balancer) sees the drain before the
+# port closes, even when no session was running and shutdown is otherwise instant.
+NOT_SERVING_MIN_S = 1.0
 
 
 def add_service_arguments(s: argparse.ArgumentParser) -> None:
@@ -132,7 +137,9 @@ def serve_forever(server, servicer, executor=None) -> int:
     # wait without a timeout could sleep through SIGTERM for ever.
     while not stop.wait(SIGNAL_POLL_S):
         pass
+    draining_since = time.monotonic()
     servicer.shutdown(SHUTDOWN_SESSIONS_S)
+    time.sleep(max(0.0, NOT_SERVING_MIN_S - (time.monotonic() - draining_since)))
     server.stop(grace=SHUTDOWN_GRACE_S).wait(SHUTDOWN_GRACE_S + 1)  # bounded: never hang on a stuck call
     if executor is not None:
         executor.shutdown(wait=False)
