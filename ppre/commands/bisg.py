@@ -1,7 +1,8 @@
 """``ppre bisg``: BISG / BIFSG race probabilities for a members file (SPEC.md section 2.2).
 
 Reads ``member_id, surname, zip`` (optional ``first_name``, ``tract``) from CSV or
-Parquet, validates it (`tester_service.preparation.read_members_table`, `validate_members`), and writes
+Parquet (``--geo none`` leaves the geography out: BISF with ``--first-names``,
+`common.bisg`), validates it (`tester_service.preparation.read_members_table`, `validate_members`), and writes
 ``member_id``, the six probability columns (`common.races.RACES`) and ``source``
 (`common.bisg.SOURCES`) as CSV, or Parquet when the output ends in ``.parquet``.
 The output is written to a temporary file next to it and renamed into place, so an
@@ -24,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from common.bisg import SOURCES, bisg, numpy_to_arrow, strings_to_arrow
+from common.bisg import GEOS, SOURCES, bisg, numpy_to_arrow, strings_to_arrow
 from common.errors import InputError
 from common.races import RACES
 from tester_service.preparation import read_members_table, validate_members
@@ -37,8 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__.splitlines()[0])
     p.add_argument("--input", required=True, help="members CSV/Parquet: member_id, surname, zip[, first_name, tract]")
     p.add_argument("--output", required=True, help="probabilities CSV (or .parquet)")
-    p.add_argument("--geo", choices=("zcta", "tract"), default="zcta",
-                   help="geography: ZCTA from zip (default) or tract GEOID from tract")
+    p.add_argument("--geo", choices=GEOS, default="zcta",
+                   help="geography: ZCTA from zip (default), tract GEOID from tract, or none "
+                        "(surname only; with --first-names: BISF)")
     p.add_argument("--first-names", action="store_true", help="BIFSG: also use first_name")
     p.set_defaults(func=run)
 

@@ -1,12 +1,13 @@
-"""`ppre tester serve`: run the Tester service (P1)."""
+"""`ppre tester serve`: run the Tester service (P1); `ppre tester validate-bisg`: check its
+BISG against the Self-ID answers (paper appendix D; `tester_service.bisg_validation`)."""
 from __future__ import annotations
 
 import argparse
 import os
 
+from common.bisg import GEO_TABLES, GEOS
 from common.errors import InputError
 from ppre.commands import add_names_argument, add_service_arguments, add_tls_arguments, link_settings, tls_identity
-
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,6 +37,49 @@ def register(sub: argparse._SubParsersAction) -> None:
                    metavar="NAME", help="the identity the Test-Client's certificate must carry, whatever address "
                                         "--client names (env PPRE_CLIENT_IDENTITY, default client.ppre.local)")
     s.set_defaults(func=run)
+    register_validate_bisg(actions)
+
+
+def register_validate_bisg(actions: argparse._SubParsersAction) -> None:
+    from tester_service import bisg_validation as bv
+    env = os.environ.get
+    v = actions.add_parser("validate-bisg", help="compare BISG variants with the Self-ID answers (paper appendix D)",
+                           description="Cross-entropy and calibration of BISG (and, with --first-names, BIFSG "
+                                       "and BISF) against the Self-ID answers. Runs on the Tester alone, sends "
+                                       "nothing, writes nothing; prints aggregates only, small cells withheld.")
+    v.add_argument("--members", required=True, metavar="FILE",
+                   help="members file (member_id, surname, zip[, first_name, tract, state, country, opt_out])")
+    v.add_argument("--self-id", dest="self_id", required=True, metavar="FILE",
+                   help="Self-ID survey file (member_id, race)")
+    v.add_argument("--first-names", action="store_true",
+                   help="also BIFSG (surname + first name + geography) and BISF (surname + first name); "
+                        "needs a first_name column")
+    v.add_argument("--geo", choices=GEO_TABLES, default="zcta",
+                   help="geography of BISG and BIFSG: ZCTA from zip (default) or tract GEOID from tract")
+    v.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    v.add_argument("--bins", type=int, default=bv.DEFAULT_BINS, metavar="N",
+                   help=f"equal-width calibration bins over [0, 1] (1 to {bv.MAX_BINS}, default {bv.DEFAULT_BINS})")
+    v.add_argument("--min-bin-count", type=int, default=bv.DEFAULT_MIN_BIN_COUNT, metavar="N",
+                   help=f"withhold group rows and bins with fewer members (at least 1, "
+                        f"default {bv.DEFAULT_MIN_BIN_COUNT})")
+    v.add_argument("--excluded-states", default=env("PPRE_EXCLUDED_STATES", ""),
+                   help="comma-separated state codes whose members (and answers) are not used "
+                        "(env PPRE_EXCLUDED_STATES, as `ppre tester serve`)")
+    v.add_argument("--opt-out-column", default=env("PPRE_OPT_OUT_COLUMN", "opt_out"),
+                   help="opted-out members (and their answers) are not used (env PPRE_OPT_OUT_COLUMN)")
+    v.set_defaults(func=run_validate_bisg)
+
+
+def run_validate_bisg(args: argparse.Namespace) -> int:
+    """Print the validation report (text, or JSON with --json) to stdout."""
+    import json
+
+    from tester_service.bisg_validation import format_report, validate
+    states = tuple(x.strip() for x in args.excluded_states.split(",") if x.strip())
+    report = validate(args.members, args.self_id, geo=args.geo, first_names=args.first_names, bins=args.bins,
+                      min_bin_count=args.min_bin_count, excluded_states=states, opt_out_column=args.opt_out_column)
+    print(json.dumps(report, indent=2, allow_nan=False) if args.json else format_report(report), flush=True)
+    return 0
 
 
 def add_preparation_arguments(s: argparse.ArgumentParser, prefix: str = "") -> None:
@@ -49,7 +93,9 @@ def add_preparation_arguments(s: argparse.ArgumentParser, prefix: str = "") -> N
                    help="clipping threshold T (default: the 90%%-of-largest-BISG-probabilities rule)")
     s.add_argument("--excluded-states", default=env("PPRE_EXCLUDED_STATES", ""),
                    help="comma-separated state codes whose members are not measured")
-    s.add_argument("--geo", choices=("zcta", "tract"), default=env("PPRE_GEO", "zcta"))
+    s.add_argument("--geo", choices=GEOS, default=env("PPRE_GEO", "zcta"),
+                   help="geography: zcta (from zip, default), tract (from tract) or none (surname only; "
+                        "with --first-names: BISF) (env PPRE_GEO)")
     s.add_argument("--first-names", action="store_true", default=env("PPRE_FIRST_NAMES", "") == "1",
                    help="BIFSG: use the members' first names")
     s.add_argument("--group-mapping", default=env("PPRE_GROUP_MAPPING", ""),
