@@ -105,6 +105,7 @@ class ClientSession:
         self._doubled: list = []  # futures: the Tester's points, doubly encrypted, per chunk
         self._sealed: list[bytes] = []
         self._header: pb.AggregatesHeader | None = None
+        self._correction = None  # common.correction.CorrectionPlan when the Tester asked for one
         self._aggregates: list[int] = []
 
     def _lap(self, name: str) -> None:
@@ -366,8 +367,8 @@ class ClientSession:
         yield from wire.table_messages(layout, len(plain), ciphertexts=squares)
 
     # ---------------------------------------------------------------- step 7
-    def _on_aggregates_header(self, header: pb.AggregatesHeader, plan) -> list[pb.PeerMessage]:
-        self._plan = plan
+    def _on_aggregates_header(self, header: pb.AggregatesHeader, plans) -> list[pb.PeerMessage]:
+        self._plan, self._correction = plans
         self._header = header
         self.phase = Phase.WAIT_AGGREGATES
         self._reader = wire.TableReader(wire.ciphertext_table(pb.AGGREGATES, self._paillier.public.ciphertext_bytes))
@@ -416,11 +417,15 @@ class ClientSession:
                                   pseudo_values=header.interval == "random_groups"
                                   and self._metric.interval == "percentile")
         # an empty item of the estimate (its zero test): its cells are undefined, not a ratio of noises
-        values = plan.suppress(values, list(header.suppressed_items) + empty)
+        withheld = list(header.suppressed_items) + empty
+        values = plan.suppress(values, withheld)
+        corrected = None if self._correction is None else self._correction.finish(
+            decoded, plan, withheld, header.unidentifiable,
+            pseudo_values=header.interval == "random_groups" and self._metric.interval == "percentile")
         report = finish(self._metric, plan, values, option=self._option, confidence=header.confidence,
                         interval=header.interval or self._metric.interval,
                         tau=header.tau, params=self._params, info=self._info, replicates=header.replicates,
-                        small_groups=[g for g in header.small_groups if g in header.groups])
+                        small_groups=[g for g in header.small_groups if g in header.groups], corrected=corrected)
         self._lap("finish_statistic")
         self.close()
         return [pb.PeerMessage(client_result=pb.ClientResult(report_json=report.to_json(),

@@ -115,12 +115,21 @@ def simultaneous_bands(values: np.ndarray, confidence: float, method: str) -> tu
 # ----------------------------------------------------------------------------------
 # Result parts
 # ----------------------------------------------------------------------------------
+#: the fields a group or curve entry has only when a correction was asked for
+CORRECTED_FIELDS = ("corrected_estimate", "corrected_ci_low", "corrected_ci_high")
+
+
 @dataclass(frozen=True)
 class GroupResult:
     group: str
     estimate: float | None
     ci_low: float | None
     ci_high: float | None
+    #: the attenuation-corrected value and its interval (`common.correction`), None when
+    #: no correction was asked for or the group's is withheld
+    corrected_estimate: float | None = None
+    corrected_ci_low: float | None = None
+    corrected_ci_high: float | None = None
 
     @classmethod
     def from_values(cls, group: str, estimate: float, low: float, high: float) -> "GroupResult":
@@ -144,6 +153,9 @@ class CurvePoint:
     estimate: float | None
     ci_low: float | None
     ci_high: float | None
+    corrected_estimate: float | None = None
+    corrected_ci_low: float | None = None
+    corrected_ci_high: float | None = None
 
 
 @dataclass(frozen=True)
@@ -208,6 +220,9 @@ class AuditReport:
     #: the Tester's release controls as applied to this audit (noise, privacy budget,
     #: suppressed cells; `tester_service.release`); empty when the report left no Tester
     release: dict[str, Any] = field(default_factory=dict)
+    #: the attenuation correction's facts (`common.correction.Corrected.summary`); empty
+    #: when none was asked for
+    correction: dict[str, Any] = field(default_factory=dict)
 
     def group(self, name: str) -> GroupResult:
         return next(g for g in self.groups if g.group == name)
@@ -229,12 +244,12 @@ class AuditReport:
             "bootstrap": self.bootstrap,
             "confidence": self.confidence,
             "interval": self.interval,
-            "groups": [asdict(g) for g in self.groups],
+            "groups": [self._entry(g) for g in self.groups],
         }
         if self.cells:
             d["cells"] = [asdict(c) for c in self.cells]
         if self.curves:
-            d["curves"] = [asdict(c) for c in self.curves]
+            d["curves"] = [self._entry(c) for c in self.curves]
         if self.pools:
             d["pools"] = [asdict(p) for p in self.pools]
         v = asdict(self.verdict)
@@ -253,7 +268,16 @@ class AuditReport:
         })
         if self.release:
             d["release"] = self.release
+        if self.correction:
+            d["correction"] = self.correction
         return d
+
+    def _entry(self, part) -> dict:
+        entry = asdict(part)
+        if not self.correction:
+            for name in CORRECTED_FIELDS:
+                del entry[name]
+        return entry
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -274,14 +298,16 @@ class AuditReport:
                 metric=str(d["metric"]), metric_option=str(d["metric_option"]), n_matched=int(d["n_matched"]),
                 bootstrap=int(d["bootstrap"]), confidence=float(d["confidence"]), interval=str(d["interval"]),
                 groups=[GroupResult(str(g["group"]), _clean(g["estimate"]), _clean(g["ci_low"]),
-                                    _clean(g["ci_high"])) for g in d["groups"]],
+                                    _clean(g["ci_high"]), *(_clean(g.get(k)) for k in CORRECTED_FIELDS))
+                        for g in d["groups"]],
                 verdict=verdict,
                 cells=[PairResult(str(c["higher"]), str(c["lower"]),
                                   None if c["rank_pair"] is None else str(c["rank_pair"]),
                                   _clean(c["estimate"]), _clean(c["ci_low"]), _clean(c["ci_high"]))
                        for c in d.get("cells", [])],
                 curves=[CurvePoint(str(c["group"]), float(c["score"]), _clean(c["estimate"]),
-                                   _clean(c["ci_low"]), _clean(c["ci_high"])) for c in d.get("curves", [])],
+                                   _clean(c["ci_low"]), _clean(c["ci_high"]),
+                                   *(_clean(c.get(k)) for k in CORRECTED_FIELDS)) for c in d.get("curves", [])],
                 pools=[PoolResult(str(p["pool"]), str(p["group"]), int(p["members"]), _clean(p["expected_count"]),
                                   _clean(p["prob_at_least"]), bool(p["included"])) for p in d.get("pools", [])],
                 differences=[Difference(str(x["kind"]), str(x["a"]), str(x["b"]), _clean(x["estimate"]),
@@ -291,7 +317,7 @@ class AuditReport:
                 result_recipient=str(d.get("result_recipient", "client")), tau=float(d.get("tau", DEFAULT_TAU)),
                 phase_seconds={str(k): float(s) for k, s in d.get("phase_seconds", {}).items()},
                 preparation={str(k): float(s) for k, s in d.get("preparation", {}).items()},
-                release=dict(d.get("release", {})))
+                release=dict(d.get("release", {})), correction=dict(d.get("correction", {})))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"the result is malformed ({type(exc).__name__}: {exc})") from None
 
@@ -314,6 +340,13 @@ class AuditReport:
         return cls.from_dict(data)
 
     # ------------------------------------------------------------- the table
+    def _corrected_cells(self, part, num) -> str:
+        if part.group == "overall":
+            return ""
+        if part.group in self.correction.get("unidentifiable", ()):
+            return f"{'not identifiable at this size':>30}"
+        return f"{num(part.corrected_estimate)}{num(part.corrected_ci_low)}{num(part.corrected_ci_high)}"
+
     def to_table(self) -> str:
         pct = f"{self.confidence:.0%}"
         how = (f"bootstrap B={self.bootstrap}, {pct} percentile CIs" if self.interval == "percentile" else
@@ -324,7 +357,13 @@ class AuditReport:
 
         def num(x: float | None) -> str:
             return f"{x:>10.4f}" if x is not None else f"{'n/a':>10}"
-        if self.groups:
+        if self.groups and self.correction:
+            lines.append(f"{'':<14}{'weighted (paper)':^30}  {'corrected (calibration)':^30}")
+            lines.append(f"{'group':<14}{'estimate':>10}{'ci_low':>10}{'ci_high':>10}  "
+                         f"{'estimate':>10}{'ci_low':>10}{'ci_high':>10}")
+            lines += [f"{g.group:<14}{num(g.estimate)}{num(g.ci_low)}{num(g.ci_high)}  "
+                      f"{self._corrected_cells(g, num)}" for g in self.groups]
+        elif self.groups:
             lines.append(f"{'group':<14}{'estimate':>10}{'ci_low':>10}{'ci_high':>10}")
             lines += [f"{g.group:<14}{num(g.estimate)}{num(g.ci_low)}{num(g.ci_high)}" for g in self.groups]
         if self.cells:
@@ -340,8 +379,14 @@ class AuditReport:
             lines += [f"{p.pool:<14}{p.group:<12}{p.members:>8}{p.expected_count:>10.3f}{p.prob_at_least:>10.4f}"
                       f"  {'yes' if p.included else 'NO'}" if p.expected_count is not None else
                       f"{p.pool:<14}{p.group:<12}{p.members:>8}{'suppressed':>20}" for p in self.pools]
+        if self.curves and self.correction:
+            lines.append(f"{'group':<14}{'score':>10}{'corrected':>10}{'ci_low':>10}{'ci_high':>10}")
+            lines += [f"{c.group:<14}{c.score:>10.4g}{self._corrected_cells(c, num)}" for c in self.curves
+                      if c.group != "overall"]
         v = self.verdict
         lines.append(f"verdict: {v.message}")
+        if self.correction:
+            lines.append("correction: " + correction_summary(self.correction))
         if self.release:
             lines.append("release controls: " + release_summary(self.release))
         if self.preparation:
@@ -349,6 +394,19 @@ class AuditReport:
                 f"{name.replace('_', ' ')} {value:.4g}" if name == "threshold" else
                 f"{name.replace('_', ' ')} {int(value)}" for name, value in _ordered(self.preparation)))
         return "\n".join(lines)
+
+
+def correction_summary(correction: dict[str, Any]) -> str:
+    """One line on the attenuation correction (`common.correction`)."""
+    cond = correction.get("condition_number")
+    parts = ["calibration (M^-1 Num; assumes calibrated probabilities and no proxy effect given race)",
+             f"condition number of M {cond:.3g}" if cond is not None else "M singular"]
+    if correction.get("unidentifiable"):
+        parts.append(f"not identifiable at this size: {', '.join(correction['unidentifiable'])}")
+    if correction.get("dropped"):
+        parts.append(f"left out (suppressed): {', '.join(correction['dropped'])}")
+    parts.append("the verdict compares the weighted estimates")
+    return "; ".join(parts)
 
 
 def release_summary(release: dict[str, Any]) -> str:
@@ -444,11 +502,14 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
 def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, tau: float,
            params: dict[str, Any], info: dict[str, Any], replicates: int,
            result_recipient: str = "client", small_groups: Sequence[str] = (),
-           interval: str | None = None) -> AuditReport:
+           interval: str | None = None, corrected=None) -> AuditReport:
     """The result from the cells' ratios `values` ((R+1, cells): row 0 the estimate).
     `small_groups` (effective size below MIN_EFFECTIVE_SIZE, from the Tester) take no
     part in the verdict of a per-group metric. `interval`: the method the Tester chose
-    (random groups under release noise), else the metric's own."""
+    (random groups under release noise), else the metric's own. `corrected`: the
+    attenuation-corrected values (`common.correction.Corrected`), reported beside the
+    weighted ones with intervals from the same replicates; the verdict stays on the
+    weighted estimates (the paper's)."""
     cells = list(plan.cells)
     extra_cells, extra = metric.derived(cells, values, params, info)
     if extra_cells:
@@ -457,16 +518,21 @@ def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, 
     method = interval or metric.interval
     low, high = marginal_intervals(values, confidence, method)
     est = values[0]
+    fixed = np.full((3, len(cells)), np.nan)
+    if corrected is not None:
+        fixed[0, :corrected.values.shape[1]] = corrected.values[0]
+        fixed[1:, :corrected.values.shape[1]] = marginal_intervals(corrected.values, confidence, method)
     groups, pairs, curves = [], [], []
     for c, cell in enumerate(cells):
         if cell.kind == "group":
-            groups.append(GroupResult.from_values(cell.group, est[c], low[c], high[c]))
+            groups.append(GroupResult(cell.group, _clean(est[c]), _clean(low[c]), _clean(high[c]),
+                                      *(_clean(x) for x in fixed[:, c])))
         elif cell.kind == "pair":
             pairs.append(PairResult(cell.group, cell.other, cell.rank_pair, _clean(est[c]), _clean(low[c]),
                                     _clean(high[c])))
         else:
             curves.append(CurvePoint(cell.group, float(cell.score), _clean(est[c]), _clean(low[c]),
-                                     _clean(high[c])))
+                                     _clean(high[c]), *(_clean(x) for x in fixed[:, c])))
 
     # differences between groups and to overall, from the same replicates
     index = {cell.group: c for c, cell in enumerate(cells) if cell.kind == "group"}
@@ -522,7 +588,8 @@ def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, 
     return AuditReport(metric=metric.name, metric_option=option, n_matched=0, bootstrap=replicates,
                        confidence=confidence, interval=method, groups=groups, verdict=verdict, cells=pairs,
                        curves=curves, differences=differences, params=_jsonable(params), info=dict(info),
-                       result_recipient=result_recipient, tau=tau)
+                       result_recipient=result_recipient, tau=tau,
+                       correction=corrected.summary() if corrected is not None else {})
 
 
 def _jsonable(params: dict[str, Any]) -> dict[str, Any]:

@@ -51,7 +51,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from common import commutative, paillier, wire
+from common import commutative, correction, paillier, wire
 from common.errors import EncodingOverflowError, InputError, PeerAborted, ProtocolError
 from common.metrics import get_metric
 from common.results import AuditReport
@@ -442,6 +442,9 @@ class ClientInbound(Gate):
             params = metric.parse_params(dict(hello.metric_params))
         except InputError as exc:
             raise ProtocolError(f"the Tester's metric parameters are refused: {exc}") from None
+        if hello.correction not in ("", *correction.METHODS) or (
+                hello.correction not in ("", "none") and not metric.corrects):
+            raise ProtocolError(f"the Tester asked for a correction '{hello.correction}' that {metric.name} lacks")
         return HelloChoice(metric, option, params)
 
     def _expected_rows(self, s, table: int) -> int | None:
@@ -479,6 +482,13 @@ class ClientInbound(Gate):
         if header.mask != expected_mask:
             raise ProtocolError("aggregates header: mask does not match the agreed result recipient")
         plan = s._metric.plan(groups, s._strata_labels, s._layout, s._option, s._params, s._info)
+        corrections = None
+        if s._hello.correction not in ("", "none"):
+            plan, corrections = correction.extend(plan, groups)
+        if not set(header.unidentifiable) <= set(groups) or \
+                len(set(header.unidentifiable)) != len(header.unidentifiable) or \
+                (header.unidentifiable and corrections is None):
+            raise ProtocolError("aggregates header: the unidentifiable groups are not among the groups")
         if header.items != len(plan.items) or header.item_slots != plan.item_slots \
                 or not 1 <= header.items <= MAX_ITEMS \
                 or any(i >= header.items for i in header.suppressed_items) \
@@ -489,4 +499,4 @@ class ClientInbound(Gate):
                 or not all(math.isfinite(x) and x >= 0 for x in header.noise_sd) \
                 or (header.mask == "additive" and (header.plain_rows or header.zero_tests)):
             raise ProtocolError("aggregates header: malformed release fields")
-        return plan
+        return plan, corrections

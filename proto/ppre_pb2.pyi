@@ -25,7 +25,7 @@ SQUARE_REQUEST: Table
 SQUARES: Table
 
 class AuditRequest(_message.Message):
-    __slots__ = ("metric", "client_dataset", "bootstrap", "confidence", "has_seed", "seed", "result_recipient", "metric_option", "tau", "metric_params")
+    __slots__ = ("metric", "client_dataset", "bootstrap", "confidence", "has_seed", "seed", "result_recipient", "metric_option", "tau", "metric_params", "correction")
     class MetricParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class AuditRequest(_message.Message):
     METRIC_OPTION_FIELD_NUMBER: _ClassVar[int]
     TAU_FIELD_NUMBER: _ClassVar[int]
     METRIC_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    CORRECTION_FIELD_NUMBER: _ClassVar[int]
     metric: str
     client_dataset: str
     bootstrap: int
@@ -53,7 +54,8 @@ class AuditRequest(_message.Message):
     metric_option: str
     tau: float
     metric_params: _containers.ScalarMap[str, str]
-    def __init__(self, metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., bootstrap: _Optional[int] = ..., confidence: _Optional[float] = ..., has_seed: _Optional[bool] = ..., seed: _Optional[int] = ..., result_recipient: _Optional[str] = ..., metric_option: _Optional[str] = ..., tau: _Optional[float] = ..., metric_params: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    correction: str
+    def __init__(self, metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., bootstrap: _Optional[int] = ..., confidence: _Optional[float] = ..., has_seed: _Optional[bool] = ..., seed: _Optional[int] = ..., result_recipient: _Optional[str] = ..., metric_option: _Optional[str] = ..., tau: _Optional[float] = ..., metric_params: _Optional[_Mapping[str, str]] = ..., correction: _Optional[str] = ...) -> None: ...
 
 class AuditEvent(_message.Message):
     __slots__ = ("progress", "result", "error")
@@ -94,7 +96,7 @@ class AuditError(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("protocol_version", "metric", "client_dataset", "metric_option", "salt_share", "probability_bits", "result_recipient", "sealed_width", "metric_params", "buckets")
+    __slots__ = ("protocol_version", "metric", "client_dataset", "metric_option", "salt_share", "probability_bits", "result_recipient", "sealed_width", "metric_params", "buckets", "correction")
     class MetricParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +114,7 @@ class Hello(_message.Message):
     SEALED_WIDTH_FIELD_NUMBER: _ClassVar[int]
     METRIC_PARAMS_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    CORRECTION_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     metric: str
     client_dataset: str
@@ -122,7 +125,8 @@ class Hello(_message.Message):
     sealed_width: int
     metric_params: _containers.ScalarMap[str, str]
     buckets: int
-    def __init__(self, protocol_version: _Optional[int] = ..., metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., metric_option: _Optional[str] = ..., salt_share: _Optional[bytes] = ..., probability_bits: _Optional[int] = ..., result_recipient: _Optional[str] = ..., sealed_width: _Optional[int] = ..., metric_params: _Optional[_Mapping[str, str]] = ..., buckets: _Optional[int] = ...) -> None: ...
+    correction: str
+    def __init__(self, protocol_version: _Optional[int] = ..., metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., metric_option: _Optional[str] = ..., salt_share: _Optional[bytes] = ..., probability_bits: _Optional[int] = ..., result_recipient: _Optional[str] = ..., sealed_width: _Optional[int] = ..., metric_params: _Optional[_Mapping[str, str]] = ..., buckets: _Optional[int] = ..., correction: _Optional[str] = ...) -> None: ...
 
 class HelloAck(_message.Message):
     __slots__ = ("salt_share", "paillier_n", "paillier_h", "slot_bits", "rows", "strata_labels", "info_json", "slots")
@@ -171,7 +175,7 @@ class TableEnd(_message.Message):
     def __init__(self, table: _Optional[_Union[Table, str]] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class AggregatesHeader(_message.Message):
-    __slots__ = ("groups", "replicates", "confidence", "slot_bits", "mask", "items", "item_slots", "tau", "small_groups", "suppressed_items", "interval", "plain_rows", "noise_sd", "zero_tests")
+    __slots__ = ("groups", "replicates", "confidence", "slot_bits", "mask", "items", "item_slots", "tau", "small_groups", "suppressed_items", "interval", "plain_rows", "noise_sd", "zero_tests", "unidentifiable")
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     REPLICATES_FIELD_NUMBER: _ClassVar[int]
     CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +190,7 @@ class AggregatesHeader(_message.Message):
     PLAIN_ROWS_FIELD_NUMBER: _ClassVar[int]
     NOISE_SD_FIELD_NUMBER: _ClassVar[int]
     ZERO_TESTS_FIELD_NUMBER: _ClassVar[int]
+    UNIDENTIFIABLE_FIELD_NUMBER: _ClassVar[int]
     groups: _containers.RepeatedScalarFieldContainer[str]
     replicates: int
     confidence: float
@@ -200,7 +205,8 @@ class AggregatesHeader(_message.Message):
     plain_rows: int
     noise_sd: _containers.RepeatedScalarFieldContainer[float]
     zero_tests: int
-    def __init__(self, groups: _Optional[_Iterable[str]] = ..., replicates: _Optional[int] = ..., confidence: _Optional[float] = ..., slot_bits: _Optional[int] = ..., mask: _Optional[str] = ..., items: _Optional[int] = ..., item_slots: _Optional[int] = ..., tau: _Optional[float] = ..., small_groups: _Optional[_Iterable[str]] = ..., suppressed_items: _Optional[_Iterable[int]] = ..., interval: _Optional[str] = ..., plain_rows: _Optional[int] = ..., noise_sd: _Optional[_Iterable[float]] = ..., zero_tests: _Optional[int] = ...) -> None: ...
+    unidentifiable: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, groups: _Optional[_Iterable[str]] = ..., replicates: _Optional[int] = ..., confidence: _Optional[float] = ..., slot_bits: _Optional[int] = ..., mask: _Optional[str] = ..., items: _Optional[int] = ..., item_slots: _Optional[int] = ..., tau: _Optional[float] = ..., small_groups: _Optional[_Iterable[str]] = ..., suppressed_items: _Optional[_Iterable[int]] = ..., interval: _Optional[str] = ..., plain_rows: _Optional[int] = ..., noise_sd: _Optional[_Iterable[float]] = ..., zero_tests: _Optional[int] = ..., unidentifiable: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClientResult(_message.Message):
     __slots__ = ("phase_seconds", "report_json")

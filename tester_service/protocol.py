@@ -36,10 +36,10 @@ import numpy as np
 import pandas as pd
 
 from common import bootstrap as boot
-from common import commutative, encoding, paillier, parallel, validation, wire
+from common import commutative, correction, encoding, paillier, parallel, validation, wire
 from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.masking import AdditiveMask, RatioMask
-from common.metrics import get_metric
+from common.metrics import correcting_metrics, get_metric
 from common.metrics.base import Layout
 from common.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, AuditReport, finish
 from common.session import PhaseClock, chunk_ticks, expect_phase
@@ -68,6 +68,8 @@ class AuditSpec:
     tau: float = DEFAULT_TAU
     #: the metric's parameters as the operator gave them (text)
     params: dict[str, str] = field(default_factory=dict)
+    #: "none" or "calibration": attenuation-corrected estimates beside the weighted ones
+    correction: str = "none"
 
     def validated(self) -> "AuditSpec":
         metric = get_metric(self.metric)
@@ -88,7 +90,11 @@ class AuditSpec:
             raise InputError(f"must be one of {', '.join(RECIPIENTS)}", parameter="result recipient")
         if not self.tau > 0:
             raise InputError("must be positive", parameter="tau")
-        return dataclasses.replace(self, metric_option=option, params=dict(self.params))
+        correction_method = correction.check_method(self.correction)
+        if correction_method != "none" and not metric.corrects:
+            raise InputError(f"{self.metric} has no attenuation correction (metrics with one: "
+                             f"{', '.join(correcting_metrics())})", parameter="correction")
+        return dataclasses.replace(self, metric_option=option, params=dict(self.params), correction=correction_method)
 
 
 #: chunks of the Test-Client's rows in flight on the executor at most (per worker: 2)
@@ -204,6 +210,8 @@ class TesterSession:
         self._squares_state: Any = None
         self._squares: list[int] = []
         self._small_groups: list[str] = []
+        self._unidentifiable: list[str] = []
+        self._correction: correction.CorrectionPlan | None = None
         self._n_sent = 0
 
     # ------------------------------------------------------------------ helpers
@@ -252,7 +260,7 @@ class TesterSession:
             metric_option=self.spec.metric_option, salt_share=self._salt_share,
             probability_bits=encoding.PROBABILITY_BITS, result_recipient=self.spec.result_recipient,
             sealed_width=sealed_width(len(self.groups)), metric_params=self.spec.params,
-            buckets=self._n_buckets))]
+            buckets=self._n_buckets, correction=self.spec.correction))]
 
     def receive(self, msg: pb.PeerMessage) -> Iterable[pb.PeerMessage]:
         """Consume one message from the Test-Client; returns the messages to send back.
@@ -483,9 +491,14 @@ class TesterSession:
         self._small_groups = [g for g, size in zip(self.groups, effective) if size < MIN_EFFECTIVE_SIZE]
         facts = metric.tester_facts(q, strata, units)
         weights = metric.weights(q, strata, units, self.groups, self.spec.metric_option, self.params)
-        del q
         self._plan = metric.plan(self.groups, self._strata_labels, self._layout, self.spec.metric_option,
                                  self.params, self._info)
+        if self.spec.correction != "none":
+            self._plan, self._correction = correction.extend(self._plan, self.groups)
+            weights = list(weights) + correction.pair_weights(q[0])
+            assert len(weights) == len(self.groups) + 1 + len(correction.pairs(len(self.groups)))
+            self._check_identifiable(q[0])
+        del q
         self._suppress_small(weights, strata)
         self._lap("open_probabilities")
 
@@ -593,7 +606,8 @@ class TesterSession:
         # noise (σ₀); every replicate is formed from units that each carry noise (σ_b): with
         # noise, the units are disjoint random groups and each replicate is one of them.
         comps = metric.components(self.spec.metric_option, self.params, self._info)
-        sigma0, sigma_b = self.release.sigmas(len(comps))
+        sigma0, sigma_b = self.release.sigmas(
+            len(comps) * (correction.SENSITIVITY_FACTOR if self._correction else 1))
         scales = [self._slot_scales(plan_items[i], weights, comps) for i in direct]
         del weights
         point = []
@@ -642,6 +656,18 @@ class TesterSession:
         self._lap("squares")
         yield from self._send_items(items, self._replicates())
 
+    def _check_identifiable(self, q: np.ndarray) -> None:
+        """The groups whose identifying size (`common.correction`), measured on our own
+        probabilities over the joined rows, is below the minimum: their corrected values
+        are withheld. With release noise the sizes are noised first, as the effective
+        sizes that decide suppression are."""
+        p = q / float(1 << encoding.PROBABILITY_BITS)
+        sizes = correction.identifying_sizes(correction.plain_matrix(p))
+        if self.release.noisy:
+            sigma = self.release.threshold_sigma() * self._multiplicity
+            sizes = sizes + np.array([gaussian(sigma) for _ in sizes])
+        self._unidentifiable = [g for g, size in zip(self.groups, sizes) if not size >= correction.MIN_IDENTIFYING_SIZE]
+
     # ------------------------------------------------------------------ release controls
     def _suppress_small(self, weights: list, strata: np.ndarray | None) -> None:
         """The items (and so cells) whose effective size, Σ of the size weight over the
@@ -669,7 +695,10 @@ class TesterSession:
             return sizes[(w, stratum)]
 
         minimum = self.release.min_effective_size
-        keys = [(metric.size_weight(item), item.stratum) for item in plan.items]
+        # M's items (the correction) are not cells: a small entry of M is no cell to
+        # withhold, and the noise below covers them
+        base = self._correction.first_item if self._correction else len(plan.items)
+        keys = [(metric.size_weight(item), item.stratum) for item in plan.items[:base]]
         if self.release.noisy:  # decided on noisy sizes (one draw per weight and stratum)
             sigma = self.release.threshold_sigma() * self._multiplicity
             measured = {key: size(*key) + gaussian(sigma) for key in set(keys)}
@@ -742,11 +771,17 @@ class TesterSession:
         slots = plan.item_slots
         if self.spec.result_recipient == "client":
             ratio = []
+            # the correction solves systems that mix a replicate's cells: one factor per
+            # replicate (each slot keeps its own noise); otherwise one per item
+            common_factor = {}
             for idx, _ in enumerate(items):
                 if idx < plain_rows * n_items or idx >= (replicates + 1) * n_items:
                     ratio.append((1, 0))  # released as it is (rerandomised)
                     continue
-                r = RatioMask.draw().r
+                if self._correction is None:
+                    r = RatioMask.draw().r
+                else:
+                    r = common_factor.setdefault(idx // n_items, RatioMask.draw().r)
                 noise = sum(RatioMask.noise(r) << (s * shift) for s in range(slots))
                 ratio.append((r, noise))
             pads = None
@@ -771,7 +806,7 @@ class TesterSession:
             slot_bits=shift, mask="ratio" if ratio else "additive", items=len(plan.items), item_slots=slots,
             tau=self.spec.tau, small_groups=self._small_groups, suppressed_items=self._suppressed,
             interval=self._interval(), plain_rows=plain_rows if ratio else 0, noise_sd=self._noise_sd,
-            zero_tests=zero_tests))
+            zero_tests=zero_tests, unidentifiable=self._unidentifiable))
         yield from wire.table_messages(wire.ciphertext_table(pb.AGGREGATES, width), len(out),
                                        ciphertexts=paillier.ciphertexts_to_bytes(out, width))
 
@@ -821,12 +856,15 @@ class TesterSession:
             except EncodingOverflowError:
                 raise ProtocolError("a masked plaintext does not decode") from None
         noisy = self.release.noisy
+        pseudo = noisy and self.metric.interval == "percentile"
         values = plan.suppress(plan.cell_values(slots, lambda num, den: float(num) / float(den) if den != 0 else None,
                                                 plain_rows=replicates + 1 if noisy else 0, noise_sd=self._noise_sd,
-                                                pseudo_values=noisy and self.metric.interval == "percentile"),
+                                                pseudo_values=pseudo),
                                self._suppressed)
+        corrected = None if self._correction is None else self._correction.finish(
+            slots, plan, self._suppressed, self._unidentifiable, pseudo_values=pseudo)
         report = finish(self.metric, plan, values, option=self.spec.metric_option, confidence=self.spec.confidence,
                         interval=self._interval(),
                         tau=self.spec.tau, params=self.params, info=self._info, replicates=replicates,
-                        result_recipient="tester", small_groups=self._small_groups)
+                        result_recipient="tester", small_groups=self._small_groups, corrected=corrected)
         return self._finish(report, dict(mp.phase_seconds))

@@ -268,7 +268,8 @@ class _AuditRun:
             seed=request.seed if request.has_seed else None,
             result_recipient=request.result_recipient or "client",
             metric_option=request.metric_option, params=dict(request.metric_params),
-            tau=request.tau if request.HasField("tau") else DEFAULT_TAU).validated()
+            tau=request.tau if request.HasField("tau") else DEFAULT_TAU,
+            correction=request.correction or "none").validated()
 
     def _audit(self) -> pb.AuditEvent | None:
         cfg = self.config

@@ -25,3 +25,8 @@ def get_metric(name: str) -> Metric:
         return METRICS[name]
     except KeyError:
         raise InputError(f"unknown metric '{name}' (known: {', '.join(METRICS)})", parameter="metric") from None
+
+
+def correcting_metrics() -> list[str]:
+    """The metrics with an attenuation correction (`common.correction`)."""
+    return [name for name, metric in METRICS.items() if metric.corrects]

@@ -319,6 +319,9 @@ class Metric:
     uses_strata = False
     #: random groups G (resampling "random_groups")
     random_groups = 0
+    #: per-group ratio cells on weight column j for group j, so that the attenuation
+    #: correction (`common.correction`) applies: M's items join the plan
+    corrects = False
 
     def for_option(self, option: str) -> "Metric":
         """The metric as the option makes it (MQOS-AUC's option picks its algorithm)."""

@@ -15,6 +15,7 @@ from common.tables import binary_column
 
 class Ero(Metric):
     name = "ero"
+    corrects = True
     description = "false-positive burden: per-group false-positive rate"
     options = ("fpr", "unconditional")
     option_help = "fpr (default): d = 1(y=0); unconditional: d = 1 (paper eq. 6)"

@@ -25,6 +25,7 @@ MAX_QUERIES_PER_VIEWER = 1 << 20
 
 class MqosNdcg(Metric):
     name = "mqos-ndcg"
+    corrects = True
     description = "minimum quality of service: per-group mean NDCG of the viewers' queries"
     numeric_columns = ("rank", "relevance")
     text_columns = ("query_id",)

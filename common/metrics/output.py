@@ -17,6 +17,7 @@ MAX_OUTCOME = 1e9
 
 class OutputMetric(Metric):
     name = "output"
+    corrects = True
     description = "output metric: per-group mean of an outcome"
     numeric_columns = ("outcome",)
     verdict_rule = "range"

@@ -39,6 +39,7 @@ def _bandwidth(text: str) -> float:
 
 class Pot(Metric):
     name = "pot"
+    corrects = True
     description = "pointwise outcome test: per-group kernel regression of the outcome on the score, and DTI"
     params = (
         Param("reference_scores", "comma-separated reference scores (default: the score deciles)", float_list),

@@ -61,6 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE, help="CI level (default 0.95)")
     s.add_argument("--seed", type=int, help="seed of the Tester's bucket assignment and resampling (not of any key, mask, or the Test-Client's own random choices)")
     s.add_argument("--tau", type=float, default=DEFAULT_TAU, help="disparity threshold of the verdict")
+    s.add_argument("--correction", choices=("none", "calibration"), default="none",
+                   help="calibration: also report attenuation-corrected estimates M^-1 Num beside the "
+                        "weighted ones (ero, output, mqos-ndcg, pot; README, 'Corrected estimates')")
     s.add_argument("--result-recipient", choices=("client", "tester"), default="client",
                    help="who may learn the result: the Test-Client (default) or only the Tester")
     s.add_argument("--json", action="store_true", help="print exactly one JSON object")
@@ -90,7 +93,7 @@ def build_request(args: argparse.Namespace, dataset: str):
     return pb.AuditRequest(metric=args.metric, client_dataset=dataset, bootstrap=args.bootstrap,
                            confidence=args.confidence, has_seed=args.seed is not None, seed=args.seed or 0,
                            result_recipient=args.result_recipient, metric_option=args.metric_option, tau=args.tau,
-                           metric_params=metric_params(args))
+                           metric_params=metric_params(args), correction=args.correction)
 
 
 def _progress(args):

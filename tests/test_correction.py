@@ -1,0 +1,253 @@
+"""The attenuation correction (`common.correction`): its algebra, the HE path against its
+plaintext twin (both result recipients, ERO and POT's curves), identifiability, the
+release noise it needs, and what a peer or an operator may not ask for."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from common import correction
+from common.errors import InputError, ProtocolError
+from common.races import RACES
+from common.results import AuditReport
+from proto import ppre_pb2 as pb
+from tester_service.protocol import AuditSpec
+from tester_service.release import ReleasePolicy
+from tests.helpers import local_audit
+
+GROUPS = list(RACES)
+
+
+def calibrated_population(n: int, seed: int, *, rates=(0.10, 0.22, 0.08, 0.15, 0.12, 0.09), alpha: float = 0.4):
+    """Probabilities p_i ~ Dirichlet(alpha), true race drawn from p_i (calibrated by
+    construction), y_true ~ Bernoulli(0.7), a false positive with the race's rate."""
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.full(len(GROUPS), alpha), size=n)
+    race = (p.cumsum(axis=1) > rng.random(n)[:, None]).argmax(axis=1)
+    y_true = (rng.random(n) < 0.3).astype(int)
+    y_pred = np.where(y_true == 1, (rng.random(n) < 0.8), rng.random(n) < np.asarray(rates)[race]).astype(int)
+    ids = [f"m{i:06d}" for i in range(n)]
+    tester = pd.DataFrame(p, columns=GROUPS)
+    tester.insert(0, "member_id", ids)
+    client = pd.DataFrame({"member_id": ids, "y_true": y_true, "y_pred": y_pred})
+    return tester, client, p, race
+
+
+def plain_corrected(p: np.ndarray, f: np.ndarray, d: np.ndarray, hidden: tuple[int, ...] = ()) -> np.ndarray:
+    """The plaintext twin: M⁻¹·Num from floating-point sums; a hidden (not identifiable)
+    group's rate is its weighted estimate, subtracted from the others' rows (NaN for it)."""
+    m, num, den = correction.plain_matrix(p, d), p.T @ f, p.T @ d
+    solved = [j for j in range(p.shape[1]) if j not in hidden]
+    fixed = list(hidden)
+    out = np.full(p.shape[1], np.nan)
+    out[solved] = np.linalg.solve(m[np.ix_(solved, solved)],
+                                  num[solved] - m[np.ix_(solved, fixed)] @ (num[fixed] / den[fixed]))
+    return out
+
+
+# ----------------------------------------------------------------------------------
+# The algebra
+# ----------------------------------------------------------------------------------
+def test_pair_weights_are_exact_products_rounded_at_32_bits():
+    rng = np.random.default_rng(3)
+    q = rng.integers(0, 1 << 32, size=(500, 4), dtype=np.int64)
+    q[0] = [1 << 32, 1 << 32, 0, 1]  # the extremes: a certain member, and 0
+    for (j, r), w in zip(correction.pairs(4), correction.pair_weights(q)):
+        expected = [(int(a) * int(b) + (1 << 31)) >> 32 for a, b in zip(q[:, j], q[:, r])]
+        assert w.tolist() == expected
+
+
+def test_solve_recovers_rates_and_sizes_of_separated_groups():
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.full(4, 0.5), size=2000)
+    mu = np.array([0.1, 0.3, 0.2, 0.05])
+    m = correction.plain_matrix(p)
+    assert np.allclose(correction.solve(m @ mu, m), mu, atol=1e-12)
+    # scale-free: a masked system (a common factor) gives the same solution
+    assert np.allclose(correction.solve(7.5e30 * (m @ mu), 7.5e30 * m), mu, atol=1e-12)
+    hard = np.eye(4)[rng.integers(0, 4, 1000)]
+    assert np.allclose(correction.identifying_sizes(correction.plain_matrix(hard)), hard.sum(axis=0))
+    # a group that is a copy of another cannot be told apart
+    twins = np.column_stack([p[:, 0] / 2, p[:, 0] / 2, p[:, 1:].sum(axis=1)])
+    assert correction.identifying_sizes(correction.plain_matrix(twins))[:2].max() < 1e-6 or \
+        np.isnan(correction.solve(np.ones(3), correction.plain_matrix(twins))).all()
+
+
+def test_the_correction_removes_the_attenuation_the_weighted_estimator_has():
+    """On calibrated data the weighted estimator is biased towards the mean, the corrected
+    one is not (a large sample: the bias dwarfs the noise)."""
+    rates = np.array([0.10, 0.30, 0.08, 0.15, 0.12, 0.09])
+    _, client, p, _ = calibrated_population(200_000, 5, rates=rates)
+    f = ((client.y_pred == 1) & (client.y_true == 0)).to_numpy(float)
+    d = (client.y_true == 0).to_numpy(float)
+    weighted = (p.T @ f) / (p.T @ d)
+    corrected = plain_corrected(p, f, d)
+    assert np.abs(corrected - rates).max() < 0.01
+    assert np.abs(weighted - rates).max() > 0.05
+
+
+# ----------------------------------------------------------------------------------
+# The HE path against its plaintext twin
+# ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("recipient", ["client", "tester"])
+def test_ero_he_path_equals_its_plaintext_twin(recipient):
+    tester, client, p, _ = calibrated_population(1500, 11, alpha=1.0)
+    spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=30, seed=2, result_recipient=recipient,
+                     correction="calibration")
+    report, session, _ = local_audit(tester, client, spec=spec)
+    f = ((client.y_pred == 1) & (client.y_true == 0)).to_numpy(float)
+    d = (client.y_true == 0).to_numpy(float)
+    twin = plain_corrected(p, f, d)
+    got = np.array([report.group(g).corrected_estimate for g in GROUPS])
+    assert np.abs(got - twin).max() < 1e-9, (got, twin)
+    assert report.overall.corrected_estimate is None
+    for g in GROUPS:
+        entry = report.group(g)
+        assert entry.corrected_ci_low < entry.corrected_estimate < entry.corrected_ci_high
+    assert report.correction["method"] == "calibration" and report.correction["unidentifiable"] == []
+    cond = np.linalg.cond(correction.plain_matrix(p, d))
+    assert report.correction["condition_number"] == pytest.approx(cond, rel=1e-6)
+    # the weighted estimates are those of an audit without the correction
+    plain, _, _ = local_audit(tester, client, spec=dataclasses.replace(spec, correction="none"))
+    assert [g.estimate for g in plain.groups] == pytest.approx([g.estimate for g in report.groups], abs=1e-9)
+    assert "corrected_estimate" not in plain.to_dict()["groups"][0] and "correction" not in plain.to_dict()
+    # the JSON contract: the corrected fields per group, and back
+    d_json = report.to_dict()
+    assert {"corrected_estimate", "corrected_ci_low", "corrected_ci_high"} <= set(d_json["groups"][0])
+    assert AuditReport.from_json(report.to_json()).to_dict() == d_json
+    assert "corrected (calibration)" in report.to_table()
+
+
+def test_pot_curves_he_path_equals_its_plaintext_twin():
+    """POT: one system per reference score (several cells per ciphertext share M's items)."""
+    tester, _, p, race = calibrated_population(1200, 12, alpha=1.0)
+    rng = np.random.default_rng(4)
+    scores = rng.beta(2, 2, size=len(p))
+    outcome = (rng.random(len(p)) < np.clip(scores + 0.1 * (race == 1), 0, 1)).astype(float)
+    client = pd.DataFrame({"member_id": tester.member_id, "score": scores, "outcome": outcome})
+    refs = (0.25, 0.5, 0.75)
+    spec = AuditSpec(metric="pot", client_dataset="d", bootstrap=10, seed=2, correction="calibration",
+                     params={"reference_scores": ",".join(map(str, refs)), "bandwidth": "0.1"})
+    report, _, _ = local_audit(tester, client, spec=spec)
+    for s in refs:
+        # the kernel values as the Test-Client encrypts them (fixed point, 24 bits)
+        kernel = np.rint(np.exp(-0.5 * ((scores - s) / 0.1) ** 2) * 2.0 ** 24) / 2.0 ** 24
+        shown = [j for j, g in enumerate(GROUPS) if g not in report.correction["unidentifiable"]]
+        twin = plain_corrected(p, kernel * outcome, kernel, tuple(j for j in range(len(GROUPS)) if j not in shown))
+        got = [next(c for c in report.curves if c.group == GROUPS[j] and c.score == pytest.approx(s)).corrected_estimate
+               for j in shown]
+        assert len(shown) >= 4 and np.abs(np.array(got) - twin[shown]).max() < 1e-9
+    assert all(c.corrected_estimate is None for c in report.curves if c.group == "overall")
+
+
+def test_ratio_masks_share_one_factor_per_replicate_only_with_the_correction(monkeypatch):
+    """The solve mixes a replicate's cells, so their masks must share the factor (each
+    slot keeps its own noise); without the correction every item has its own."""
+    from tester_service import aggregation
+
+    tester, client, _, _ = calibrated_population(600, 13, alpha=1.0)
+    factors: list = []
+    original = aggregation.mask_chunk
+
+    def recording(n, h, items, ratio, pads):
+        factors.extend(r for r, _ in ratio)
+        return original(n, h, items, ratio, pads)
+
+    monkeypatch.setattr(aggregation, "mask_chunk", recording)
+    n_items = {"none": len(GROUPS) + 1, "calibration": len(GROUPS) + 1 + len(correction.pairs(len(GROUPS)))}
+    for method, items in n_items.items():
+        factors.clear()
+        spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=5, seed=2, correction=method)
+        local_audit(tester, client, spec=spec)
+        rows = [factors[i:i + items] for i in range(0, 6 * items, items)]  # estimate + 5 replicates
+        assert len(factors) == 7 * items  # and a zero test per item (factor 1: sent as it is)
+        if method == "none":
+            assert all(len(set(row)) == items for row in rows)
+        else:
+            assert all(len(set(row)) == 1 for row in rows) and len({row[0] for row in rows}) == 6
+
+
+# ----------------------------------------------------------------------------------
+# Identifiability, release noise, refusals
+# ----------------------------------------------------------------------------------
+def test_a_group_too_mixed_to_tell_apart_is_withheld():
+    """aian and multiple carry the same small probability everywhere: their rows of M are
+    identical, so neither is identifiable; the others still get corrected values."""
+    tester, client, p, _ = calibrated_population(1500, 14, alpha=1.0)
+    q = p.copy()
+    shared = (q[:, 3] + q[:, 4]) / 2
+    q[:, 3] = q[:, 4] = shared
+    tester[GROUPS] = q
+    spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=20, seed=2, correction="calibration")
+    report, _, _ = local_audit(tester, client, spec=spec)
+    assert sorted(report.correction["unidentifiable"]) == ["aian", "multiple"]
+    for g in ("aian", "multiple"):
+        assert report.group(g).corrected_estimate is None and report.group(g).estimate is not None
+    # the others are solved for, with the hidden groups' weighted rates subtracted from their rows
+    f = ((client.y_pred == 1) & (client.y_true == 0)).to_numpy(float)
+    d = (client.y_true == 0).to_numpy(float)
+    twin = plain_corrected(q, f, d, hidden=(3, 4))
+    got = np.array([report.group(g).corrected_estimate or np.nan for g in GROUPS])
+    assert np.allclose(got[[0, 1, 2, 5]], twin[[0, 1, 2, 5]], atol=1e-9, rtol=0)
+    assert "not identifiable at this size" in report.to_table()
+
+
+def test_release_noise_covers_the_correction_items():
+    """With the correction, the release noise is calibrated to the larger sensitivity
+    (√5 per component): the header's noise sd of the group items grows by √5."""
+    tester, client, _, _ = calibrated_population(3000, 15, alpha=1.0)
+    headers = {}
+    for method in ("none", "calibration"):
+        def tap(direction, msg, method=method):
+            if msg.WhichOneof("body") == "aggregates_header":
+                headers[method] = msg.aggregates_header
+        spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=20, seed=2, correction=method)
+        report, _, _ = local_audit(tester, client, spec=spec, tap=tap, release=ReleasePolicy())
+        assert report.interval == "random_groups"
+        if method == "calibration":
+            assert report.group("white").corrected_estimate is not None
+            assert report.group("white").corrected_ci_low is not None
+    plain, corrected = np.array(headers["none"].noise_sd), np.array(headers["calibration"].noise_sd)
+    first = corrected[:len(plain) // 2][:plain.size // 2]
+    nonzero = plain[:plain.size // 2] > 0
+    assert np.allclose(first[nonzero] / plain[:plain.size // 2][nonzero], np.sqrt(correction.SENSITIVITY_FACTOR))
+
+
+def test_an_operator_may_not_ask_a_metric_without_a_correction_for_one():
+    with pytest.raises(InputError, match="no attenuation correction"):
+        AuditSpec(metric="lot", client_dataset="d", correction="calibration").validated()
+    with pytest.raises(InputError, match="is not a correction"):
+        AuditSpec(metric="ero", client_dataset="d", correction="magic").validated()
+
+
+def test_the_test_client_refuses_a_hello_asking_an_impossible_correction():
+    from common import validation
+
+    inbound = validation.ClientInbound()
+    hello = pb.Hello(protocol_version=validation.PROTOCOL_VERSION, metric="lot", salt_share=b"\0" * 32,
+                     probability_bits=32, result_recipient="client", sealed_width=validation.sealed_width(6),
+                     buckets=128, correction="calibration")
+    with pytest.raises(ProtocolError, match="correction"):
+        inbound._hello(None, hello)
+    with pytest.raises(ProtocolError, match="correction"):
+        inbound._hello(None, pb.Hello(**{**{f.name: getattr(hello, f.name) for f, _ in hello.ListFields()},
+                                         "metric": "ero", "correction": "magic"}))
+
+
+@pytest.mark.parametrize("tamper", ["unknown_group", "without_correction"])
+def test_a_header_naming_impossible_unidentifiable_groups_is_a_protocol_error(tamper):
+    """The Test-Client checks the Tester's list of withheld groups: they must be among the
+    groups, and only an audit with a correction has any."""
+    tester, client, _, _ = calibrated_population(400, 16, alpha=1.0)
+
+    def tap(direction, msg):
+        if msg.WhichOneof("body") == "aggregates_header":
+            msg.aggregates_header.unidentifiable.append("martian" if tamper == "unknown_group" else "white")
+
+    method = "calibration" if tamper == "unknown_group" else "none"
+    spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=5, seed=2, correction=method)
+    with pytest.raises(ProtocolError, match="unidentifiable groups"):
+        local_audit(tester, client, spec=spec, tap=tap)
