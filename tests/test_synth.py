@@ -25,7 +25,7 @@ DATASET_COLUMNS = {
 
 def test_synthesize_shapes_and_seed():
     d = synthesize(SynthConfig(members=5000, seed=4))
-    assert list(d.members.columns) == ["member_id", "surname", "zip"]
+    assert list(d.members.columns) == ["member_id", "surname", "zip", "first_name"]
     assert list(d.self_id.columns) == ["member_id", "race"]
     assert list(d.ero.columns) == ["member_id", "y_true", "y_pred"]
     assert len(d.members) == len(d.truth) == len(d.ero) == 5000
@@ -240,3 +240,157 @@ def test_metric_datasets_injected_disparity():
     # LOT (raw grades): a non-black member directly above a black one is less relevant than
     # in the reverse order (by about 0.9 grades at 0.8 grades of penalty)
     assert black["lot"] < -0.6
+
+
+# --------------------------------------------------------------------------------------
+# Real name frequencies (ppre.census_names) and the calibrated mode
+# --------------------------------------------------------------------------------------
+#: people in the 2010 Census surname file, listed surnames and ALL OTHER NAMES together
+CENSUS_PEOPLE = 294_979_229
+
+
+def test_surnames_follow_the_census_counts():
+    """Pr(s|r) ∝ Pr(r|s)·count(s): the most common surnames are drawn as often as they
+    occur in the 2010 Census (drawing uniformly over the list, the top 100 would cover 0.06%)."""
+    from common.bisg import surname_table
+    from ppre.census_names import surname_counts
+
+    d = synthesize(SynthConfig(members=200_000, seed=2))
+    surname, race = d.members["surname"], d.truth["race"]
+    assert surname[race.isin(["white", "black"])].value_counts().index[0] == "Smith"
+    counts = surname_counts()
+    assert counts.shape == (len(surname_table().probs),) and counts.min() >= 100
+    top = np.argsort(-counts)[:100]
+    top_names = pd.Index(surname_table().index[top]).str.title()
+    census_share = counts[top].sum() / CENSUS_PEOPLE  # 17.3% of all people
+    assert abs(surname.isin(top_names).mean() - census_share) < 0.01
+    drawn = surname.value_counts()
+    for i in top[:10]:  # SMITH .. MARTINEZ: each within 10% of its Census share
+        name = surname_table().index[i].title()
+        assert abs(drawn.get(name, 0) / len(surname) / (counts[i] / CENSUS_PEOPLE) - 1) < 0.1, name
+
+
+def test_first_names_are_drawn_per_race():
+    """Pr(f|r) ∝ obs(f)·share_r(f) (Tzioumis 2018), unlisted first names invented at that
+    data's rate per race; BIFSG runs on them and beats BISG."""
+    from common.bisg import first_name_table
+    from ppre.census_names import first_names
+
+    d = synthesize(SynthConfig(members=200_000, seed=2))
+    first, race = d.members["first_name"], d.truth["race"]
+    assert first.str.fullmatch(r"[A-Z][a-z]+").all()
+    table = first_names()
+    listed = first.str.upper().isin(first_name_table().index)
+    for j, r in enumerate(RACES):
+        rows = (race == r).to_numpy()
+        n = rows.sum()
+        p_unlisted = table.unlisted_given_race[j]  # 5% of white, 36% of api applicants
+        assert abs((~listed[rows]).mean() - p_unlisted) < 4 * np.sqrt(p_unlisted / n) + 0.005, r
+        drawn = first[rows].value_counts()
+        for k in np.argsort(-table.given_race[:, j])[:5]:
+            p = table.given_race[k, j]
+            assert abs(drawn.get(table.names[k], 0) / n - p) < 4 * np.sqrt(p / n) + 0.001, (r, table.names[k])
+    assert first[race == "hispanic"].value_counts().index[0] == "Jose"
+    assert first[race == "white"].value_counts().index[0] == "Michael"
+
+    truth = pd.Categorical(race, categories=RACES).codes
+    plain = bisg(d.members["surname"], d.members["zip"]).probabilities.argmax(axis=1)
+    with_first = bisg(d.members["surname"], d.members["zip"], first_names=first).probabilities.argmax(axis=1)
+    assert (with_first == truth).mean() > (plain == truth).mean() + 0.01
+
+
+def _calibration_bins(probs: np.ndarray, race: pd.Series, min_members: int = 300):
+    """Per race and tenth of its probability: (race, members, mean probability − share of
+    that race, the same in standard errors), for bins of at least ``min_members``."""
+    out = []
+    for j, r in enumerate(RACES):
+        is_r = (race == r).to_numpy()
+        tenth = np.minimum((probs[:, j] * 10).astype(int), 9)
+        for b in range(10):
+            rows = tenth == b
+            n = int(rows.sum())
+            if n >= min_members:
+                mean_p = probs[rows, j].mean()
+                gap = mean_p - is_r[rows].mean()
+                out.append((r, n, gap, gap / np.sqrt(max(mean_p * (1 - mean_p), 1e-4) / n)))
+    return out
+
+
+@pytest.mark.parametrize("first_names", [False, True], ids=["bisg", "bifsg"])
+def test_calibrated_mode_makes_the_posterior_calibrated(first_names):
+    """Calibrated mode: among members whose BISG (BIFSG) probability of race r is about p,
+    a share p is of race r, in every tenth of every race with enough members."""
+    generative = synthesize(SynthConfig(members=50_000, seed=1))
+    d = synthesize(SynthConfig(members=50_000, seed=1, mode="calibrated", calibrated_first_names=first_names))
+    # the same names and ZCTAs (the redraw uses a stream of its own) ...
+    pd.testing.assert_frame_equal(d.members, generative.members)
+    probs = bisg(d.members["surname"], d.members["zip"],
+                 first_names=d.members["first_name"] if first_names else None).probabilities
+    bins = _calibration_bins(probs, d.truth["race"])
+    assert len(bins) >= 30 and {r for r, *_ in bins} == set(RACES)
+    for r, n, gap, z in bins:
+        assert abs(z) < 4 and (n < 2000 or abs(gap) < 0.04), (r, n, gap, z)
+    shares = d.truth["race"].value_counts(normalize=True)
+    for j, r in enumerate(RACES):  # and each race's mean probability is its share
+        assert abs(probs[:, j].mean() - shares[r]) < 0.01, r
+    # ... and the race is redrawn from the posterior, independently of the generative
+    # race: it changes for the expected share of members (not for none)
+    before = pd.Categorical(generative.truth["race"], categories=RACES).codes
+    expected_change = 1 - probs[np.arange(len(probs)), before].mean()
+    changed = (d.truth["race"] != generative.truth["race"]).mean()
+    assert expected_change > 0.1 and abs(changed - expected_change) < 0.01
+    if first_names:  # the BISG-calibrated race is not BIFSG-calibrated: the check has power
+        plain = synthesize(SynthConfig(members=50_000, seed=1, mode="calibrated"))
+        assert max(abs(z) for *_, z in _calibration_bins(probs, plain.truth["race"])) > 8
+
+
+def test_calibrated_mode_tables_follow_the_final_race():
+    """Self-ID, truth, ERO and the other metrics' tables all use the redrawn race."""
+    cfg = SynthConfig(members=60_000, seed=5, mode="calibrated", disparity={"black": 0.08})
+    d = synthesize(cfg)
+    merged = d.self_id.merge(d.truth, on="member_id", suffixes=("", "_true"))
+    assert len(merged) == 3600 and (merged["race"] == merged["race_true"]).all()
+    fpr = d.fpr_by_race()  # measured with the final race: the injected gap is intact
+    assert abs(fpr["white"] - 0.10) < 0.01 and abs(fpr["black"] - 0.18) < 0.02
+    output = metric_datasets(cfg, d)["output"].merge(d.truth, on="member_id")
+    means = output.groupby("race")["outcome"].mean()
+    assert abs(means["black"] - means["white"] + 0.08) < 0.03
+    generative = synthesize(SynthConfig(members=60_000, seed=5, disparity={"black": 0.08}))
+    assert (d.truth["race"] != generative.truth["race"]).mean() > 0.1
+
+
+def test_default_mode_is_deterministic_per_seed():
+    cfg = SynthConfig(members=20_000, seed=9)
+    a, b = synthesize(cfg), synthesize(cfg)
+    for name in ("members", "self_id", "truth", "ero"):
+        pd.testing.assert_frame_equal(getattr(a, name), getattr(b, name))
+    assert SynthConfig(members=1).mode == "generative"
+    other = synthesize(SynthConfig(members=20_000, seed=10))
+    assert (other.members["surname"] != a.members["surname"]).mean() > 0.9
+    assert (other.members["first_name"] != a.members["first_name"]).mean() > 0.9
+    c = SynthConfig(members=20_000, seed=9, mode="calibrated")
+    pd.testing.assert_frame_equal(synthesize(c).truth, synthesize(c).truth)
+
+
+def test_mode_validation(tmp_path, capsys):
+    with pytest.raises(InputError, match="parameter 'mode': must be one of generative, calibrated, got 'magic'"):
+        synthesize(SynthConfig(members=10, mode="magic"))
+    with pytest.raises(InputError, match="calibrated-first-names"):
+        synthesize(SynthConfig(members=10, calibrated_first_names=True))
+    out = tmp_path / "pop"
+    assert main(["synth", "--members", "10", "--out", str(out), "--mode", "Calibrated"]) == 2
+    err = capsys.readouterr().err
+    assert "ppre synth: error: parameter 'mode': must be one of generative, calibrated, got 'Calibrated'" in err
+    assert main(["synth", "--members", "10", "--out", str(out), "--calibrated-first-names"]) == 2
+    assert "parameter 'calibrated-first-names': applies only with mode 'calibrated'" in capsys.readouterr().err
+    assert not out.exists()
+
+    assert main(["synth", "--members", "3000", "--seed", "1", "--out", str(out), "--mode", "calibrated",
+                 "--calibrated-first-names"]) == 0
+    printed = capsys.readouterr().out
+    assert "BIFSG (--first-names) on this population: the 90% rule gives T = 0.990" in printed
+    members = pd.read_csv(out / "members.csv", dtype=str, keep_default_na=False)
+    assert list(members.columns) == ["member_id", "surname", "zip", "first_name"]
+    truth = pd.read_csv(out / "truth.csv", dtype=str)
+    again = synthesize(SynthConfig(members=3000, seed=1, mode="calibrated", calibrated_first_names=True))
+    assert list(truth["race"]) == list(again.truth["race"])

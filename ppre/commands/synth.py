@@ -2,9 +2,10 @@
 
 Files written under ``--out DIR``:
 
-* ``members.csv``  – ``member_id, surname, zip`` (the Tester's members);
+* ``members.csv``  – ``member_id, surname, zip, first_name`` (the Tester's members;
+  ``first_name`` is what ``--first-names`` BIFSG uses);
 * ``self_id.csv``  – ``member_id, race`` (a ``--self-id-share`` subset, default 6%);
-* ``truth.csv``    – ``member_id, race``: the hidden true race, for evaluation only;
+* ``truth.csv``    – ``member_id, race``: the hidden (final) true race, for evaluation only;
 * ``client/ero.csv`` – ``member_id, y_true, y_pred`` (the Test-Client's data) with an
   injected false-positive-rate disparity (``--base-fpr``, ``--disparity``);
 * one Test-Client dataset per other metric, drawn from the same members, each with the
@@ -14,6 +15,14 @@ Files written under ``--out DIR``:
   ``client/pot.csv`` (``member_id, score, outcome``), ``client/mqos_auc.csv``
   (``member_id, y_true, score``), ``client/output.csv`` (``member_id, outcome``) and
   ``client/prob_count.csv`` (``member_id, pool``).
+
+``--mode generative`` (default) draws the true race first and the names and ZCTA given
+it; ``--mode calibrated`` then redraws each member's true race from the BISG posterior
+of their surname and ZCTA (``--calibrated-first-names``: the BIFSG posterior, for a
+Tester run with ``--first-names``), so the probabilities the Tester computes are
+calibrated by construction; Self-ID, the truth and every Test-Client table follow the
+redrawn race. The command ends by printing the clipping threshold T the Tester's
+default 90% rule derives from this population (``ppre.synth``, "Modes").
 """
 from __future__ import annotations
 
@@ -24,7 +33,7 @@ import pyarrow as pa
 
 from common.errors import InputError
 from ppre.commands.bisg import write_table_atomic
-from ppre.synth import SynthConfig, metric_datasets, parse_race_values, synthesize
+from ppre.synth import MODES, SynthConfig, metric_datasets, parse_race_values, rule_threshold, synthesize
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,6 +51,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "the same races are disadvantaged in the other metrics' datasets")
     p.add_argument("--positive-rate", type=float, default=0.30, help="share of y_true = 1 (default 0.30)")
     p.add_argument("--tpr", type=float, default=0.80, help="true-positive rate (default 0.80)")
+    p.add_argument("--mode", default="generative",
+                   help=f"how the true race is drawn: {' or '.join(MODES)} (redrawn from each member's "
+                        "BISG posterior, so BISG is calibrated by construction); default generative")
+    p.add_argument("--calibrated-first-names", action="store_true",
+                   help="with --mode calibrated: redraw from the BIFSG posterior (surname, ZCTA and first "
+                        "name), for a Tester run with --first-names")
     p.set_defaults(func=run)
 
 
@@ -49,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = SynthConfig(members=args.members, seed=args.seed, self_id_share=args.self_id_share,
                       self_id_bias=parse_race_values(args.self_id_bias, "self-id-bias"),
                       base_fpr=args.base_fpr, disparity=parse_race_values(args.disparity, "disparity"),
-                      positive_rate=args.positive_rate, tpr=args.tpr)
+                      positive_rate=args.positive_rate, tpr=args.tpr, mode=args.mode,
+                      calibrated_first_names=args.calibrated_first_names)
     data = synthesize(cfg)
     out = Path(args.out)
     try:
@@ -63,4 +79,7 @@ def run(args: argparse.Namespace) -> int:
         write_table_atomic(pa.Table.from_pandas(df, preserve_index=False), out / name)
     print(f"wrote {len(data.members)} members, {len(data.self_id)} Self-ID rows to {out} "
           f"(Test-Client datasets in {out / 'client'}: {', '.join(n[7:-4] for n, _ in tables[3:])})")
+    posterior = "BIFSG (--first-names)" if cfg.calibrated_first_names else "BISG"
+    print(f"{posterior} on this population: the 90% rule gives T = "
+          f"{rule_threshold(data.members, first_names=cfg.calibrated_first_names):.3f}")
     return 0
