@@ -78,7 +78,7 @@ def test_tester_serve_needs_exactly_one_input(capsys):
 def test_demo_runs_end_to_end(capsys):
     assert ppre_main(["demo", "--members", "400", "--bootstrap", "30"]) == 0
     out = capsys.readouterr().out
-    assert "true race" in out and "verdict" in out and "hispanic" in out
+    assert "true race" in out and "verdict" in out and "hispanic" in out and "corrected" in out
 
 
 def test_demo_writes_compose_data(tmp_path, capsys):

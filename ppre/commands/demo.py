@@ -28,7 +28,8 @@ DEMO_THRESHOLD = 0.825
 
 def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("demo", help="run a demo audit on a synthetic population")
-    s.add_argument("--members", type=int, default=6000)
+    s.add_argument("--members", type=int, default=50000,
+                   help="synthetic members (default 50,000: under release noise, enough for the corrected estimates to tell the injected disparity)")
     s.add_argument("--bootstrap", type=int, default=DEFAULT_REPLICATES)
     s.add_argument("--disparity", type=float, default=0.10, help="extra FPR injected for black members")
     s.add_argument("--seed", type=int, default=4)
