@@ -235,6 +235,35 @@ class AuditReport:
     def by_group(self) -> list[GroupResult]:
         return [g for g in self.groups if g.group != "overall"]
 
+    def difference(self, a: str | None = None, b: str | None = None) -> Difference | None:
+        """A difference between groups with its interval (fairlearn's `difference()`): with
+        no arguments the largest gap between two groups, oriented max − min by the
+        estimates; `difference(a, b)` is a − b ("overall" allowed as b). None where the
+        metric compares no groups (LOT, POT, probabilistic count)."""
+        if a is None and b is None:
+            between = [d for d in self.differences if d.kind == "between" and d.estimate is not None]
+            if not between:
+                return None
+            d = max(between, key=lambda x: abs(x.estimate))
+            return d if d.estimate >= 0 else _flipped(d)
+        if a is None or b is None:
+            raise ValueError("give both groups, or neither for the largest gap")
+        for d in self.differences:
+            if (d.a, d.b) == (a, b):
+                return d
+            if (d.a, d.b) == (b, a):
+                return _flipped(d)
+        known = ", ".join(g.group for g in self.groups)
+        raise KeyError(f"no difference {a} - {b} in this result (groups: {known or 'none'})")
+
+    def to_frame(self):
+        """The per-group entries as a pandas DataFrame indexed by group (the corrected
+        columns too when a correction was asked for)."""
+        import pandas as pd
+        rows = [self._entry(g) for g in self.groups]
+        return pd.DataFrame(rows, columns=["group", "estimate", "ci_low", "ci_high",
+                                           *(CORRECTED_FIELDS if self.correction else ())]).set_index("group")
+
     # ------------------------------------------------------------- serialisation
     def to_dict(self) -> dict:
         d = {
@@ -394,6 +423,11 @@ class AuditReport:
                 f"{name.replace('_', ' ')} {value:.4g}" if name == "threshold" else
                 f"{name.replace('_', ' ')} {int(value)}" for name, value in _ordered(self.preparation)))
         return "\n".join(lines)
+
+
+def _flipped(d: Difference) -> Difference:
+    neg = (lambda x: None if x is None else -x)
+    return Difference(d.kind, d.b, d.a, neg(d.estimate), neg(d.ci_high), neg(d.ci_low))
 
 
 def correction_summary(correction: dict[str, Any]) -> str:

@@ -704,7 +704,14 @@ class TesterSession:
             measured = {key: size(*key) + gaussian(sigma) for key in set(keys)}
             self._suppressed = [i for i, key in enumerate(keys) if not measured[key] >= minimum]
         else:
-            self._suppressed = [i for i, key in enumerate(keys) if not (size(*key) >= minimum and size(*key) > 0)]
+            measured = {key: size(*key) for key in set(keys)}
+            self._suppressed = [i for i, key in enumerate(keys) if not (measured[key] >= minimum and measured[key] > 0)]
+        # the groups' effective sizes as decided on (noised under the controls: releasing
+        # the same draws costs nothing more), for the report
+        self._release_info["effective_sizes"] = {
+            cell.group: round(float(measured[keys[cell.item]]), 1) for cell in plan.cells
+            if cell.kind in ("group", "curve") and cell.group in self.groups
+            and plan.items[cell.item].stratum is None}
         if self._suppressed:
             hidden = set(self._suppressed)
             self._release_info["suppressed"] = [plan.cell_label(c) for c in plan.cells if c.item in hidden]
