@@ -1,7 +1,8 @@
 """The Test-Client's named datasets (README "Inputs"; SPEC.md section 5 metrics).
 
 A dataset is a file `<name>.csv` or `<name>.parquet` in the client's data directory
-(or an explicit `name=path` mapping). It is read when an audit asks for it, by the
+(or an explicit `name=path` mapping). It is read when an audit asks for it (its columns
+renamed by the registry's column mapping, if any), by the
 metric (`common.metrics`: its columns through `common.tables.read_table`, with the
 file size, encoding, consistency and member-id rules), checked by the metric, and held
 only in that session's memory.
@@ -15,18 +16,27 @@ import pandas as pd
 
 from common.errors import InputError
 from common.metrics.base import Metric
+from common.tables import DATAFRAME_LABEL
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _SUFFIXES = (".csv", ".parquet")
 
 
 class DatasetRegistry:
-    def __init__(self, data_dir: str | Path | None = None, named: dict[str, str | Path] | None = None) -> None:
+    """`columns`: the column mapping every dataset is read with (our column name -> the
+    file's, `common.tables.parse_column_mapping`: `--id-column`, `--column`). `frames`:
+    datasets held in memory as pandas DataFrames (the Python API, `ppre.api`), read under
+    the same rules as files and never written anywhere."""
+
+    def __init__(self, data_dir: str | Path | None = None, named: dict[str, str | Path] | None = None,
+                 columns: dict[str, str] | None = None, frames: dict[str, pd.DataFrame] | None = None) -> None:
         self.data_dir = Path(data_dir) if data_dir else None
         self.named = {k: Path(v) for k, v in (named or {}).items()}
+        self.columns = dict(columns or {})
+        self.frames = dict(frames or {})
 
     def names(self) -> list[str]:
-        found = set(self.named)
+        found = set(self.named) | set(self.frames)
         if self.data_dir and self.data_dir.is_dir():
             found |= {p.stem for p in self.data_dir.iterdir() if p.suffix in _SUFFIXES}
         return sorted(found)
@@ -47,7 +57,10 @@ class DatasetRegistry:
     def load(self, name: str, metric: Metric) -> pd.DataFrame:
         """The dataset as the metric reads it; its file label in `frame.attrs["file"]`
         (the metric's own checks name it)."""
-        path = self.path(name)
-        frame = metric.read(str(path))
-        frame.attrs["file"] = str(path)
+        if name in self.frames:
+            source, label = self.frames[name], DATAFRAME_LABEL
+        else:
+            source = label = str(self.path(name))
+        frame = metric.read(source, columns=self.columns) if self.columns else metric.read(source)
+        frame.attrs["file"] = label
         return frame

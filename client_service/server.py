@@ -25,7 +25,7 @@ import grpc
 
 from client_service.datasets import DatasetRegistry
 from client_service.protocol import ClientSession, Phase
-from common import channels, paillier, parallel, validation
+from common import channels, logs, paillier, parallel, validation
 from common import tls as tls_
 from common.admission import SessionTable
 from common.errors import InputError, PeerAborted, PPREError, ProtocolError, ShuttingDownError
@@ -99,10 +99,26 @@ class _Exchange:
         #: (code, details) the call ends with when the Tester broke the protocol
         self.status: tuple[grpc.StatusCode, str] | None = None
         self.inbox: Inbox | None = None
+        #: the audit's correlation id, from the Tester's Hello (common.logs); one log line per phase
+        self.audit_id: str | None = None
+        self.phases = logs.PhaseLog(log)
         self.session = ClientSession(config.datasets.load, modulus_bits=config.modulus_bits,
                                      allow_insecure=config.allow_insecure, checkpoint=self.checkpoint,
-                                     progress=self.state.update, max_received_bytes=config.max_received_bytes,
+                                     progress=self.progress, max_received_bytes=config.max_received_bytes,
                                      executor=config.executor)
+        self.phases.watch(self.session.phase_seconds)  # one log line per lap of its PhaseClock
+
+    def progress(self, phase: str, done: int = 0, total: int = 0) -> None:
+        """The session's progress: into our heartbeats, and a log line as each phase ends."""
+        self.phases.update(phase, done, total)
+        self.state.update(phase, done, total)
+
+    def _bind(self, msg: pb.PeerMessage) -> None:
+        """On the Tester's Hello: this thread's log lines carry the audit's id from now on
+        (only an id `common.validation` will accept: the Hello's check refuses the others)."""
+        if self.audit_id is None and msg.WhichOneof("body") == "hello" and logs.valid_audit_id(msg.hello.audit_id):
+            self.audit_id = self.phases.audit_id = msg.hello.audit_id
+            logs.bind_audit_id(self.audit_id)
 
     def stop(self, error: BaseException) -> None:
         self.stop_error = error
@@ -116,6 +132,7 @@ class _Exchange:
     def run(self, request_iterator) -> None:
         session, outbox = self.session, self.outbox
         inbox = self.inbox = Inbox(request_iterator, self.config.settings, "Tester")
+        outcome = "ended_by_tester"
         try:
             while True:
                 self.state.update("")  # idle: heartbeats keep the link alive, carry no news
@@ -123,19 +140,28 @@ class _Exchange:
                 if msg is None:
                     log.warning("session ended by the Tester in phase %s", session.phase.value)
                     return
+                self._bind(msg)
                 log.debug("received %s in phase %s", msg.WhichOneof("body"), session.phase.value)  # kinds only
                 for out in session.receive(msg):
                     outbox.put(out, self.checkpoint)
+                if msg.WhichOneof("body") == "hello":  # accepted (common.validation): its fields are sane
+                    log.info("audit session opened (metric %s, dataset %r)", msg.hello.metric, session.dataset,
+                             extra=logs.audit_extra(event="session_opened", metric=msg.hello.metric,
+                                                    dataset=session.dataset, buckets=msg.hello.buckets))
                 if session.phase is Phase.DONE:
+                    outcome = "result"
                     log.info("audit session on dataset %r finished", session.dataset)
                     return
         except (_CallEnded, grpc.RpcError):
             # The call is already over: nothing can be sent, and yielding into a dead call
             # can wedge the server's shutdown, so just clean up.
+            outcome = "call_ended"
             log.warning("call ended by gRPC in phase %s", session.phase.value)
         except PeerAborted as exc:  # the Tester's own Abort is not answered
+            outcome = f"aborted_by_tester:{exc.code}"
             log.warning("session aborted by the Tester in phase %s (%s)", session.phase.value, exc.code)
         except PPREError as exc:
+            outcome = exc.code
             log.warning("session aborted in phase %s: %s", session.phase.value, type(exc).__name__)
             message = str(exc)[:MAX_ERROR_CHARS]
             outbox.put_nowait(pb.PeerMessage(abort=pb.Abort(code=exc.code, message=message)))
@@ -143,13 +169,19 @@ class _Exchange:
             if code is not None:
                 self.status = (code, message)
         except Exception:  # never crash the server; never echo internals to the peer
+            outcome = "internal"
             log.exception("internal error in phase %s", session.phase.value)
             outbox.put_nowait(pb.PeerMessage(abort=pb.Abort(code="internal",
                                                             message="internal error at the Test-Client")))
         finally:
+            self.phases.finish()
+            seconds = dict(session.phase_seconds)
             session.close()
             inbox.close()
             outbox.close()
+            log.info("audit session finished: %s", outcome,
+                     extra=logs.audit_extra(event="session_finished", outcome=outcome,
+                                            phase_seconds=logs.seconds(seconds)))
 
 
 class ClientServicer:
@@ -194,6 +226,10 @@ class ClientServicer:
             exchange.stop(_CallEnded())  # the call is over: the worker stops at its next checkpoint
 
     def _work(self, exchange: _Exchange, request_iterator) -> None:
+        with logs.audit_context(None):  # bound to the audit's id once its Hello arrives
+            self._work_in_context(exchange, request_iterator)
+
+    def _work_in_context(self, exchange: _Exchange, request_iterator) -> None:
         try:
             exchange.run(request_iterator)
         finally:

@@ -169,8 +169,14 @@ def _exit_with_parent(parent: int) -> None:
     service killed on its own (SIGKILL, the OOM killer) would otherwise leave its workers
     running: they wait on the pool's pipe, whose other end they also hold, so they never
     see it close."""
+    import signal
+
     from common.memory import protect_process
     protect_process()
+    # Ctrl-C in a terminal reaches the whole process group: the service (or `ppre audit
+    # --local`) ends its audits cleanly and then stops the pool; a worker dying of it first
+    # would break the pool under the running audit.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         while os.getppid() == parent:

@@ -512,7 +512,10 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
         pick = int(np.argmax(np.where(significant, adverse, -np.inf)))
         severity = _severity(float(adverse[pick]), tau)
     else:
-        pick = int(np.argmax(adverse))
+        # the most adverse difference whose band is defined (one without a band cannot
+        # be read as "includes 0"), else the most adverse one
+        banded = np.isfinite(band_low) & np.isfinite(band_high)
+        pick = int(np.argmax(np.where(banded, adverse, -np.inf))) if banded.any() else int(np.argmax(adverse))
         severity = "none"
     compared = {"label": labels[pick], "estimate": _clean(est[pick]), "ci_low": _clean(low[pick]),
                 "ci_high": _clean(high[pick]), "band_low": _clean(band_low[pick]),

@@ -25,8 +25,14 @@ line). They never contain a member id or any other value from the file.
   refused. Text columns must be valid UTF-8 (row named).
 * **Header.** Names are matched case-insensitively with surrounding whitespace ignored;
   a name twice is refused; a missing required column is named (with the close spelling
-  that was found); an unknown column close to an optional one is refused (a misspelt
-  opt-out flag must not be silently ignored); other columns are ignored.
+  that was found, and the file's columns: `missing_column`); an unknown column close to
+  an optional one is refused (a misspelt opt-out flag must not be silently ignored);
+  other columns are ignored.
+* **Column mapping** (``columns``: our name -> the file's name, e.g. ``{"member_id":
+  "Member ID", "y_pred": "prediction"}``; `parse_column_mapping`, README "Column
+  mapping"): a file's column is read under our name. An entry applies to a file when
+  the reader looks for its name (so one mapping serves a party's several files); the
+  file must then have the mapped column, and must not also have a column of our name.
 * **Member ids** (`clean_member_ids`, `check_member_ids`): text, never numbers (``007``
   stays ``007``; a Parquet integer column is written in decimal, a float column is
   refused: it may have lost digits); surrounding whitespace (any Unicode space) is
@@ -45,7 +51,7 @@ import os
 import re
 import stat as stat_mod
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -274,34 +280,177 @@ def misspelling_hint(name: str, present: Iterable[str]) -> str:
     return f" (found '{close[0]}': misspelt?)" if close else ""
 
 
-def _header(table: pa.Table, label: str, required: Sequence[str], optional: Sequence[str]) -> pa.Table:
-    """Header rules (module docstring): the known columns only, named in lower case."""
-    present = [c.split("\0", 1)[0].strip().lower() for c in table.column_names]
+#: most header names a message lists
+MAX_LISTED_COLUMNS = 30
+_VALUE_LIKE = re.compile(r"\d{3}")
+
+
+def _looks_like_value(name: str) -> bool:
+    """A header name that may be a data value (a file without its header row: its first
+    record would be listed): a number, or a name with 3+ digits in a row (an id, a ZIP)."""
+    try:
+        float(name)
+        return True
+    except ValueError:
+        return _VALUE_LIKE.search(name) is not None
+
+
+def column_listing(file_columns: Sequence[str]) -> str:
+    """The file's column names for a message, as `'a', 'b'`; names that may be data
+    values are withheld (counted), never printed (errors never carry a value)."""
+    names = [c for c in file_columns if c and not _looks_like_value(c)]
+    withheld = sum(1 for c in file_columns if c and _looks_like_value(c))
+    shown = ", ".join(f"'{c}'" for c in names[:MAX_LISTED_COLUMNS])
+    more = len(names) - MAX_LISTED_COLUMNS
+    parts = [shown] if shown else []
+    if more > 0:
+        parts.append(f"{more} more")
+    if withheld:
+        parts.append(f"{withheld} withheld: {'it looks' if withheld == 1 else 'they look'} like data values "
+                     "(is the header row missing?)")
+    return ", ".join(parts) or "none"
+
+
+def mapping_flag(column: str) -> str:
+    """How to map a file's column to ``column`` (the flag; the TOML key is ``[columns]``)."""
+    return "--id-column NAME" if column == ID_COLUMN else f"--column {column}=NAME"
+
+
+def missing_column(column: str, file_columns: Sequence[str], label: str, hint: str = "",
+                   also: str = "") -> InputError:
+    """The error for a required column the file lacks: the file's columns and how to map
+    one (``also``: another way out, appended)."""
+    return InputError(f"required column is missing{hint}; the file has {column_listing(file_columns)} "
+                      f"(if one of them holds '{column}', map it: {mapping_flag(column)}){also}",
+                      file=label, column=column)
+
+
+def parse_column_mapping(id_column: str | None = None, items: Iterable[str] | Mapping[str, str] = (),
+                         *, parameter: str = "--column") -> dict[str, str]:
+    """``--id-column NAME`` and ``--column OURS=THEIRS`` (repeatable; or a mapping, as in
+    a TOML ``[columns]`` table) -> {our column name: the file's column name}. Our names
+    are lower case; a name mapped twice, or two of ours mapped to one column, is refused."""
+    pairs: list[tuple[str, str]] = []
+    if isinstance(items, Mapping):
+        pairs = [(str(k), str(v)) for k, v in items.items()]
+    else:
+        for item in items:
+            ours, sep, theirs = str(item).partition("=")
+            if not sep:
+                raise InputError(f"expected OURS=THEIRS (e.g. y_pred=prediction), got '{item}'", parameter=parameter)
+            pairs.append((ours, theirs))
+    if id_column is not None and str(id_column).strip():
+        pairs.insert(0, (ID_COLUMN, str(id_column)))
+    out: dict[str, str] = {}
+    for ours, theirs in pairs:
+        ours, theirs = ours.strip().lower(), theirs.strip()
+        if not ours or not theirs:
+            raise InputError(f"a column mapping needs both names, got '{ours}={theirs}'", parameter=parameter)
+        if ours in out and out[ours].lower() != theirs.lower():
+            raise InputError(f"'{ours}' is mapped twice ('{out[ours]}' and '{theirs}')", parameter=parameter)
+        out[ours] = theirs
+    targets: dict[str, str] = {}
+    for ours, theirs in out.items():
+        if theirs.lower() in targets:
+            raise InputError(f"'{targets[theirs.lower()]}' and '{ours}' are both mapped to the column '{theirs}'",
+                             parameter=parameter)
+        targets[theirs.lower()] = ours
+    return out
+
+
+def _file_name(column: str, columns: Mapping[str, str] | None) -> str:
+    """Where our ``column`` is in the file, lower case (the mapping's name, or its own)."""
+    return (columns or {}).get(column, column).strip().lower()
+
+
+def _mapped(present: list[str], shown: list[str], label: str, columns: Mapping[str, str] | None,
+            wanted: Iterable[str] | None, may_lack: Iterable[str] = ()) -> list[str]:
+    """Header names (lower case) with the column mapping applied: each entry whose name
+    is ``wanted`` (None: every entry) renames the file's column to ours (a file may lack
+    the column of an entry in ``may_lack``: a lenient column, checked by its user)."""
+    if not columns:
+        return present
+    wanted = None if wanted is None else set(wanted)
+    out = list(present)
+    for ours, theirs in columns.items():
+        if wanted is not None and ours not in wanted:
+            continue
+        t = theirs.strip().lower()
+        if t == ours:
+            continue
+        if t not in present:
+            if ours in may_lack:
+                continue
+            raise InputError(f"the column mapping {ours}={theirs} names a column the file does not have; "
+                             f"the file has {column_listing(shown)}", file=label, column=theirs)
+        if ours in present:
+            raise InputError(f"the file has both '{ours}' and '{theirs}', which the column mapping reads as "
+                             f"'{ours}': remove the mapping or rename a column", file=label, column=ours)
+        out[present.index(t)] = ours
+    return out
+
+
+def _header(table: pa.Table, label: str, required: Sequence[str], optional: Sequence[str],
+            columns: Mapping[str, str] | None = None, lenient: Sequence[str] = ()) -> pa.Table:
+    """Header rules (module docstring): the known columns only, named in lower case
+    (our names, after the column mapping). ``lenient``: optional columns a caller may
+    not use (no misspelling check against them)."""
+    shown = [c.split("\0", 1)[0].strip() for c in table.column_names]
+    present = [c.lower() for c in shown]
     seen: set[str] = set()
     for c in present:
         if c in seen:
             raise InputError("appears more than once in the header", file=label, column=c)
         seen.add(c)
-    table = table.rename_columns(present)
     known = set(required) | set(optional)
+    present = _mapped(present, shown, label, columns, known | set(lenient), lenient)
+    seen = set(present)
+    table = table.rename_columns(present)
     for col in required:
         if col not in seen:
-            hint = misspelling_hint(col, [c for c in present if c not in known])
-            raise InputError(f"required column is missing{hint}", file=label, column=col)
+            hint = misspelling_hint(col, [c for c in present if c not in known and c not in lenient])
+            raise missing_column(col, shown, label, hint)
     for col in present:
-        if col not in known:
+        if col not in known and col not in lenient:
             close = difflib.get_close_matches(col, sorted(known - seen), n=1, cutoff=0.6)
             if close:  # probably a misspelt optional column (e.g. the opt-out flag): refuse
                 raise InputError(f"unknown column (did you mean '{close[0]}'?)", file=label, column=col)
-    table = table.select([c for c in present if c in known])
+    table = table.select([c for c in present if c in known or c in lenient])
     if table.num_rows == 0:
         raise InputError("has no data rows", file=label)
     return table
 
 
-def _raw_table(path: str | Path, numeric: frozenset[str] = frozenset()) -> tuple[pa.Table, bool]:
-    """(the file as an Arrow table, whether it is Parquet); CSV columns are text, or float64
-    for the ``numeric`` ones when all their values parse."""
+#: how errors name a table given as a pandas DataFrame (the Python API: `ppre.api`)
+DATAFRAME_LABEL = "<DataFrame>"
+
+
+def source_label(source) -> str:
+    """How errors name an input: its path, or `DATAFRAME_LABEL` for an in-memory table
+    (never its content)."""
+    return str(source) if isinstance(source, (str, Path)) else DATAFRAME_LABEL
+
+
+def _frame_table(frame) -> pa.Table:
+    """An in-memory DataFrame as the Arrow table its file would give (typed, as Parquet):
+    the same checks follow, and nothing of it touches the disk."""
+    frame = frame.reset_index(drop=True)
+    frame.columns = [str(c) for c in frame.columns]
+    try:
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise InputError(f"cannot be read as a table ({type(exc).__name__})", file=DATAFRAME_LABEL) from None
+    if table.num_rows == 0:
+        raise InputError("has no data rows", file=DATAFRAME_LABEL)
+    return table
+
+
+def _raw_table(path, numeric: frozenset[str] = frozenset()) -> tuple[pa.Table, bool]:
+    """(the file — or an in-memory pandas DataFrame — as an Arrow table, whether it is
+    typed like Parquet); CSV columns are text, or float64 for the ``numeric`` ones when
+    all their values parse."""
+    if not isinstance(path, (str, Path)):
+        return _frame_table(path), True
     label = str(path)
     suffix = Path(path).suffix.lower()
     raw = read_file_bytes(path, PARQUET_SUFFIXES + CSV_SUFFIXES)
@@ -310,12 +459,27 @@ def _raw_table(path: str | Path, numeric: frozenset[str] = frozenset()) -> tuple
     return _csv_text_table(raw, label, numeric), False
 
 
-def read_text_table(path: str | Path, required: Sequence[str], optional: Sequence[str] = ()) -> pa.Table:
-    """The file's known columns as Arrow text (no nulls), lower-case names; the member ids
-    follow `clean_member_ids` (not yet checked: see `check_member_ids`)."""
-    label = str(path)
+def file_header(path: str | Path) -> tuple[list[str], int]:
+    """(the file's column names as written, stripped; its number of data rows): the whole
+    file is read under the rules above (`ppre ... check-config`)."""
     table, _ = _raw_table(path)
-    table = _header(table, label, required, optional)
+    return [n.split("\0", 1)[0].strip() for n in table.column_names], table.num_rows
+
+
+def mapped_name(column: str, columns: Mapping[str, str] | None) -> str:
+    """Where our ``column`` is looked for in a file, lower case (the column mapping's name,
+    else its own)."""
+    return _file_name(column, columns)
+
+
+def read_text_table(path: str | Path, required: Sequence[str], optional: Sequence[str] = (),
+                    columns: Mapping[str, str] | None = None) -> pa.Table:
+    """The file's known columns as Arrow text (no nulls), lower-case names (ours, after
+    the ``columns`` mapping); the member ids follow `clean_member_ids` (not yet checked:
+    see `check_member_ids`)."""
+    label = source_label(path)
+    table, _ = _raw_table(path)
+    table = _header(table, label, required, optional, columns)
     cols = [clean_member_ids(c, label) if n == ID_COLUMN else as_text(c, label, n)
             for n, c in zip(table.column_names, table.columns)]
     return pa.Table.from_arrays(cols, names=table.column_names)
@@ -413,22 +577,47 @@ def _numbers(col: pa.Array | pa.ChunkedArray, label: str, column: str) -> np.nda
     return values
 
 
+def _lenient_numbers(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A column as float64 where its values parse, NaN elsewhere (the caller checks)."""
+    import pandas as pd
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    t = col.type
+    if (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+            or pa.types.is_decimal(t) or pa.types.is_null(t)):
+        return arrow_to_numpy(col.cast(pa.float64()), null=np.nan)
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        col = col.cast(pa.string(), safe=False)
+    if _is_text(t) or pa.types.is_string(col.type):
+        text = pc.utf8_trim_whitespace(fill_empty(col)).to_numpy(zero_copy_only=False)
+        return pd.to_numeric(pd.Series(text, dtype=object), errors="coerce").to_numpy(dtype=np.float64)
+    return np.full(len(col), np.nan)
+
+
 def read_table(path: str | Path, numeric: Sequence[str] | None, *, text: Sequence[str] = (),
-               optional: Sequence[str] = (), unique_ids: bool = True) -> pd.DataFrame:
+               optional: Sequence[str] = (), unique_ids: bool = True, lenient: Sequence[str] = (),
+               columns: Mapping[str, str] | None = None) -> pd.DataFrame:
     """A probability table or a Test-Client dataset: ``member_id`` (the id rule; checked
     unique unless ``unique_ids`` is false, as in ranked lists where a member appears in
     many queries), the ``numeric`` columns as float64 (NaN and unparsable values refused,
     row named) and the ``text`` columns as text. ``optional`` columns (numeric or text)
-    may be absent. Other columns are ignored; with ``numeric=None`` every column but the
-    member id and the text columns is numeric (a probability table's group columns)."""
+    may be absent. ``lenient`` columns are optional numeric columns read with NaN where a
+    value is missing or does not parse, for the caller to check (ERO reads ``y_pred`` or
+    ``score``, as its parameters say). Other columns are ignored; with ``numeric=None``
+    every column but the member id and the text columns is numeric (a probability
+    table's group columns). ``columns``: the column mapping (module docstring). The
+    file's own header names are in ``frame.attrs["file_columns"]``, the mapping in
+    ``frame.attrs["column_mapping"]``. ``path`` may be a pandas DataFrame (`ppre.api`):
+    read from memory under the same rules."""
     import pandas as pd
-    label = str(path)
-    table, _ = _raw_table(path, frozenset(numeric or ()))
+    label = source_label(path)
+    table, _ = _raw_table(path, frozenset(_file_name(c, columns) for c in (numeric or ())))
+    shown = [n.split("\0", 1)[0].strip() for n in table.column_names]
     if numeric is None:
-        numeric = tuple(c for c in (n.split("\0", 1)[0].strip().lower() for n in table.column_names)
-                        if c != ID_COLUMN and c not in text)
+        names = _mapped([c.lower() for c in shown], shown, label, columns, None)
+        numeric = tuple(c for c in names if c != ID_COLUMN and c not in text and c not in lenient)
     required = [c for c in (ID_COLUMN, *numeric, *text) if c not in optional]
-    table = _header(table, label, required, [c for c in optional])
+    table = _header(table, label, required, optional, columns, lenient)
     ids = clean_member_ids(table.column(ID_COLUMN), label)
     if unique_ids:
         check_member_ids(ids, label)
@@ -437,11 +626,14 @@ def read_table(path: str | Path, numeric: Sequence[str] | None, *, text: Sequenc
         if empty.any():
             raise InputError("empty member id", file=label, column=ID_COLUMN, row=first_row(empty))
     present = set(table.column_names)
-    columns = {c: _numbers(table.column(c), label, c) for c in numeric if c in present}
-    columns.update({c: as_text(table.column(c), label, c).to_numpy(zero_copy_only=False)
-                    for c in text if c in present})
-    frame = pd.DataFrame(columns)
+    data = {c: _numbers(table.column(c), label, c) for c in numeric if c in present}
+    data.update({c: _lenient_numbers(table.column(c)) for c in lenient if c in present and c not in data})
+    data.update({c: as_text(table.column(c), label, c).to_numpy(zero_copy_only=False)
+                 for c in text if c in present})
+    frame = pd.DataFrame(data)
     frame.insert(0, ID_COLUMN, ids.to_numpy(zero_copy_only=False))
+    frame.attrs["file_columns"] = shown
+    frame.attrs["column_mapping"] = dict(columns or {})
     return frame
 
 

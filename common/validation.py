@@ -53,6 +53,7 @@ import numpy as np
 
 from common import commutative, correction, paillier, wire
 from common.errors import EncodingOverflowError, InputError, PeerAborted, ProtocolError
+from common.logs import valid_audit_id
 from common.metrics import get_metric
 from common.results import AuditReport
 from common.session import PhaseError
@@ -427,6 +428,8 @@ class ClientInbound(Gate):
             raise ProtocolError("bucket count out of range")
         if len(hello.client_dataset) > MAX_NAME_CHARS:
             raise ProtocolError("dataset name too long")
+        if hello.audit_id and not valid_audit_id(hello.audit_id):  # it goes into log lines: plain and short
+            raise ProtocolError("the audit id must be 1-64 URL-safe characters (A-Z, a-z, 0-9, '_', '-')")
         if len(hello.metric_params) > MAX_PARAMS or \
                 sum(len(k) + len(v) for k, v in hello.metric_params.items()) > MAX_PARAM_CHARS:
             raise ProtocolError("too many or too long metric parameters")

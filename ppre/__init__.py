@@ -1,5 +1,18 @@
-"""Operator-side entry points: the `ppre` command (CLI, demo, local audits).
+"""Operator-side entry points: the `ppre` command (CLI, demo, local audits) and the
+Python API (`from ppre import audit_local`: `ppre.api`).
 
 The parties themselves live in `tester_service` and `client_service`; this package
 only wires them to a command line, as `docker-compose.yml` and an operator would.
 """
+from __future__ import annotations
+
+#: what `from ppre import ...` offers, loaded on first use (the CLI stays light)
+_API = {"audit_local": "ppre.api", "AuditFailed": "ppre.api", "AuditReport": "common.results"}
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str):
+    if name in _API:
+        import importlib
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'ppre' has no attribute '{name}'")

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "ppre.commands.synth",
     "ppre.commands.health",
     "ppre.commands.log",
+    "ppre.commands.runs",
     "ppre.commands.certs",
 )
 

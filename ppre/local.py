@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator
 
 import pandas as pd
@@ -25,6 +26,7 @@ from common.channels import LinkSettings
 from common.parallel import Executor
 from common.tls import TESTER_IDENTITY, DevCA, TlsIdentity
 from common import bootstrap as boot
+from tester_service.history import RunHistory
 from tester_service.release import PrivacyAccountant, ReleasePolicy
 from tester_service.server import TesterConfig, TesterServicer
 from tester_service.server import serve as serve_tester
@@ -61,14 +63,16 @@ def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: Dat
                    max_sessions: tuple[int, int] = (4, 4),
                    release: ReleasePolicy | None = None,
                    accountant: PrivacyAccountant | None = None,
-                   tls: bool = True, executor: Executor | None = None) -> Iterator[LocalServices]:
+                   tls: bool = True, executor: Executor | None = None,
+                   history: RunHistory | str | Path | None = None) -> Iterator[LocalServices]:
     """`max_sessions`: the (Tester, Test-Client) session limits. `release`: the Tester's
     release controls (default: the secure defaults); `accountant`: where the Tester keeps
     the privacy budget it spends (default: in memory, for these services' lifetime).
     `tls`: mutual TLS with an in-memory development CA (default), or plaintext
     (`allow_insecure` is about the Paillier modulus size, not the transport).
     `executor`: where both services' per-row work runs (one pool for the two; default
-    inline, `common.parallel`); the caller owns it and shuts it down."""
+    inline, `common.parallel`); the caller owns it and shuts it down. `history`: the
+    Tester's run history (a path or a RunHistory; default none: nothing is kept)."""
     settings = settings or LinkSettings.from_env()
     pki = DevCA.generate("PPRE local run CA") if tls else None
     tester_tls, client_tls, operator_tls = (pki.identity(role) if pki is not None else None
@@ -82,7 +86,7 @@ def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: Dat
     tester_config = TesterConfig(client_address, load_probabilities, n_buckets=n_buckets,
                                  min_modulus_bits=min(modulus_bits, paillier.MIN_MODULUS_BITS), settings=settings,
                                  max_sessions=max_sessions[0], release=release or ReleasePolicy(),
-                                 accountant=accountant, tls=tester_tls, executor=executor)
+                                 accountant=accountant, tls=tester_tls, executor=executor, history=history)
     tester_server, tester_port, tester_servicer = serve_tester(tester_config, 0, host="127.0.0.1")
     tester_address = f"127.0.0.1:{tester_port}"
     if pki is not None:

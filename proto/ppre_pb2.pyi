@@ -24,6 +24,70 @@ AGGREGATES: Table
 SQUARE_REQUEST: Table
 SQUARES: Table
 
+class ListRunsRequest(_message.Message):
+    __slots__ = ("metric", "dataset", "since", "until", "limit")
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    metric: str
+    dataset: str
+    since: str
+    until: str
+    limit: int
+    def __init__(self, metric: _Optional[str] = ..., dataset: _Optional[str] = ..., since: _Optional[str] = ..., until: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class RunSummary(_message.Message):
+    __slots__ = ("run_id", "started_at", "finished_at", "operator", "client", "metric", "metric_option", "dataset", "parameters_json", "n_matched", "severity", "verdict_message")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    METRIC_OPTION_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_JSON_FIELD_NUMBER: _ClassVar[int]
+    N_MATCHED_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    started_at: str
+    finished_at: str
+    operator: str
+    client: str
+    metric: str
+    metric_option: str
+    dataset: str
+    parameters_json: str
+    n_matched: int
+    severity: str
+    verdict_message: str
+    def __init__(self, run_id: _Optional[str] = ..., started_at: _Optional[str] = ..., finished_at: _Optional[str] = ..., operator: _Optional[str] = ..., client: _Optional[str] = ..., metric: _Optional[str] = ..., metric_option: _Optional[str] = ..., dataset: _Optional[str] = ..., parameters_json: _Optional[str] = ..., n_matched: _Optional[int] = ..., severity: _Optional[str] = ..., verdict_message: _Optional[str] = ...) -> None: ...
+
+class ListRunsReply(_message.Message):
+    __slots__ = ("runs",)
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[RunSummary]
+    def __init__(self, runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ...) -> None: ...
+
+class GetRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class RunRecord(_message.Message):
+    __slots__ = ("summary", "report_json", "result_sha256")
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    RESULT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    summary: RunSummary
+    report_json: str
+    result_sha256: str
+    def __init__(self, summary: _Optional[_Union[RunSummary, _Mapping]] = ..., report_json: _Optional[str] = ..., result_sha256: _Optional[str] = ...) -> None: ...
+
 class AuditRequest(_message.Message):
     __slots__ = ("metric", "client_dataset", "bootstrap", "confidence", "has_seed", "seed", "result_recipient", "metric_option", "tau", "metric_params", "correction")
     class MetricParamsEntry(_message.Message):
@@ -68,24 +132,28 @@ class AuditEvent(_message.Message):
     def __init__(self, progress: _Optional[_Union[Progress, _Mapping]] = ..., result: _Optional[_Union[AuditResult, _Mapping]] = ..., error: _Optional[_Union[AuditError, _Mapping]] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("phase", "message", "elapsed_s", "done", "total")
+    __slots__ = ("phase", "message", "elapsed_s", "done", "total", "audit_id")
     PHASE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_ID_FIELD_NUMBER: _ClassVar[int]
     phase: str
     message: str
     elapsed_s: float
     done: int
     total: int
-    def __init__(self, phase: _Optional[str] = ..., message: _Optional[str] = ..., elapsed_s: _Optional[float] = ..., done: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
+    audit_id: str
+    def __init__(self, phase: _Optional[str] = ..., message: _Optional[str] = ..., elapsed_s: _Optional[float] = ..., done: _Optional[int] = ..., total: _Optional[int] = ..., audit_id: _Optional[str] = ...) -> None: ...
 
 class AuditResult(_message.Message):
-    __slots__ = ("report_json",)
+    __slots__ = ("report_json", "run_id")
     REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     report_json: str
-    def __init__(self, report_json: _Optional[str] = ...) -> None: ...
+    run_id: str
+    def __init__(self, report_json: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class AuditError(_message.Message):
     __slots__ = ("code", "message")
@@ -96,7 +164,7 @@ class AuditError(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("protocol_version", "metric", "client_dataset", "metric_option", "salt_share", "probability_bits", "result_recipient", "sealed_width", "metric_params", "buckets", "correction")
+    __slots__ = ("protocol_version", "metric", "client_dataset", "metric_option", "salt_share", "probability_bits", "result_recipient", "sealed_width", "metric_params", "buckets", "correction", "audit_id")
     class MetricParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +183,7 @@ class Hello(_message.Message):
     METRIC_PARAMS_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
     CORRECTION_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_ID_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     metric: str
     client_dataset: str
@@ -126,7 +195,8 @@ class Hello(_message.Message):
     metric_params: _containers.ScalarMap[str, str]
     buckets: int
     correction: str
-    def __init__(self, protocol_version: _Optional[int] = ..., metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., metric_option: _Optional[str] = ..., salt_share: _Optional[bytes] = ..., probability_bits: _Optional[int] = ..., result_recipient: _Optional[str] = ..., sealed_width: _Optional[int] = ..., metric_params: _Optional[_Mapping[str, str]] = ..., buckets: _Optional[int] = ..., correction: _Optional[str] = ...) -> None: ...
+    audit_id: str
+    def __init__(self, protocol_version: _Optional[int] = ..., metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., metric_option: _Optional[str] = ..., salt_share: _Optional[bytes] = ..., probability_bits: _Optional[int] = ..., result_recipient: _Optional[str] = ..., sealed_width: _Optional[int] = ..., metric_params: _Optional[_Mapping[str, str]] = ..., buckets: _Optional[int] = ..., correction: _Optional[str] = ..., audit_id: _Optional[str] = ...) -> None: ...
 
 class HelloAck(_message.Message):
     __slots__ = ("salt_share", "paillier_n", "paillier_h", "slot_bits", "rows", "strata_labels", "info_json", "slots")

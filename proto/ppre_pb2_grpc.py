@@ -40,6 +40,16 @@ class TesterStub:
                 request_serializer=proto_dot_ppre__pb2.AuditRequest.SerializeToString,
                 response_deserializer=proto_dot_ppre__pb2.AuditEvent.FromString,
                 _registered_method=True)
+        self.ListRuns = channel.unary_unary(
+                '/ppre.v1.Tester/ListRuns',
+                request_serializer=proto_dot_ppre__pb2.ListRunsRequest.SerializeToString,
+                response_deserializer=proto_dot_ppre__pb2.ListRunsReply.FromString,
+                _registered_method=True)
+        self.GetRun = channel.unary_unary(
+                '/ppre.v1.Tester/GetRun',
+                request_serializer=proto_dot_ppre__pb2.GetRunRequest.SerializeToString,
+                response_deserializer=proto_dot_ppre__pb2.RunRecord.FromString,
+                _registered_method=True)
 
 
 class TesterServicer:
@@ -53,6 +63,21 @@ class TesterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRuns(self, request, context):
+        """The run history (tester_service.history; aggregates only): finished audits, newest
+        first. FAILED_PRECONDITION when the Tester keeps no history, INVALID_ARGUMENT for a bad filter.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRun(self, request, context):
+        """One finished audit and its result; NOT_FOUND (naming the id) for an unknown run id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TesterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -60,6 +85,16 @@ def add_TesterServicer_to_server(servicer, server):
                     servicer.RunAudit,
                     request_deserializer=proto_dot_ppre__pb2.AuditRequest.FromString,
                     response_serializer=proto_dot_ppre__pb2.AuditEvent.SerializeToString,
+            ),
+            'ListRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRuns,
+                    request_deserializer=proto_dot_ppre__pb2.ListRunsRequest.FromString,
+                    response_serializer=proto_dot_ppre__pb2.ListRunsReply.SerializeToString,
+            ),
+            'GetRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRun,
+                    request_deserializer=proto_dot_ppre__pb2.GetRunRequest.FromString,
+                    response_serializer=proto_dot_ppre__pb2.RunRecord.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +125,60 @@ class Tester:
             '/ppre.v1.Tester/RunAudit',
             proto_dot_ppre__pb2.AuditRequest.SerializeToString,
             proto_dot_ppre__pb2.AuditEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ppre.v1.Tester/ListRuns',
+            proto_dot_ppre__pb2.ListRunsRequest.SerializeToString,
+            proto_dot_ppre__pb2.ListRunsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ppre.v1.Tester/GetRun',
+            proto_dot_ppre__pb2.GetRunRequest.SerializeToString,
+            proto_dot_ppre__pb2.RunRecord.FromString,
             options,
             channel_credentials,
             insecure,

@@ -11,13 +11,14 @@ consistency and member-id rules), held only in the session's memory.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
 
 from common.errors import InputError
 from common.races import RACES, GroupMapping
-from common.tables import first_row, misspelling_hint, numeric_column, read_table
+from common.tables import first_row, misspelling_hint, missing_column, numeric_column, read_table, source_label
 
 SUM_TOLERANCE = 1e-6
 
@@ -42,10 +43,12 @@ MAX_GROUPS = 64
 RESERVED_GROUP = "overall"
 
 
-def read_probability_table(path: str | Path, mapping: GroupMapping | None = None) -> pd.DataFrame:
-    """The table's groups as given, or coarsened by `mapping` (which needs the six races)."""
-    label = str(path)
-    frame = read_table(path, None)
+def read_probability_table(path: str | Path, mapping: GroupMapping | None = None,
+                           columns: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """The table's groups as given, or coarsened by `mapping` (which needs the six races).
+    ``columns``: the column mapping (`common.tables.parse_column_mapping`)."""
+    label = source_label(path)
+    frame = read_table(path, None, columns=columns)
     columns = tuple(c for c in frame.columns if c != "member_id")
     if any(c in RACES for c in columns):
         # a table of the six races: all six are needed, other columns are ignored (but a
@@ -53,7 +56,7 @@ def read_probability_table(path: str | Path, mapping: GroupMapping | None = None
         missing = [r for r in RACES if r not in columns]
         if missing:
             hint = misspelling_hint(missing[0], [c for c in columns if c not in RACES])
-            raise InputError(f"required column is missing{hint}", file=label, column=missing[0])
+            raise missing_column(missing[0], frame.attrs.get("file_columns", columns), label, hint)
         columns = RACES
     if not columns:
         raise InputError("has no group columns (member_id and one column per group)", file=label)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -209,29 +209,32 @@ def parse_opt_out(values: pd.Series | pa.Array | pa.ChunkedArray, label: str = "
     return flags[codes]
 
 
-def read_members(path: str | Path, opt_out_column: str = "opt_out") -> pd.DataFrame:
+def read_members(path: str | Path, opt_out_column: str = "opt_out",
+                 columns: Mapping[str, str] | None = None) -> pd.DataFrame:
     """A members file (CSV or Parquet; `common.tables` rules) as text columns, not yet
-    validated (`prepare` validates, naming the file)."""
-    return read_members_table(path, opt_out_column).to_pandas()
+    validated (`prepare` validates, naming the file). ``columns``: the column mapping
+    (our name -> the file's, `common.tables.parse_column_mapping`)."""
+    return read_members_table(path, opt_out_column, columns).to_pandas()
 
 
-def read_members_table(path: str | Path, opt_out_column: str = "opt_out") -> pa.Table:
+def read_members_table(path: str | Path, opt_out_column: str = "opt_out",
+                       columns: Mapping[str, str] | None = None) -> pa.Table:
     """`read_members` as an Arrow table of text columns (no pandas; `validate_members` takes it).
 
     Columns: ``member_id, surname, zip`` and optionally ``first_name, tract, state,
     country`` and the opt-out column."""
     lower = opt_out_column.strip().lower()
     optional = tuple(dict.fromkeys((*MEMBER_OPTIONAL, lower)))
-    table = read_text_table(path, MEMBER_REQUIRED, optional)
+    table = read_text_table(path, MEMBER_REQUIRED, optional, columns)
     if opt_out_column != lower and lower in table.column_names:
         table = table.rename_columns([opt_out_column if c == lower else c for c in table.column_names])
     return table
 
 
-def read_self_id(path: str | Path) -> pd.DataFrame:
+def read_self_id(path: str | Path, columns: Mapping[str, str] | None = None) -> pd.DataFrame:
     """A Self-ID file (``member_id, race``; CSV or Parquet) as text, not yet validated
-    (`prepare` validates)."""
-    return read_text_table(path, SELF_ID_REQUIRED).to_pandas()
+    (`prepare` validates). ``columns``: the column mapping, as `read_members`."""
+    return read_text_table(path, SELF_ID_REQUIRED, columns=columns).to_pandas()
 
 
 def self_id_categories(df: pd.DataFrame, label: str = "self-id") -> np.ndarray:

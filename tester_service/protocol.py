@@ -38,6 +38,7 @@ import pandas as pd
 from common import bootstrap as boot
 from common import commutative, correction, encoding, paillier, parallel, validation, wire
 from common.errors import EncodingOverflowError, InputError, ProtocolError
+from common.logs import new_audit_id
 from common.masking import AdditiveMask, RatioMask
 from common.metrics import correcting_metrics, get_metric
 from common.metrics.base import Layout
@@ -143,7 +144,7 @@ class TesterSession:
                  release: ReleasePolicy | None = None,
                  charge: Callable[[float], float] | None = None,
                  max_received_bytes: int = validation.DEFAULT_MAX_RECEIVED_BYTES,
-                 executor: parallel.Executor | None = None) -> None:
+                 executor: parallel.Executor | None = None, audit_id: str | None = None) -> None:
         """`progress(phase, message, done, total)` reports each finished phase and the
         rows done within long ones; `checkpoint()` runs between chunks of the long steps,
         and whatever either raises ends the session (the servicer uses this to stop an
@@ -154,8 +155,11 @@ class TesterSession:
         privacy budget just before anything is released (it raises to refuse, and returns
         the budget left). `max_received_bytes`: the most the Test-Client may send in this
         session (`common.validation`). `executor`: where the per-row work runs (the
-        service's; default inline, `common.parallel`)."""
+        service's; default inline, `common.parallel`). `audit_id`: the audit's correlation
+        id, sent in the Hello for the Test-Client's log lines (default: a fresh one,
+        `common.logs`)."""
         self.spec = spec.validated()
+        self.audit_id = audit_id if audit_id is not None else new_audit_id()
         self._executor = executor or parallel.InlineExecutor()
         self.metric = get_metric(self.spec.metric).for_option(self.spec.metric_option)
         self.params = self.metric.parse_params(self.spec.params)
@@ -260,7 +264,7 @@ class TesterSession:
             metric_option=self.spec.metric_option, salt_share=self._salt_share,
             probability_bits=encoding.PROBABILITY_BITS, result_recipient=self.spec.result_recipient,
             sealed_width=sealed_width(len(self.groups)), metric_params=self.spec.params,
-            buckets=self._n_buckets, correction=self.spec.correction))]
+            buckets=self._n_buckets, correction=self.spec.correction, audit_id=self.audit_id))]
 
     def receive(self, msg: pb.PeerMessage) -> Iterable[pb.PeerMessage]:
         """Consume one message from the Test-Client; returns the messages to send back.

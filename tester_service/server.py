@@ -22,6 +22,7 @@ import pandas as pd
 
 from common import bootstrap as boot_defaults
 from common import channels, paillier, parallel
+from common import logs
 from common import tls as tls_
 from common import validation
 from common.admission import SessionTable
@@ -32,6 +33,7 @@ from common.results import DEFAULT_TAU
 from proto import ppre_pb2 as pb
 from proto import ppre_pb2_grpc as pb_grpc
 from tester_service.audit_log import AuditLog, AuditLogError, result_digest
+from tester_service.history import HistoryError, RunHistory, RunNotFound, utc_now
 from tester_service.release import PrivacyAccountant, ReleasePolicy
 from tester_service.inputs import read_probability_table
 from tester_service.preparation import PreparationConfig, prepare, read_members, read_self_id
@@ -77,8 +79,12 @@ class TesterConfig:
     client_name: str = tls_.CLIENT_IDENTITY
     #: where the sessions' per-row work runs (`--executor`; common.parallel); None: inline
     executor: parallel.Executor | None = None
+    #: the run history of finished audits, aggregates only (`--history`; tester_service.history):
+    #: a path (opened, and its schema checked, now) or a RunHistory; None: no history
+    history: RunHistory | str | Path | None = None
 
     def __post_init__(self) -> None:
+        self.history = RunHistory.of(self.history)
         if self.max_sessions < 1:
             raise InputError("must be at least 1", parameter="max sessions")
         if self.accountant is None:
@@ -103,23 +109,26 @@ class TesterConfig:
         return self.tls is None
 
     @classmethod
-    def from_probability_file(cls, client_address: str, path: str | Path, mapping=None, **kw) -> "TesterConfig":
-        """A prepared probability table, used as given (or coarsened by a group mapping)."""
-        return cls(client_address, lambda: read_probability_table(path, mapping), **kw)
+    def from_probability_file(cls, client_address: str, path: str | Path, mapping=None, columns=None,
+                              **kw) -> "TesterConfig":
+        """A prepared probability table, used as given (or coarsened by a group mapping);
+        `columns`: the column mapping (`common.tables.parse_column_mapping`)."""
+        return cls(client_address, lambda: read_probability_table(path, mapping, columns), **kw)
 
     @classmethod
     def from_members(cls, client_address: str, members: str | Path, self_id: str | Path | None,
-                     preparation: PreparationConfig, **kw) -> "TesterConfig":
+                     preparation: PreparationConfig, columns=None, **kw) -> "TesterConfig":
         """SPEC section 2: BISG, privatised Self-ID and clipping, run inside each audit."""
-        return cls(client_address, lambda: prepare_from_files(members, self_id, preparation), **kw)
+        return cls(client_address, lambda: prepare_from_files(members, self_id, preparation, columns), **kw)
 
 
 def prepare_from_files(members: str | Path, self_id: str | Path | None,
-                       preparation: PreparationConfig) -> pd.DataFrame:
+                       preparation: PreparationConfig, columns=None) -> pd.DataFrame:
     """Read the members (and Self-ID) files and prepare this audit's probabilities in
-    memory; `prepare` validates both, once, naming the files in its errors."""
-    member_frame = read_members(members, preparation.opt_out_column)
-    survey = read_self_id(self_id) if self_id else None
+    memory; `prepare` validates both, once, naming the files in its errors. `columns`:
+    the column mapping both files are read with (`common.tables.parse_column_mapping`)."""
+    member_frame = read_members(members, preparation.opt_out_column, columns)
+    survey = read_self_id(self_id, columns) if self_id else None
     return prepare(member_frame, survey, preparation, labels=(str(members), str(self_id)))
 
 
@@ -172,8 +181,14 @@ class _AuditRun:
         self._lock = threading.Lock()
         self._responses = None  # the call to the Test-Client, once open
         self._t0 = time.perf_counter()
+        self.started_at = utc_now()  # for the run history
         self.state = ProgressState()  # ours, sent to the Test-Client in heartbeats
-        self._latest = pb.Progress(phase="inputs")  # ours or the Test-Client's, for the operator
+        #: this audit's correlation id: on every log line of both services, sent to the
+        #: Test-Client in the Hello and to the operator in every Progress (common.logs)
+        self.audit_id = logs.new_audit_id()
+        self.phases = logs.PhaseLog(log, self.audit_id)  # one log line per phase of ours
+        self.phase_seconds: dict[str, float] = {}  # the session's PhaseClock, once it ends
+        self._latest = pb.Progress(phase="inputs", audit_id=self.audit_id)  # ours or the Test-Client's
         self._last_emit = 0.0
         self._emitted_phase = ""
         self._peer_last: tuple = ()
@@ -202,7 +217,7 @@ class _AuditRun:
         now = time.perf_counter()
         with self._lock:
             self._latest = pb.Progress(phase=phase, message=message, elapsed_s=now - self._t0, done=done,
-                                       total=total)
+                                       total=total, audit_id=self.audit_id)
             # a phase's first report and its end always go out; counts in between at most
             # every PROGRESS_EVERY_S
             within = done and not (total and done >= total) and phase == self._emitted_phase
@@ -215,6 +230,7 @@ class _AuditRun:
     def _progress(self, phase: str, message: str, done: int = 0, total: int = 0) -> None:
         self._check()
         log.debug("audit progress: %s %d of %d", phase, done, total)  # counts only, never data
+        self.phases.update(phase, done, total)
         self.state.update(phase, done, total)
         self._emit(phase, message or (f"{done} of {total}" if total else f"{done} so far"), done, total)
 
@@ -244,10 +260,43 @@ class _AuditRun:
             except AuditLogError as exc:  # an audit that cannot be recorded is not released
                 log.error("audit not recorded: %s", exc)
                 final = _error(exc.code, str(exc))
+            if final is not None and final.WhichOneof("event") == "result":
+                self.record(final)
             if final is not None:
                 self.events.put(final)
+            self.log_outcome(final)
         finally:
             self.events.put(_DONE)
+
+    def log_outcome(self, final: pb.AuditEvent | None) -> None:
+        """One line per audit at its end: outcome, matched rows, seconds, the session's
+        phase timings (`PhaseClock`); counts and durations only."""
+        kind = final.WhichOneof("event") if final is not None else None
+        outcome = "cancelled" if final is None else "result" if kind == "result" else final.error.code
+        seconds = time.perf_counter() - self._t0
+        log.info("audit finished: %s after %.3f s, %d rows matched", outcome, seconds, self.n_matched,
+                 extra=logs.audit_extra(self.audit_id, "audit_finished", outcome=outcome,
+                                        seconds=logs.seconds(seconds), n_matched=self.n_matched,
+                                        metric=self.request.metric,
+                                        bootstrap=self.request.bootstrap if self.request.HasField("bootstrap")
+                                        else None, phase_seconds=logs.seconds(self.phase_seconds)))
+
+    def record(self, final: pb.AuditEvent) -> None:
+        """Keep a released result in the run history, once, and tell the operator its run
+        id. A history that cannot be written does not withhold the result (the audit log
+        has recorded it; the privacy budget is spent): it is logged, and the result
+        carries no run id."""
+        history = RunHistory.of(self.config.history)
+        if history is None:
+            return
+        try:
+            final.result.run_id = history.record(
+                started_at=self.started_at, operator=self.who, client=self.config.client_identity,
+                metric=self.request.metric, metric_option=json.loads(final.result.report_json)["metric_option"],
+                dataset=self.request.client_dataset, parameters=request_parameters(self.request),
+                n_matched=self.n_matched, report_json=final.result.report_json)
+        except (HistoryError, OSError, ValueError, KeyError) as exc:
+            log.error("audit result not kept in the run history: %s", exc)
 
     def log(self, final: pb.AuditEvent | None, refusal: str = "") -> None:
         """Append this request and its outcome to the audit log (no member-level data)."""
@@ -279,10 +328,16 @@ class _AuditRun:
         inbox = None
         channel = None
         try:
+            self._progress("inputs", "reading the Tester's inputs")  # first: the operator learns the audit id
             spec = self._spec()
-            self._progress("inputs", "reading the Tester's inputs")
+            started = time.perf_counter()
             probabilities = cfg.load_probabilities()
             preparation = probabilities.attrs.get("preparation")
+            seconds = time.perf_counter() - started
+            log.info("phase inputs took %.3f s (%d members)", seconds, len(probabilities),
+                     extra=logs.audit_extra(self.audit_id, "phase", phase="inputs", seconds=logs.seconds(seconds),
+                                            rows=len(probabilities), groups=len(probabilities.columns) - 1,
+                                            preparation=preparation.counts() if preparation is not None else None))
             identity = cfg.client_identity
             if cfg.release.noisy:  # refuse before any work an audit that could not be released
                 cfg.accountant.check(identity, cfg.release.rho)
@@ -292,8 +347,9 @@ class _AuditRun:
                                     preparation=preparation.counts() if preparation is not None else None,
                                     release=cfg.release, max_received_bytes=cfg.max_received_bytes,
                                     charge=lambda rho: cfg.accountant.charge(identity, rho),
-                                    executor=cfg.executor)
+                                    executor=cfg.executor, audit_id=self.audit_id)
             del probabilities
+            self.phases.watch(session.phase_seconds)  # one log line per lap of its PhaseClock
             cfg.sessions.append(session)
 
             channel = channels.make_channel(cfg.client_address, settings, tls=cfg.tls,
@@ -324,6 +380,9 @@ class _AuditRun:
         except _Cancelled:
             log.warning("audit cancelled by the operator in phase %s",
                         session.phase.value if session is not None else "inputs")
+            if session is not None:  # the Test-Client drops its session at once, not at its peer timeout
+                outbox.put_nowait(pb.PeerMessage(abort=pb.Abort(code="cancelled",
+                                                                message="the operator cancelled the audit")))
             return None
         except PeerAborted as exc:
             log.warning("audit aborted by the Test-Client (%s)", exc.code)
@@ -344,8 +403,10 @@ class _AuditRun:
             log.exception("internal error during an audit")
             return _error("internal", "internal error at the Tester")
         finally:
+            self.phases.finish()
             outbox.close()  # ends the request stream (an Abort put above still goes first)
             if session is not None:
+                self.phase_seconds = dict(session.phase_seconds)
                 session.close()
                 if session in cfg.sessions:
                     cfg.sessions.remove(session)
@@ -369,14 +430,7 @@ def audit_record(request: pb.AuditRequest, who: str, final: pb.AuditEvent | None
     and the privacy budget it spent)."""
     record = {
         "who": who, "client": client, "metric": request.metric, "metric_option": request.metric_option,
-        "client_dataset": request.client_dataset,
-        "parameters": {"bootstrap": request.bootstrap if request.HasField("bootstrap") else None,
-                       "confidence": request.confidence if request.HasField("confidence") else None,
-                       "tau": request.tau if request.HasField("tau") else None,
-                       "seed": request.seed if request.has_seed else None,
-                       "result_recipient": request.result_recipient or "client",
-                       "correction": request.correction or "none",
-                       "metric_params": dict(request.metric_params)},
+        "client_dataset": request.client_dataset, "parameters": request_parameters(request),
     }
     if refusal:
         record["outcome"] = {"status": "refused", "reason": refusal}
@@ -392,6 +446,17 @@ def audit_record(request: pb.AuditRequest, who: str, final: pb.AuditEvent | None
     else:
         record["outcome"] = {"status": "error", "code": final.error.code, "message": final.error.message}
     return record
+
+
+def request_parameters(request: pb.AuditRequest) -> dict:
+    """The request's parameters as the audit log and the run history keep them (absent: None)."""
+    return {"bootstrap": request.bootstrap if request.HasField("bootstrap") else None,
+            "confidence": request.confidence if request.HasField("confidence") else None,
+            "tau": request.tau if request.HasField("tau") else None,
+            "seed": request.seed if request.has_seed else None,
+            "result_recipient": request.result_recipient or "client",
+            "correction": request.correction or "none",
+            "metric_params": dict(request.metric_params)}
 
 
 #: how long a failing audit waits for the Test-Client to take its Abort
@@ -434,14 +499,16 @@ class TesterServicer(pb_grpc.TesterServicer):
         refusal = self._runs.admit(run)
         if refusal is not None:
             code, message = refusal
-            log.warning("audit refused: %s", message)
+            log.warning("audit refused: %s", message, extra=logs.audit_extra(run.audit_id, "audit_refused"))
             try:
                 run.log(None, refusal=f"{code}: {message}")
             except AuditLogError as exc:
                 log.error("refusal not recorded: %s", exc)
             context.abort(self._REFUSAL_STATUS[code], message)
         log.info("audit started (metric %s, dataset %r); active sessions: %d", request.metric,
-                 request.client_dataset, self._runs.active)
+                 request.client_dataset, self._runs.active,
+                 extra=logs.audit_extra(run.audit_id, "audit_started", metric=request.metric,
+                                        dataset=request.client_dataset, operator=run.who))
         context.add_callback(run.cancel)  # runs when the call ends, however it ends
         threading.Thread(target=self._run, args=(run,), name="ppre-audit", daemon=True).start()
         try:
@@ -457,13 +524,46 @@ class TesterServicer(pb_grpc.TesterServicer):
         finally:
             run.cancel()  # the operator stopped reading: stop the audit too
 
-    def _run(self, run: _AuditRun) -> None:
+    def _history(self, context) -> RunHistory:
+        history = RunHistory.of(self.config.history)
+        if history is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          "this Tester keeps no run history (start it with --history FILE)")
+        return history
+
+    def ListRuns(self, request: pb.ListRunsRequest, context) -> pb.ListRunsReply:
+        """The run history, newest first (the identity check is the interceptor's, as for
+        RunAudit: only allow-listed operators get here)."""
+        history = self._history(context)
         try:
-            run.run()
-        finally:
-            active = self._runs.discard(run)
-            release_freed_memory()
-            log.info("audit ended; active sessions: %d", active)
+            runs = history.list(metric=request.metric or None, dataset=request.dataset or None,
+                                since=request.since or None, until=request.until or None,
+                                limit=request.limit or None)
+        except InputError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except HistoryError as exc:
+            log.error("run history: %s", exc)
+            context.abort(grpc.StatusCode.INTERNAL, f"the Tester's run history cannot be read: {exc}")
+        return pb.ListRunsReply(runs=[run.to_proto().summary for run in runs])
+
+    def GetRun(self, request: pb.GetRunRequest, context) -> pb.RunRecord:
+        history = self._history(context)
+        try:
+            return history.get(request.run_id).to_proto()
+        except RunNotFound as exc:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except HistoryError as exc:
+            log.error("run history: %s", exc)
+            context.abort(grpc.StatusCode.INTERNAL, f"the Tester's run history cannot be read: {exc}")
+
+    def _run(self, run: _AuditRun) -> None:
+        with logs.audit_context(run.audit_id):  # every line of this thread names the audit
+            try:
+                run.run()
+            finally:
+                active = self._runs.discard(run)
+                release_freed_memory()
+                log.info("audit ended; active sessions: %d", active)
 
     def shutdown(self, wait_s: float) -> None:
         """SIGTERM: report NOT_SERVING, refuse new audits, end running ones with a
@@ -509,14 +609,16 @@ def run_audit(address: str, request: pb.AuditRequest, *, timeout: float | None =
     `channels.remember_dial` recorded for the address, else plaintext.
     Every way the call can fail comes back as an error event, never an exception: a
     gRPC status as its lower-case code ("unavailable", "deadline_exceeded",
-    "resource_exhausted", "permission_denied", ...), a broken event stream as "protocol_error"."""
+    "resource_exhausted", "permission_denied", ...), a broken event stream as "protocol_error".
+    KeyboardInterrupt (Ctrl-C) cancels the call, then propagates."""
     if tls is not None and server_name is None:
         server_name = tls_.TESTER_IDENTITY
     with channels.make_channel(address, settings, tls=tls, server_name=server_name) as channel:
         stub = pb_grpc.TesterStub(channel)
         final = None
+        call = stub.RunAudit(request, timeout=timeout)
         try:
-            for event in stub.RunAudit(request, timeout=timeout):
+            for event in call:
                 kind = event.WhichOneof("event")
                 if kind == "progress":
                     if on_progress:
@@ -527,6 +629,9 @@ def run_audit(address: str, request: pb.AuditRequest, *, timeout: float | None =
                     return _error("protocol_error", "the Tester sent more than one final event")
         except grpc.RpcError as exc:
             return _grpc_error(exc, f"Tester at {address}")
+        except BaseException:  # Ctrl-C (KeyboardInterrupt) or the caller's own error: the
+            call.cancel()      # Tester sees the call cancelled and ends the audit on both sides
+            raise
         if final is None:
             return _error("protocol_error", "the Tester ended the audit without a result")
         return final

@@ -250,8 +250,9 @@ def _set_field(body, field, pick: int, value: Any) -> None:
         container = getattr(body, name)
         if container and pick % 2:
             container.pop()
-        else:
-            container.append(_coerce(field, pick, value, field.default_value))
+        else:  # a repeated field's default is [], so mutate from its last element or the type's zero
+            zero = {F.TYPE_STRING: "", F.TYPE_BYTES: b"", F.TYPE_BOOL: False, F.TYPE_DOUBLE: 0.0}.get(field.type, 0)
+            container.append(_coerce(field, pick, value, container[-1] if container else zero))
         return
     setattr(body, name, _coerce(field, pick, value, getattr(body, name)))
 

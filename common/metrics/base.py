@@ -345,10 +345,11 @@ class Metric:
         return option
 
     # ------------------------------------------------------------- the Test-Client
-    def read(self, path: str) -> pd.DataFrame:
+    def read(self, path: str, columns: dict[str, str] | None = None) -> pd.DataFrame:
+        """The dataset's columns; `columns`: the column mapping (`common.tables`)."""
         from common.tables import read_table
         return read_table(path, self.numeric_columns, text=self.text_columns, optional=self.optional_columns,
-                          unique_ids=self.unique_ids)
+                          unique_ids=self.unique_ids, columns=columns)
 
     def client_rows(self, frame: pd.DataFrame, file: str, option: str, params: dict[str, Any],
                     rng: np.random.Generator) -> ClientRows:

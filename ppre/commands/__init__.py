@@ -25,6 +25,20 @@ def add_service_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--max-sessions", type=int, default=env("PPRE_MAX_SESSIONS", "4"), metavar="N",
                    help="most audits at once; more are refused (env PPRE_MAX_SESSIONS, default 4)")
     add_executor_argument(s)
+    add_log_arguments(s)
+
+
+def add_log_arguments(s: argparse.ArgumentParser) -> None:
+    """`--log-format text|json` (common.logs); applied by `setup_logging`."""
+    s.add_argument("--log-format", choices=("text", "json"), default=os.environ.get("PPRE_LOG_FORMAT", "text"),
+                   help="log lines as text or json (one JSON object per line: time, level, service, audit_id, "
+                        "event, fields) (env PPRE_LOG_FORMAT, default text)")
+
+
+def setup_logging(args: argparse.Namespace, service: str) -> None:
+    """The log format of this process's handlers (`ppre -v` chose the level)."""
+    from common import logs
+    logs.configure(getattr(args, "log_format", None) or "text", service)
 
 
 def add_executor_argument(s: argparse.ArgumentParser) -> None:

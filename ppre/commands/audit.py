@@ -19,7 +19,7 @@ from common.bootstrap import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES
 from common.errors import InputError
 from common.metrics import METRICS
 from common.results import DEFAULT_TAU
-from ppre.commands import add_executor_argument, add_tls_arguments, tls_identity
+from ppre.commands import add_executor_argument, add_log_arguments, add_tls_arguments, tls_identity
 from ppre.commands.tester import (add_preparation_arguments, add_release_arguments, preparation_config,
                                   release_settings)
 
@@ -28,7 +28,7 @@ LOCAL_DATASET = "local"
 #: named flags for the metrics' parameters (each also settable with --metric-param)
 PARAM_FLAGS = {"reference-scores": "reference_scores", "bandwidth": "bandwidth", "dti-weights": "dti_weights",
                "pairs": "pairs", "count-threshold": "count_threshold", "inclusion-level": "inclusion_level",
-               "same-group-pairs": "same_group_pairs"}
+               "same-group-pairs": "same_group_pairs", "decision-threshold": "decision_threshold"}
 
 
 def metric_params(args: argparse.Namespace) -> dict[str, str]:
@@ -67,15 +67,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--result-recipient", choices=("client", "tester"), default="client",
                    help="who may learn the result: the Test-Client (default) or only the Tester")
     s.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    from ppre.report import report_directory
+    s.add_argument("--report", metavar="DIR", type=report_directory,
+                   help="after a successful audit also write DIR/report.html (the result as a page to read at a "
+                        "glance) and DIR/report.json (the --json object); DIR is created, the paths go to stderr")
     s.add_argument("--local", action="store_true", help="start both services on loopback for this audit")
     s.add_argument("--tester-probabilities", help="--local: the Tester's probability table")
     s.add_argument("--client-data", help="--local: the Test-Client's dataset file")
+    s.add_argument("--history", metavar="FILE",
+                   help="--local: keep the result (aggregates only) in this run history, read with `ppre runs` "
+                        "(default: $XDG_DATA_HOME/ppre/history.sqlite, else ~/.local/share/ppre/history.sqlite; "
+                        "'none': keep nothing); the run id goes to stderr")
     s.add_argument("--tester-members", help="--local: members file (BISG + Self-ID + clipping per audit), "
                                             "instead of --tester-probabilities")
     add_preparation_arguments(s, prefix="tester-")
+    from ppre.config import add_column_arguments  # --tester-id-column, --tester-column, --client-...
+    add_column_arguments(s, "tester-", env=False, whose="--local: the Tester's files")
+    add_column_arguments(s, "client-", env=False, whose="--local: the Test-Client's --client-data")
     add_release_arguments(s, local=True)
     s.add_argument("--timeout", type=float, default=3600.0)
     add_executor_argument(s)
+    add_log_arguments(s)
     add_tls_arguments(s, "operator")
     s.add_argument("--tester-identity", default=os.environ.get("PPRE_TESTER_IDENTITY", "tester.ppre.local"),
                    metavar="NAME", help="the identity the Tester's certificate must carry, whatever address "
@@ -96,13 +108,54 @@ def build_request(args: argparse.Namespace, dataset: str):
                            metric_params=metric_params(args), correction=args.correction)
 
 
+#: after Ctrl-C with --local: how long the two services get to drop the cancelled session
+CANCEL_DRAIN_S = 5.0
+
+
 def _progress(args):
-    if args.json:
-        return None
-    return lambda p: print(f"[{p.elapsed_s:7.2f}s] {p.phase}: {p.message}", file=sys.stderr, flush=True)
+    """Progress on stderr (ppre.progress): live bars on a terminal, plain `[  1.23s] PHASE:
+    message` lines elsewhere, only the audit id with --json (stdout stays one object)."""
+    from ppre.progress import for_stream
+    return for_stream(sys.stderr, as_json=args.json)
 
 
 def run(args: argparse.Namespace) -> int:
+    """Ctrl-C cancels the audit on both services (the Tester sees the call cancelled,
+    aborts the Test-Client's session) and exits 130 after one line, "cancelled"."""
+    from ppre.commands import setup_logging
+
+    setup_logging(args, "local" if args.local else "operator")
+    progress = _progress(args)
+    try:
+        return _run(args, progress)
+    except KeyboardInterrupt:
+        progress.close()
+        if args.json:
+            print(json.dumps({"error": {"code": "cancelled", "message": "cancelled by the operator (Ctrl-C)"}}),
+                  flush=True)
+        print("cancelled", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        progress.close()
+
+
+#: the threads that run one audit's session in the Tester and in the Test-Client
+SESSION_THREADS = ("ppre-audit", "ppre-session")
+
+
+def _drain(services, seconds: float = CANCEL_DRAIN_S) -> None:
+    """--local, after Ctrl-C: wait (bounded) until both services dropped the session and
+    its threads have ended (their last log lines written)."""
+    import threading
+    import time
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and (
+            services.tester_servicer.active_sessions or services.client_servicer.active_sessions
+            or any(t.name in SESSION_THREADS for t in threading.enumerate())):
+        time.sleep(0.05)
+
+
+def _run(args: argparse.Namespace, progress) -> int:
     from client_service.datasets import DatasetRegistry
     from ppre.local import local_services
     from tester_service.inputs import read_probability_table
@@ -112,45 +165,66 @@ def run(args: argparse.Namespace) -> int:
         if bool(args.tester_probabilities) == bool(args.tester_members) or not args.client_data:
             raise InputError("--local needs --client-data and one of --tester-probabilities, --tester-members",
                              parameter="--local")
+        from ppre.config import client_columns, tester_columns
+        columns = tester_columns(args, "tester-")
         if args.tester_probabilities:
             path, mapping = args.tester_probabilities, preparation_config(args).group_mapping
-            load = lambda: read_probability_table(path, mapping)  # noqa: E731
+            load = lambda: read_probability_table(path, mapping, columns)  # noqa: E731
         else:
             from tester_service.server import prepare_from_files
             members, self_id, preparation = args.tester_members, args.self_id, preparation_config(args)
-            load = lambda: prepare_from_files(members, self_id, preparation)  # noqa: E731
+            load = lambda: prepare_from_files(members, self_id, preparation, columns)  # noqa: E731
         load()  # fail fast, before any service starts
-        registry = DatasetRegistry(named={LOCAL_DATASET: args.client_data})
+        registry = DatasetRegistry(named={LOCAL_DATASET: args.client_data}, columns=client_columns(args, "client-"))
         request = build_request(args, LOCAL_DATASET)
         # mutual TLS with a development CA made in memory for this run (--insecure: plaintext)
         if args.insecure:
             from common.tls import INSECURE_WARNING
             print(INSECURE_WARNING, file=sys.stderr, flush=True)
         release, accountant = release_settings(args, local=True)
+        history = local_history(args)
         from ppre.commands import make_executor
         executor = make_executor(args)  # one pool for both local services
         try:
             with local_services(load, registry, tls=not args.insecure, release=release,
-                                accountant=accountant, executor=executor) as services:
-                event = run_audit(services.tester_address, request, timeout=args.timeout,
-                                  on_progress=_progress(args), tls=services.operator_tls)
+                                accountant=accountant, executor=executor, history=history) as services:
+                try:
+                    event = run_audit(services.tester_address, request, timeout=args.timeout,
+                                      on_progress=progress, tls=services.operator_tls)
+                except KeyboardInterrupt:  # the call is cancelled: let both sessions end cleanly
+                    _drain(services)
+                    raise
         finally:
             executor.shutdown(wait=False)
     else:
+        if getattr(args, "history", None):
+            raise InputError("is for --local: a Tester keeps its own history (`ppre tester serve --history`), "
+                             "read it with `ppre runs list --tester`", parameter="--history")
         if not args.tester or not args.client_dataset:
             raise InputError("give --tester and --client-dataset (or --local)", parameter="--tester")
         request = build_request(args, args.client_dataset)
         tls = tls_identity(args)
-        event = run_audit(args.tester, request, timeout=args.timeout, on_progress=_progress(args), tls=tls,
+        event = run_audit(args.tester, request, timeout=args.timeout, on_progress=progress, tls=tls,
                           server_name=args.tester_identity if tls is not None else None)
-    return print_event(event, as_json=args.json, insecure=args.insecure)
+    progress.close()  # the live line ends before the result is printed
+    return print_event(event, as_json=args.json, insecure=args.insecure,
+                       report_dir=getattr(args, "report", None))
+
+
+def local_history(args: argparse.Namespace):
+    """`--local`'s run history (tester_service.history), opened now so that a bad file
+    fails before any service starts; None with `--history none`."""
+    from tester_service.history import RunHistory, local_history_path
+    if (args.history or "").strip().lower() == "none":
+        return None
+    return RunHistory(args.history or local_history_path())
 
 
 #: what an --insecure audit's result says about its link (`info.transport`)
 INSECURE_TRANSPORT = "insecure: plaintext gRPC, peers not authenticated"
 
 
-def print_event(event, *, as_json: bool, insecure: bool = False) -> int:
+def print_event(event, *, as_json: bool, insecure: bool = False, report_dir: str | None = None) -> int:
     from common.results import AuditReport
 
     if event.WhichOneof("event") == "error":
@@ -163,6 +237,17 @@ def print_event(event, *, as_json: bool, insecure: bool = False) -> int:
     if insecure:
         report.info["transport"] = INSECURE_TRANSPORT
     print(report.to_json() if as_json else report.to_table())
+    if event.result.run_id:  # kept in the Tester's run history: stderr, so that --json stays one object
+        print(f"run id: {event.result.run_id}", file=sys.stderr, flush=True)
     if insecure and not as_json:
         print(f"WARNING: this audit ran over {INSECURE_TRANSPORT} (--insecure)")
+    if report_dir:  # --report DIR: the page and exactly the --json object (ppre/report.py)
+        from ppre.report import write_report
+        try:
+            paths = write_report(report, report_dir, run_id=getattr(event.result, "run_id", "") or None)
+        except OSError as exc:
+            raise InputError(f"cannot write the report into {report_dir}: {exc.strerror or exc}",
+                             parameter="--report") from None
+        if not as_json:
+            print("report: " + "  ".join(str(path) for path in paths), file=sys.stderr, flush=True)
     return 0

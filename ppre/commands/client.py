@@ -32,20 +32,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_tls_arguments(s, "client")
     add_names_argument(s, "--allow-tester", "PPRE_ALLOW_TESTERS", "tester.ppre.local",
                        "a Tester identity (certificate SAN or CN) allowed to open audit sessions")
+    from ppre.config import add_column_arguments, install
+    add_column_arguments(s, whose="the datasets")
     s.set_defaults(func=run)
+    install(actions, s, "client")  # --config FILE, `check-config`, `config-table` (ppre/config.py)
 
 
 def run(args: argparse.Namespace) -> int:
     from client_service.datasets import DatasetRegistry
     from client_service.server import ClientConfig, serve
-    from ppre.commands import make_executor, serve_forever
+    from ppre.commands import make_executor, serve_forever, setup_logging
     from common.memory import protect_process
 
+    setup_logging(args, "client")
     protect_process()  # SPEC 7: a crash must not write keys or tables to disk (no core dumps)
     from common.tls import parse_names
 
     tls = tls_identity(args)
-    registry = DatasetRegistry(args.data_dir, _named(args.dataset))
+    from ppre.config import client_columns
+    registry = DatasetRegistry(args.data_dir, _named(args.dataset), client_columns(args))
     config = ClientConfig(registry, settings=link_settings(args), max_sessions=args.max_sessions, tls=tls,
                           allowed_testers=parse_names(args.allow_tester), executor=make_executor(args))
     server, port, servicer = serve(config, args.port, args.host)

@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--audit-log", default=os.environ.get("PPRE_AUDIT_LOG"),
                    help="append every audit request and its outcome to this hash-chained log "
                         "(no member-level data; check it with `ppre log verify`) (env PPRE_AUDIT_LOG)")
+    s.add_argument("--history", default=os.environ.get("PPRE_TESTER_HISTORY"), metavar="FILE",
+                   help="keep every finished audit's result (aggregates only) in this SQLite run history, "
+                        "for `ppre runs list/show --tester` (env PPRE_TESTER_HISTORY; default: none)")
     add_service_arguments(s)
     add_tls_arguments(s, "tester")
     add_names_argument(s, "--allow-operator", "PPRE_ALLOW_OPERATORS", "operator.ppre.local",
@@ -36,7 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--client-identity", default=os.environ.get("PPRE_CLIENT_IDENTITY", "client.ppre.local"),
                    metavar="NAME", help="the identity the Test-Client's certificate must carry, whatever address "
                                         "--client names (env PPRE_CLIENT_IDENTITY, default client.ppre.local)")
+    from ppre.config import add_column_arguments, install
+    add_column_arguments(s, whose="the members and Self-ID files (or the probability table)")
     s.set_defaults(func=run)
+    install(actions, s, "tester")  # --config FILE, `check-config`, `config-table` (ppre/config.py)
     register_validate_bisg(actions)
 
 
@@ -162,9 +168,10 @@ def preparation_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppre.commands import make_executor, serve_forever
+    from ppre.commands import make_executor, serve_forever, setup_logging
     from common.memory import protect_process
 
+    setup_logging(args, "tester")
     protect_process()  # SPEC 7: a crash must not write keys or tables to disk (no core dumps)
     from tester_service.server import TesterConfig, serve
     if bool(args.probabilities) == bool(args.members):
@@ -172,19 +179,23 @@ def run(args: argparse.Namespace) -> int:
                          parameter="--probabilities/--members")
     from tester_service.audit_log import AuditLog
     from common.tls import parse_names
+    from ppre.config import tester_columns
+    columns = tester_columns(args)  # --id-column, --column: how the files name PPRE's columns
     tls = tls_identity(args)
     service = dict(n_buckets=args.buckets, settings=link_settings(args), max_sessions=args.max_sessions,
                    audit_log=AuditLog(args.audit_log) if args.audit_log else None, tls=tls,
                    allowed_operators=parse_names(args.allow_operator), client_name=args.client_identity)
+    service["history"] = args.history or None  # opened (and its schema checked) before anything listens
     service["executor"] = make_executor(args)
     service["release"], service["accountant"] = release_settings(args)
     if args.probabilities:
         mapping = preparation_config(args).group_mapping
-        config = TesterConfig.from_probability_file(args.client, args.probabilities, mapping, **service)
+        config = TesterConfig.from_probability_file(args.client, args.probabilities, mapping, columns=columns,
+                                                    **service)
         config.load_probabilities()  # check the table now, not at the first audit
     else:
         config = TesterConfig.from_members(args.client, args.members, args.self_id, preparation_config(args),
-                                           **service)
+                                           columns=columns, **service)
         config.load_probabilities()  # check the files and parameters now, not at the first audit
     server, port, servicer = serve(config, args.port, args.host)
     security = (f"mutual TLS as {tls.identity}; operators allowed: {', '.join(config.allowed_operators)}; "

@@ -1,0 +1,113 @@
+"""The Python API, for notebooks: a local audit on pandas DataFrames or files.
+
+    from ppre import audit_local
+    result = audit_local(members="members.csv", self_id="self_id.csv",
+                         client_data=outputs_df, metric="ero", correction="calibration")
+    result.to_frame()        # estimate, ci_low, ci_high (and corrected_*) per group
+    result.difference()      # the largest gap between two groups, with its interval
+    result.overall, result.by_group, result.verdict.message
+
+It runs exactly what `ppre audit --local` runs: both services start as real gRPC
+servers on loopback in this process (mutual TLS with an in-memory development CA), the
+Tester prepares its probabilities (BISG + privatised Self-ID + clipping, SPEC.md
+section 2) or takes a probability table, and the two talk only through the protocol
+(SPEC.md section 3). DataFrames stay in memory: nothing of them is written to disk. The
+result is the `common.results.AuditReport` the CLI serialises (`to_json()` is the
+`ppre audit --json` object). A refused or failed audit raises `AuditFailed` with the
+error code and message the CLI would print.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import pandas as pd
+
+from common import bootstrap as boot
+from common.results import DEFAULT_TAU, AuditReport
+
+#: the dataset name the Test-Client knows the local data by
+LOCAL_DATASET = "local"
+
+
+class AuditFailed(RuntimeError):
+    """The audit ended without a result: `code` as in `ppre audit --json`'s error object
+    (bad_input, release_refused, protocol_error, ...), `message` in words."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None, probabilities=None,
+                option: str = "", params: Mapping[str, Any] | None = None,
+                bootstrap: int = boot.DEFAULT_REPLICATES, confidence: float = boot.DEFAULT_CONFIDENCE,
+                tau: float = DEFAULT_TAU, seed: int | None = None, correction: str = "none",
+                result_recipient: str = "client", release_controls: bool = True,
+                preparation=None, executor=None, timeout: float = 3600.0,
+                on_progress: Callable | None = None) -> AuditReport:
+    """One audit through both services on loopback.
+
+    `client_data`: the Test-Client's dataset for `metric` (a DataFrame, or a CSV/Parquet
+    file). The Tester's side: `members` (and optionally `self_id`), prepared per audit
+    with `preparation` (a `tester_service.preparation.PreparationConfig`; default: the
+    service's defaults), or a ready `probabilities` table (member_id + group columns).
+    `params`: the metric's parameters (`ppre audit --metric-param`). `release_controls`:
+    False turns them off (exact results, no protection: README, "Threat model and release
+    controls"). `executor`: a `common.parallel.Executor` for the per-row work (default:
+    inline). `on_progress(progress)`: called with each `Progress` event."""
+    from client_service.datasets import DatasetRegistry
+    from ppre.local import local_services
+    from proto import ppre_pb2 as pb
+    from tester_service.release import ReleasePolicy
+    from tester_service.server import run_audit
+
+    load = _tester_loader(members, self_id, probabilities, preparation)
+    load()  # fail fast, before any service starts
+    if isinstance(client_data, pd.DataFrame):
+        registry = DatasetRegistry(frames={LOCAL_DATASET: client_data})
+    else:
+        registry = DatasetRegistry(named={LOCAL_DATASET: Path(client_data)})
+    request = pb.AuditRequest(metric=metric, client_dataset=LOCAL_DATASET, bootstrap=bootstrap,
+                              confidence=confidence, has_seed=seed is not None, seed=seed or 0,
+                              result_recipient=result_recipient, metric_option=option, tau=tau,
+                              metric_params={k: _param_text(v) for k, v in (params or {}).items()},
+                              correction=correction)
+    release = None if release_controls else ReleasePolicy.off()
+    with local_services(load, registry, release=release, executor=executor) as services:
+        event = run_audit(services.tester_address, request, timeout=timeout, on_progress=on_progress,
+                          tls=services.operator_tls)
+    if event.WhichOneof("event") != "result":
+        raise AuditFailed(event.error.code, event.error.message)
+    return AuditReport.from_proto(event.result)
+
+
+def _tester_loader(members, self_id, probabilities, preparation) -> Callable[[], pd.DataFrame]:
+    """The Tester's probabilities per audit, from DataFrames (in memory) or files."""
+    from common.errors import InputError
+    from tester_service.preparation import PreparationConfig, prepare
+
+    if (members is None) == (probabilities is None):
+        raise InputError("give the Tester's members (and self_id) or a probabilities table, not both",
+                         parameter="members")
+    cfg = preparation or PreparationConfig()
+    if probabilities is not None:
+        from tester_service.inputs import read_probability_table
+        return lambda: read_probability_table(probabilities, cfg.group_mapping)  # a file or a DataFrame
+    if isinstance(members, pd.DataFrame):
+        survey = self_id if isinstance(self_id, pd.DataFrame) or self_id is None else None
+        if self_id is not None and survey is None:
+            from tester_service.preparation import read_self_id
+            survey = read_self_id(self_id)
+        return lambda: prepare(members.copy(), None if survey is None else survey.copy(), cfg,
+                               labels=("members DataFrame", "self-id DataFrame" if isinstance(self_id, pd.DataFrame)
+                                       else str(self_id)))
+    from tester_service.server import prepare_from_files
+    return lambda: prepare_from_files(members, self_id, cfg)
+
+
+def _param_text(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
