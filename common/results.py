@@ -47,7 +47,7 @@ SEVERITIES = ("none", "low", "moderate", "high", "insufficient data", "flagged")
 MIN_EFFECTIVE_SIZE = 30.0
 #: the preparation counts in the order a reader follows them (others, e.g. BISG sources, after)
 PREPARATION_ORDER = ("members_read", "dropped_opt_out", "dropped_non_us", "dropped_excluded_state",
-                     "self_id_used", "self_id_not_among_kept", "clipped_rows", "threshold")
+                     "self_id_used", "self_id_not_among_kept", "epsilon", "clipped_rows", "threshold")
 
 
 def _clean(x: Any) -> float | None:
@@ -223,6 +223,9 @@ class AuditReport:
     #: the attenuation correction's facts (`common.correction.Corrected.summary`); empty
     #: when none was asked for
     correction: dict[str, Any] = field(default_factory=dict)
+    #: how the Tester coarsened the six races into the groups ("hsm=black+hispanic+aian,…";
+    #: `common.races.GroupMapping`), "" for none
+    group_mapping: str = ""
 
     def group(self, name: str) -> GroupResult:
         return next(g for g in self.groups if g.group == name)
@@ -293,12 +296,14 @@ class AuditReport:
             "result_recipient": self.result_recipient,
             "tau": self.tau,
             "phase_seconds": {k: round(s, 4) for k, s in self.phase_seconds.items()},
-            "preparation": {k: (v if k == "threshold" else int(v)) for k, v in _ordered(self.preparation)},
+            "preparation": {k: (v if k in ("threshold", "epsilon") else int(v)) for k, v in _ordered(self.preparation)},
         })
         if self.release:
             d["release"] = self.release
         if self.correction:
             d["correction"] = self.correction
+        if self.group_mapping:
+            d["group_mapping"] = self.group_mapping
         return d
 
     def _entry(self, part) -> dict:
@@ -346,7 +351,8 @@ class AuditReport:
                 result_recipient=str(d.get("result_recipient", "client")), tau=float(d.get("tau", DEFAULT_TAU)),
                 phase_seconds={str(k): float(s) for k, s in d.get("phase_seconds", {}).items()},
                 preparation={str(k): float(s) for k, s in d.get("preparation", {}).items()},
-                release=dict(d.get("release", {})), correction=dict(d.get("correction", {})))
+                release=dict(d.get("release", {})), correction=dict(d.get("correction", {})),
+                group_mapping=str(d.get("group_mapping", "")))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"the result is malformed ({type(exc).__name__}: {exc})") from None
 
@@ -418,9 +424,11 @@ class AuditReport:
             lines.append("correction: " + correction_summary(self.correction))
         if self.release:
             lines.append("release controls: " + release_summary(self.release))
+        if self.group_mapping:
+            lines.append("groups: " + self.group_mapping.replace(",", ", "))
         if self.preparation:
             lines.append("preparation: " + ", ".join(
-                f"{name.replace('_', ' ')} {value:.4g}" if name == "threshold" else
+                f"{name.replace('_', ' ')} {value:.4g}" if name in ("threshold", "epsilon") else
                 f"{name.replace('_', ' ')} {int(value)}" for name, value in _ordered(self.preparation)))
         return "\n".join(lines)
 

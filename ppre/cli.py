@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "ppre.commands.health",
     "ppre.commands.log",
     "ppre.commands.runs",
+    "ppre.commands.report",
     "ppre.commands.certs",
 )
 

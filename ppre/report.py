@@ -953,7 +953,9 @@ def parameters_section(report: "AuditReport") -> str:
         items.append(("Self-ID randomized response \u03b5", _e(f"{prep['epsilon']:g}")))
     if "threshold" in prep:
         items.append(("clipping threshold T", _e(f"{prep['threshold']:.4g}")))
-    for source in (report.params, report.info):
+    if report.group_mapping:
+        items.append(("group mapping", _e(report.group_mapping)))
+    for source in () if report.group_mapping else (report.params, report.info):
         for key in _MAPPING_KEYS:
             if key in source:
                 items.append(("group mapping", _e(_plain(source[key]))))

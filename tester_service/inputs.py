@@ -73,4 +73,5 @@ def read_probability_table(path: str | Path, mapping: GroupMapping | None = None
                          f"{', '.join(columns)}", file=label)
     coarse = pd.DataFrame(mapping.apply(table[list(RACES)].to_numpy()), columns=list(mapping.names))
     coarse.insert(0, "member_id", table["member_id"].to_numpy())
+    coarse.attrs["group_mapping"] = str(mapping)  # for the result (`AuditReport.group_mapping`)
     return coarse

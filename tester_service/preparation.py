@@ -99,6 +99,8 @@ class PreparationStats:
     threshold: float
     clipped_rows: int
     sources: dict[str, int] = field(default_factory=dict)
+    #: the randomized-response ε the Self-ID answers were privatised with
+    epsilon: float | None = None
 
     def counts(self) -> dict[str, float]:
         """Flat counts for the audit result (`--json` "preparation"; never member data)."""
@@ -106,6 +108,8 @@ class PreparationStats:
                "dropped_non_us": self.dropped_non_us, "dropped_excluded_state": self.dropped_excluded_state,
                "self_id_used": self.self_id_used, "self_id_not_among_kept": self.self_id_dropped,
                "clipped_rows": self.clipped_rows, "threshold": self.threshold}
+        if self.epsilon is not None:
+            out["epsilon"] = self.epsilon
         out.update({f"bisg_{source.replace('+', '_')}": count for source, count in self.sources.items()})
         return {k: float(v) for k, v in out.items()}
 
@@ -359,7 +363,9 @@ def prepare(members: pd.DataFrame, self_id: pd.DataFrame | None = None,
         members_in=len(members), dropped_opt_out=counts["opt_out"], dropped_non_us=counts["non_us"],
         dropped_excluded_state=counts["excluded_state"], self_id_used=used, self_id_dropped=dropped_sid,
         threshold=float(threshold), clipped_rows=int(before.sum()),
-        sources={s: int(c) for s, c in zip(bisg_mod.SOURCES, src)})
+        sources={s: int(c) for s, c in zip(bisg_mod.SOURCES, src)}, epsilon=float(cfg.epsilon))
+    if cfg.group_mapping is not None:
+        out.attrs["group_mapping"] = str(cfg.group_mapping)
     log.info("prepared %d of %d members (T=%.4f, %d Self-ID rows, %d clipped)",
              len(out), len(members), threshold, used, int(before.sum()))
     return out

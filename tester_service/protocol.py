@@ -144,7 +144,8 @@ class TesterSession:
                  release: ReleasePolicy | None = None,
                  charge: Callable[[float], float] | None = None,
                  max_received_bytes: int = validation.DEFAULT_MAX_RECEIVED_BYTES,
-                 executor: parallel.Executor | None = None, audit_id: str | None = None) -> None:
+                 executor: parallel.Executor | None = None, audit_id: str | None = None,
+                 group_mapping: str = "") -> None:
         """`progress(phase, message, done, total)` reports each finished phase and the
         rows done within long ones; `checkpoint()` runs between chunks of the long steps,
         and whatever either raises ends the session (the servicer uses this to stop an
@@ -173,6 +174,8 @@ class TesterSession:
         self._progress = progress or (lambda *args, **kw: None)
         self._checkpoint = checkpoint
         self._preparation = dict(preparation or {})
+        #: how the groups were coarsened from the six races ("" for none), for the result
+        self._group_mapping = group_mapping
         self.release = release if release is not None else ReleasePolicy()
         self._charge = charge
         self._release_info: dict[str, Any] = {}
@@ -844,7 +847,7 @@ class TesterSession:
         self.result = dataclasses.replace(
             report, metric=self.spec.metric, metric_option=self.spec.metric_option, n_matched=self.n_matched,
             result_recipient=self.spec.result_recipient, tau=self.spec.tau, phase_seconds=seconds,
-            preparation=self._preparation, release=dict(self._release_info))
+            preparation=self._preparation, release=dict(self._release_info), group_mapping=self._group_mapping)
         self.phase = Phase.DONE
         self._progress("done", "result received")
         self.close()

@@ -347,7 +347,8 @@ class _AuditRun:
                                     preparation=preparation.counts() if preparation is not None else None,
                                     release=cfg.release, max_received_bytes=cfg.max_received_bytes,
                                     charge=lambda rho: cfg.accountant.charge(identity, rho),
-                                    executor=cfg.executor, audit_id=self.audit_id)
+                                    executor=cfg.executor, audit_id=self.audit_id,
+                                    group_mapping=probabilities.attrs.get("group_mapping", ""))
             del probabilities
             self.phases.watch(session.phase_seconds)  # one log line per lap of its PhaseClock
             cfg.sessions.append(session)

@@ -100,3 +100,25 @@ def test_a_refused_audit_raises_with_the_cli_error_code(population):
     assert "m00000" not in failed.value.message
     with pytest.raises(Exception, match="not both"):
         audit_local(data.ero, members=data.members, probabilities=data.members)
+
+
+def test_the_result_carries_the_group_mapping_and_the_self_id_epsilon(population, tmp_path):
+    """What the report's parameters show: the coarsened groups' definition and the
+    randomized response's ε, as the Tester applied them."""
+    from common.races import GroupMapping
+    from ppre.report import write_report
+    from tester_service.preparation import PreparationConfig
+
+    data, _ = population
+    mapping = "hsm=black+hispanic+aian,non_hsm=white+api+multiple"
+    report = audit_local(data.ero, members=data.members, self_id=data.self_id, metric="ero",
+                         release_controls=False, bootstrap=10, seed=1,
+                         preparation=PreparationConfig(group_mapping=GroupMapping.parse(mapping), epsilon=3.0))
+    assert report.group_mapping == mapping and [g.group for g in report.by_group] == ["hsm", "non_hsm"]
+    d = report.to_dict()
+    assert d["group_mapping"] == mapping and d["preparation"]["epsilon"] == 3.0
+    assert AuditReport.from_json(report.to_json()).group_mapping == mapping
+    assert "groups: hsm=black+hispanic+aian, non_hsm=white+api+multiple" in report.to_table()
+    html, _ = write_report(report, tmp_path / "rep")
+    page = html.read_text()
+    assert "group mapping" in page and "hsm=black+hispanic+aian" in page and "randomized response" in page

@@ -381,6 +381,13 @@ def test_local_audits_and_ppre_runs_against_a_file(inputs, tmp_path, capsys, mon
     assert AuditReport.from_json(out).to_table() in shown
     assert ppre_main(["runs", "show", "nosuchrun999"]) == 2
     assert "nosuchrun999" in capsys.readouterr().err
+    # `ppre report RUN_ID DIR`: the run's report from the history, its JSON the stored result
+    assert ppre_main(["report", run_id, str(tmp_path / "rep")]) == 0
+    assert "report.html" in capsys.readouterr().err
+    assert (tmp_path / "rep" / "report.json").read_text().strip() == out.strip()
+    assert run_id in (tmp_path / "rep" / "report.html").read_text()
+    assert ppre_main(["report", "nosuchrun999", str(tmp_path / "rep2")]) == 2
+    assert "nosuchrun999" in capsys.readouterr().err and not (tmp_path / "rep2").exists()
     assert ppre_main(["runs", "show", "nosuchrun999", "--json"]) == 2
     assert json.loads(capsys.readouterr().out)["error"]["code"] == "not_found"
     assert ppre_main(["runs", "list", "--since", "soon"]) == 2
