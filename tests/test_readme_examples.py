@@ -121,7 +121,11 @@ def test_readme_example_runs(argv, synth_dir):
 
     metric = _option(argv, "--metric")
     option = _option(argv, "--metric-option") or METRICS[metric].options[0]
-    assert set(result) == BASE_KEYS | EXTRA_KEYS.get(metric, set()), sorted(result)
+    # an audit over coarsened groups says how they were made (`--group-mapping`)
+    mapped = {"group_mapping"} if _option(argv, "--group-mapping") else set()
+    assert set(result) == BASE_KEYS | EXTRA_KEYS.get(metric, set()) | mapped, sorted(result)
+    if mapped:
+        assert result["group_mapping"].replace(" ", "") == _option(argv, "--group-mapping").replace(" ", "")
     assert result["metric"] == metric and result["metric_option"] == option
     members = sum(1 for _ in open(synth_dir / _option(argv, "--tester-members"))) - 1
     assert result["preparation"]["members_read"] == members
