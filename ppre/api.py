@@ -96,13 +96,14 @@ def _tester_loader(members, self_id, probabilities, preparation) -> Callable[[],
         from tester_service.inputs import read_probability_table
         return lambda: read_probability_table(probabilities, cfg.group_mapping)  # a file or a DataFrame
     if isinstance(members, pd.DataFrame):
-        survey = self_id if isinstance(self_id, pd.DataFrame) or self_id is None else None
-        if self_id is not None and survey is None:
-            from tester_service.preparation import read_self_id
-            survey = read_self_id(self_id)
+        from common.tables import DATAFRAME_LABEL
+        from tester_service.preparation import read_self_id
+        if self_id is None or isinstance(self_id, pd.DataFrame):
+            survey, label = self_id, DATAFRAME_LABEL
+        else:
+            survey, label = read_self_id(self_id), str(self_id)
         return lambda: prepare(members.copy(), None if survey is None else survey.copy(), cfg,
-                               labels=("members DataFrame", "self-id DataFrame" if isinstance(self_id, pd.DataFrame)
-                                       else str(self_id)))
+                               labels=(DATAFRAME_LABEL, label))
     from tester_service.server import prepare_from_files
     return lambda: prepare_from_files(members, self_id, cfg)
 
