@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import pandas as pd
 
-from common import commutative, encoding, paillier, parallel, validation, wire
+from common import commutative, encoding, moments, paillier, parallel, validation, wire
 from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.masking import masked_ratio
 from common.metrics.base import Layout, Metric
@@ -177,7 +177,8 @@ class ClientSession:
             self._strata = np.asarray(rows.strata, dtype=np.int64)[order]
         self.dataset = hello.client_dataset
         self._hello = hello
-        ack = pb.HelloAck(rows=n, strata_labels=list(self._strata_labels), info_json=json.dumps(self._info))
+        ack = pb.HelloAck(rows=n, strata_labels=list(self._strata_labels), info_json=json.dumps(self._info),
+                          value_bounds=metric.value_bounds(self._option, self._params))  # what rows were clipped to
         if metric.needs_he:
             comps = metric.components(self._option, self._params, self._info)
             ints = []
@@ -413,19 +414,30 @@ class ClientSession:
                 decoded.append(layout.unpack(value))
             except EncodingOverflowError:
                 raise ProtocolError("an aggregate does not decode: overflow") from None
-        values = plan.cell_values(decoded, masked_ratio, plain_rows=header.plain_rows, noise_sd=header.noise_sd,
-                                  pseudo_values=header.interval == "random_groups"
-                                  and self._metric.interval == "percentile")
         # an empty item of the estimate (its zero test): its cells are undefined, not a ratio of noises
         withheld = list(header.suppressed_items) + empty
-        values = plan.suppress(values, withheld)
-        corrected = None if self._correction is None else self._correction.finish(
-            decoded, plan, withheld, header.unidentifiable,
-            pseudo_values=header.interval == "random_groups" and self._metric.interval == "percentile")
+        corrects = self._hello.correction not in ("", "none")
+        interval = header.interval or self._metric.interval
+        if header.interval == moments.FORM:  # one row of noised aggregates and second moments
+            values, corrected = moments.finish_release(plan, self._correction, decoded, header.noise_sd,
+                                                       header.replicates, withheld=withheld, correct=corrects,
+                                                       bounds=moments.estimate_bounds(self._metric, self._option,
+                                                                                      self._params))
+            interval = "percentile"  # of the parametric draws (common.moments)
+        else:
+            values = plan.cell_values(decoded, masked_ratio, plain_rows=header.plain_rows, noise_sd=header.noise_sd,
+                                      pseudo_values=header.interval == "random_groups"
+                                      and self._metric.interval == "percentile")
+            values = plan.suppress(values, withheld)
+            corrected = None if not corrects else self._correction.finish(
+                decoded, plan, withheld, header.unidentifiable,
+                pseudo_values=header.interval == "random_groups" and self._metric.interval == "percentile",
+                bounds=moments.estimate_bounds(self._metric, self._option, self._params))
         report = finish(self._metric, plan, values, option=self._option, confidence=header.confidence,
-                        interval=header.interval or self._metric.interval,
+                        interval=interval,
                         tau=header.tau, params=self._params, info=self._info, replicates=header.replicates,
-                        small_groups=[g for g in header.small_groups if g in header.groups], corrected=corrected)
+                        small_groups=[g for g in header.small_groups if g in header.groups], corrected=corrected,
+                        noisy=header.plain_rows > 0)  # rows released as noised aggregates: noise on
         self._lap("finish_statistic")
         self.close()
         return [pb.PeerMessage(client_result=pb.ClientResult(report_json=report.to_json(),

@@ -35,12 +35,19 @@ as that factor (`common.masking`: the gcd and continued-fraction attacks stay cl
 the price is that the Test-Client learns ratios between cells of different groups
 (README, "What each party learns").
 
+The range as a constraint: with the metric's value range (ERO's rates: [0, 1]) the
+estimate is the bounded least-squares fit `bounded_solve` (``M⁻¹·Num`` where that lies
+in the range), never a negative rate.
+
 Identifiability: a group's *identifying size* is ``1 / (M⁻¹)_jj`` (for perfectly
 separated groups it is the group's denominator, e.g. its members with ``d = 1``; it
-shrinks as other groups' probabilities overlap it). The Tester measures it on its own
-probabilities over the joined rows (``d = 1``) and flags a group below
-`MIN_IDENTIFYING_SIZE` "not identifiable at this size": its corrected value is withheld
-rather than reported as a wild number. M's condition number is reported.
+shrinks as other groups' probabilities overlap it). Without release noise the Tester
+measures it on its own probabilities over the joined rows (``d = 1``) and flags a
+group below `MIN_IDENTIFYING_SIZE` "not identifiable at this size": its corrected
+value is withheld rather than reported as a wild number. Under release noise the
+threshold follows the noise (`noise_threshold`) and, where M is released as second
+moments (`common.moments`), the finishing party decides on the released M
+(`CorrectionPlan.released_identifiability`). M's condition number is reported.
 """
 from __future__ import annotations
 
@@ -59,6 +66,22 @@ MIN_IDENTIFYING_SIZE = 30.0
 #: most 4 to the squared sensitivity of the group items' 1 (`tester_service.release`)
 SENSITIVITY_FACTOR = 5
 NOT_IDENTIFIABLE = "not identifiable at this size"
+#: under release noise a group's corrected value is withheld when the noise on its
+#: numerator alone would move it by more than this (standard deviation; `noise_threshold`)
+MAX_NOISE_SD = 0.02
+
+
+def noise_threshold(noise_sd: float) -> float:
+    """The least identifying size at which the release noise is not the finding.
+
+    The corrected value of a group is ``(M⁻¹·Num)_j``; noise of standard deviation s
+    (members) on every Num moves it by about ``s·sqrt((M⁻²)_jj) ≥ s·(M⁻¹)_jj = s / n_j``
+    with ``n_j = 1/(M⁻¹)_jj`` its identifying size. A group is identifiable when that
+    is at most MAX_NOISE_SD: ``n_j ≥ s / MAX_NOISE_SD`` (and at least
+    MIN_IDENTIFYING_SIZE, the threshold without noise). Groups below it would also pour
+    their noise into every other group's value through M⁻¹, so they are held at their
+    weighted estimates instead (`CorrectionPlan.values`' `hidden`)."""
+    return max(MIN_IDENTIFYING_SIZE, noise_sd / MAX_NOISE_SD) if noise_sd > 0 else MIN_IDENTIFYING_SIZE
 
 
 def check_method(method: str) -> str:
@@ -85,14 +108,19 @@ def pair_weights(q: np.ndarray) -> list[np.ndarray]:
 
 
 def identifying_sizes(m: np.ndarray) -> np.ndarray:
-    """``1 / (M⁻¹)_jj`` per group (0 where M is singular or the value is not positive)."""
-    try:
-        inv = np.linalg.inv(m)
-    except np.linalg.LinAlgError:
-        return np.zeros(m.shape[0])
-    diag = np.diag(inv)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(np.isfinite(diag) & (diag > 0), 1.0 / diag, 0.0)
+    """``1 / (M⁻¹)_jj`` per group, computed as the Schur complement ``M_jj − M_j,o·M_oo⁺·M_o,j``
+    of the other groups o (the same number where M is invertible; with a pseudo-inverse,
+    a singular M, e.g. a noised one projected onto the semidefinite cone, still gives
+    the groups it separates their sizes and 0 to those it cannot tell apart)."""
+    k = m.shape[0]
+    if not np.all(np.isfinite(m)):
+        return np.zeros(k)
+    out = np.zeros(k)
+    for j in range(k):
+        o = [r for r in range(k) if r != j]
+        size = m[j, j] - (m[j, o] @ np.linalg.pinv(m[np.ix_(o, o)], hermitian=True) @ m[o, j] if o else 0.0)
+        out[j] = size if size > 1e-9 * max(1.0, abs(m[j, j])) else 0.0
+    return out
 
 
 def plain_matrix(p: np.ndarray, d: np.ndarray | None = None) -> np.ndarray:
@@ -102,15 +130,65 @@ def plain_matrix(p: np.ndarray, d: np.ndarray | None = None) -> np.ndarray:
     return w.T @ p
 
 
-def solve(num: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """``M⁻¹·Num`` (NaN where M is singular); inputs may share any positive scale."""
+def solve(num: np.ndarray, m: np.ndarray, bounds: tuple[float, float] | None = None) -> np.ndarray:
+    """``M⁻¹·Num`` (NaN where M is singular); inputs may share any positive scale. With
+    `bounds` (lo, hi), the range as a constraint: `bounded_solve`."""
     scale = float(np.max(np.abs(m))) if m.size else 0.0
-    if not np.isfinite(scale) or scale <= 0 or not np.all(np.isfinite(num)):
+    if not np.isfinite(scale) or scale <= 0 or not np.all(np.isfinite(num)) or not np.all(np.isfinite(m)):
         return np.full(len(num), np.nan)
+    if bounds is not None:
+        return bounded_solve(num / scale, m / scale, *bounds)
     try:
         return np.linalg.solve(m / scale, num / scale)
     except np.linalg.LinAlgError:
         return np.full(len(num), np.nan)
+
+
+def bounded_solve(num: np.ndarray, m: np.ndarray, lo: float, hi: float, *, iterations: int = 100) -> np.ndarray:
+    """The range-constrained corrected estimate: ``argmin_{lo ≤ μ ≤ hi} ½μᵀMμ − Numᵀμ``.
+
+    For 0/1 components with f ≤ d this is the least-squares fit of f on the probability
+    vectors over the rows, ``Σ_i d_i·(f_i − p_i·μ)² = const − 2·Numᵀμ + μᵀMμ``, whose
+    normal equations are ``M·μ = Num``: where ``M⁻¹·Num`` lies in the box it is the
+    answer, else the bounded fit (a noised M is projected onto the positive
+    semidefinite cone first). Projected Newton with an Armijo search (Bertsekas 1982),
+    exact for the k ≤ a dozen groups of an audit."""
+    from common.moments import psd
+    x = _lstsq(m, num)
+    if np.all((x >= lo) & (x <= hi)) and np.all(np.linalg.eigvalsh((m + m.T) / 2) > 0):
+        return x  # M positive definite and M⁻¹·Num in range: the unconstrained solution
+    h = psd(m)
+    x = np.clip(np.where(np.isfinite(x), x, (lo + hi) / 2), lo, hi)
+
+    def objective(z: np.ndarray) -> float:
+        return float(0.5 * z @ h @ z - num @ z)
+
+    for _ in range(iterations):
+        g = h @ x - num
+        held = ((x <= lo) & (g > 0)) | ((x >= hi) & (g < 0))
+        step = np.zeros_like(x)
+        free = ~held
+        if free.any():
+            step[free] = -_lstsq(h[np.ix_(free, free)], g[free])
+        if not np.any(step):
+            break
+        t, fx = 1.0, objective(x)
+        while True:
+            trial = np.clip(x + t * step, lo, hi)
+            if objective(trial) <= fx + 1e-4 * float(g @ (trial - x)) or t < 1e-12:
+                break
+            t /= 2.0
+        if np.array_equal(trial, x):
+            break
+        x = trial
+    return x
+
+
+def _lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    try:
+        return np.linalg.solve(a, b)
+    except np.linalg.LinAlgError:
+        return np.linalg.lstsq(a, b, rcond=None)[0]
 
 
 def condition_number(m: np.ndarray) -> float | None:
@@ -129,11 +207,14 @@ class Corrected:
     condition_number: float | None
     unidentifiable: tuple[str, ...]
     dropped: tuple[str, ...]
+    #: the identifying size below which a group's value was withheld (`noise_threshold`)
+    min_identifying_size: float = MIN_IDENTIFYING_SIZE
 
     def summary(self) -> dict:
         """The report's `correction` entry (aggregates only)."""
         return {"method": "calibration", "condition_number": self.condition_number,
-                "min_identifying_size": MIN_IDENTIFYING_SIZE, "unidentifiable": list(self.unidentifiable),
+                "min_identifying_size": round(self.min_identifying_size, 1),
+                "unidentifiable": list(self.unidentifiable),
                 "dropped": list(self.dropped)}
 
 
@@ -171,7 +252,8 @@ class CorrectionPlan:
         return num, den, m
 
     def values(self, item_slots: Sequence[Sequence[int]], cells, n_items: int, *, dropped: Sequence[str] = (),
-               hidden: Sequence[str] = (), pseudo_values: bool = False) -> tuple[np.ndarray, float | None]:
+               hidden: Sequence[str] = (), pseudo_values: bool = False,
+               bounds: tuple[float, float] | None = None) -> tuple[np.ndarray, float | None]:
         """(replicates, families·k) corrected values, family-major (family f, group j at
         column f·k + j), from the decoded slots of every item (row-major (replicate,
         item), as `Plan.cell_values` reads them), and the largest condition number of the
@@ -187,7 +269,8 @@ class CorrectionPlan:
         random groups adding up to row 0): each group's value is the linearised
         pseudo-value ``μ̂ + G·A⁻¹·(b_g − A_g·μ̂)`` of the estimate's solution of
         ``A·μ = b`` (A, b the solved system), as `Plan.cell_values` does for a ratio, so
-        that a group's small noised M is never inverted."""
+        that a group's small noised M is never inverted. `bounds` (lo, hi) in reported
+        units: every replicate is solved with the range as a constraint (`bounded_solve`)."""
         k = len(self.groups)
         replicates = len(item_slots) // n_items
         solved = [j for j, g in enumerate(self.groups) if g not in set(dropped) | set(hidden)]
@@ -205,8 +288,9 @@ class CorrectionPlan:
             return out, None
         for f, family in enumerate(self.families):
             cols = [f * k + j for j in solved]
+            box = None if bounds is None else tuple(x / 2.0 ** family.scale_shift for x in bounds)
             b0, a0, plug0 = reduced(*self._system(item_slots, 0, cells, family))
-            mu0 = solve(b0, a0)
+            mu0 = solve(b0, a0, box)
             cond = condition_number(a0)
             worst = cond if worst is None or (cond is not None and cond > worst) else worst
             out[0, cols] = mu0
@@ -216,25 +300,50 @@ class CorrectionPlan:
                     b_r, a_r, _ = reduced(*system, plug=plug0)
                     out[r, cols] = mu0 + (replicates - 1) * solve(b_r - a_r @ mu0, a0)
                 else:
-                    out[r, cols] = solve(*reduced(*system)[:2])
+                    out[r, cols] = solve(*reduced(*system)[:2], box)
         return out * np.repeat([2.0 ** fam.scale_shift for fam in self.families], k), worst
 
 
     def finish(self, item_slots, plan, suppressed_items: Sequence[int], unidentifiable: Sequence[str],
-               *, pseudo_values: bool = False) -> Corrected:
+               *, pseudo_values: bool = False, bounds: tuple[float, float] | None = None,
+               min_identifying_size: float = MIN_IDENTIFYING_SIZE) -> Corrected:
         """Both parties' last step: the corrected values aligned with `plan.cells`. A group
-        with a suppressed cell leaves the systems (`values`' `dropped`)."""
+        with a suppressed cell leaves the systems (`values`' `dropped`). `bounds`: the
+        metric's range, a constraint of every solve; `min_identifying_size`: the threshold
+        the unidentifiable groups were found with (for the report)."""
         suppressed = set(suppressed_items)
         dropped = sorted({cell.group for cell in plan.cells if cell.item in suppressed and cell.group in self.groups})
         hidden = sorted(set(unidentifiable) - set(dropped))
+        # a metric that encodes its values relative to a range (`Cell.offset`) solves for them so
+        offset = next((plan.cells[f.cells[0]].offset for f in self.families), 0.0)
+        box = None if bounds is None else (bounds[0] - offset, bounds[1] - offset)
         by_family, cond = self.values(item_slots, plan.cells, len(plan.items), dropped=dropped, hidden=hidden,
-                                      pseudo_values=pseudo_values)
+                                      pseudo_values=pseudo_values, bounds=box)
         out = np.full((by_family.shape[0], len(plan.cells)), np.nan)
         k = len(self.groups)
         for f, family in enumerate(self.families):
             for j, c in enumerate(family.cells):
-                out[:, c] = by_family[:, f * k + j]
-        return Corrected(out, cond, tuple(hidden), tuple(dropped))
+                out[:, c] = by_family[:, f * k + j] + plan.cells[c].offset  # values relative to a range
+        return Corrected(out, cond, tuple(hidden), tuple(dropped), float(min_identifying_size))
+
+    def released_identifiability(self, row: Sequence[Sequence[int]], noise_sd: Sequence[float],
+                                 plan) -> tuple[list[str], float]:
+        """Under release noise: (the groups not identifiable, the threshold), decided on
+        the released, noised M (post-processing: no further release) against
+        `noise_threshold` of the estimate's noise. The identifying size ``1/(M⁻¹)_jj`` is
+        then the one of the members the rate is about (d = 1), in members. M's noise
+        (sd s_M per entry) is taken out of what M can tell apart: its eigenvalues are
+        floored at s_M, so that a direction the noise made is not read as information
+        nor, projected to exactly 0, as a direction no group can be told along."""
+        from common.moments import WEIGHT_SCALE, noise_of, pair_matrix, psd
+        family = self.families[0]
+        k = len(self.groups)
+        floor = max(noise_of(noise_sd, i, family.den_slot, plan.item_slots) for i in family.pair_items)
+        m = psd(pair_matrix(row, family, family.den_slot, k), floor) / WEIGHT_SCALE
+        sizes = identifying_sizes(m)
+        sd = max(noise_of(noise_sd, plan.cells[c].item, family.num_slot, plan.item_slots) for c in family.cells)
+        threshold = noise_threshold(sd / WEIGHT_SCALE * 2.0 ** family.scale_shift)
+        return [g for g, size in zip(self.groups, sizes) if not size >= threshold], threshold
 
 
 def extend(plan, groups: Sequence[str]):

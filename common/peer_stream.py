@@ -68,6 +68,8 @@ class Outbox:
         self._progress = progress
         self._peer = peer
         self._queue: "queue.Queue" = queue.Queue(maxsize=QUEUE_MESSAGES)
+        #: set by close(): `messages()` ends once the queue is empty
+        self._closed = threading.Event()
 
     def put(self, message: pb.PeerMessage, checkpoint: Checkpoint | None = None) -> None:
         deadline = time.monotonic() + self._settings.peer_timeout_s
@@ -90,22 +92,27 @@ class Outbox:
             pass
 
     def close(self) -> None:
-        """End the stream, even when the queue is full (never leave gRPC's reader blocked)."""
-        while True:
-            try:
-                self._queue.put_nowait(_END)
-                return
-            except queue.Full:
-                try:
-                    self._queue.get_nowait()
-                except queue.Empty:
-                    pass
+        """End the stream after every message already put: `messages()` sends what is
+        queued, then stops. Never blocks (a full queue is drained by gRPC's reader, or
+        dropped with the call) and never drops a queued message: a session's last
+        messages (the Test-Client's rows of a metric without HE, then its session ends)
+        are still in the queue when its owner closes it."""
+        self._closed.set()
+        try:
+            self._queue.put_nowait(_END)  # wakes a reader waiting on an empty queue
+        except queue.Full:
+            pass  # the reader is not waiting: it stops when the queue is empty
 
     def messages(self) -> Iterator[pb.PeerMessage]:
         while True:
             try:
-                item = self._queue.get(timeout=self._settings.heartbeat_s)
+                if self._closed.is_set():
+                    item = self._queue.get_nowait()
+                else:
+                    item = self._queue.get(timeout=self._settings.heartbeat_s)
             except queue.Empty:
+                if self._closed.is_set():
+                    return
                 yield self._progress.heartbeat()
                 continue
             if item is _END:

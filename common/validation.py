@@ -73,7 +73,7 @@ MAX_ITEMS = 1 << 16
 MAX_SQUARES = 1 << 20
 #: most random groups an interval may come from (the t interval needs few)
 MAX_RANDOM_GROUPS = 1000
-INTERVALS = ("", "percentile", "random_groups")
+INTERVALS = ("", "percentile", "random_groups", "parametric")
 #: what the Test-Client may announce about its table (HelloAck)
 MAX_STRATA = 100_000
 MAX_LABEL_CHARS = 200
@@ -312,6 +312,10 @@ class TesterInbound(Gate):
             metric.check_info(info, list(labels))
         except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as exc:
             raise ProtocolError(f"the Test-Client's dataset facts are malformed ({exc})") from None
+        bounds = metric.value_bounds(s.spec.metric_option, s.params)
+        if dict(ack.value_bounds) != bounds:  # the noise is sized from ours: its rows must respect them
+            raise ProtocolError(f"the Test-Client's declared value bounds {dict(ack.value_bounds)} differ from "
+                                f"the ones this audit's noise is sized from {bounds}")
         rows = int(ack.rows)
         if not metric.needs_he:
             if ack.paillier_n or ack.paillier_h or ack.slot_bits or ack.slots:
@@ -391,7 +395,7 @@ class TesterInbound(Gate):
         if count == 0 and not mp.last:
             raise ProtocolError("empty chunk of masked plaintexts")
         check_seconds(mp.phase_seconds)
-        expected = (s._replicates() + 1) * len(s._plan.items)
+        expected = s._released_rows() * len(s._plan.items)
         have = len(s._masked_values) + count
         if have > expected:
             raise ProtocolError("too many masked plaintexts")
@@ -448,11 +452,16 @@ class ClientInbound(Gate):
         if hello.correction not in ("", *correction.METHODS) or (
                 hello.correction not in ("", "none") and not metric.corrects):
             raise ProtocolError(f"the Tester asked for a correction '{hello.correction}' that {metric.name} lacks")
+        bounds = metric.value_bounds(option, params)
+        if dict(hello.value_bounds) != bounds:  # both parties size and clip from the same bounds
+            raise ProtocolError(f"the Tester's declared value bounds {dict(hello.value_bounds)} differ from the "
+                                f"ones its parameters give {bounds}")
         return HelloChoice(metric, option, params)
 
     def _expected_rows(self, s, table: int) -> int | None:
         if table == pb.AGGREGATES:  # the AggregatesHeader's (B + 1) x items, then a zero test per item
-            return (s._header.replicates + 1) * s._header.items + s._header.zero_tests
+            rows = 1 if s._header.interval == "parametric" else s._header.replicates + 1  # common.moments
+            return rows * s._header.items + s._header.zero_tests
         return None  # the Tester's rows and its square requests: capped, not announced
 
     def _chunk(self, s, chunk: pb.TableChunk) -> Rows:
@@ -486,11 +495,13 @@ class ClientInbound(Gate):
             raise ProtocolError("aggregates header: mask does not match the agreed result recipient")
         plan = s._metric.plan(groups, s._strata_labels, s._layout, s._option, s._params, s._info)
         corrections = None
-        if s._hello.correction not in ("", "none"):
-            plan, corrections = correction.extend(plan, groups)
+        if header.interval == "parametric" and not s._metric.moment_interval:
+            raise ProtocolError(f"aggregates header: {s._metric.name} has no second moments to release")
+        if s._hello.correction not in ("", "none") or header.interval == "parametric":
+            plan, corrections = correction.extend(plan, groups)  # M's items, the second moments too
         if not set(header.unidentifiable) <= set(groups) or \
                 len(set(header.unidentifiable)) != len(header.unidentifiable) or \
-                (header.unidentifiable and corrections is None):
+                (header.unidentifiable and s._hello.correction in ("", "none")):
             raise ProtocolError("aggregates header: the unidentifiable groups are not among the groups")
         if header.items != len(plan.items) or header.item_slots != plan.item_slots \
                 or not 1 <= header.items <= MAX_ITEMS \
@@ -500,6 +511,8 @@ class ClientInbound(Gate):
         if header.plain_rows > header.replicates + 1 or header.zero_tests not in (0, header.items) \
                 or len(header.noise_sd) not in (0, 2 * header.items * header.item_slots) \
                 or not all(math.isfinite(x) and x >= 0 for x in header.noise_sd) \
-                or (header.mask == "additive" and (header.plain_rows or header.zero_tests)):
+                or (header.mask == "additive" and (header.plain_rows or header.zero_tests)) \
+                or (header.interval == "parametric" and (header.zero_tests or not header.noise_sd
+                                                          or (header.mask == "ratio" and header.plain_rows != 1))):
             raise ProtocolError("aggregates header: malformed release fields")
         return plan, corrections

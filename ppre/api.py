@@ -25,9 +25,13 @@ import pandas as pd
 
 from common import bootstrap as boot
 from common.results import DEFAULT_TAU, AuditReport
+from tester_service.release import DEFAULT_BUDGET, DEFAULT_RHO_PER_AUDIT
 
 #: the dataset name the Test-Client knows the local data by
 LOCAL_DATASET = "local"
+#: how a notebook user changes the budget and its ledger, quoted by a refusal
+API_SETTINGS = ("audit_local(privacy_budget=...) sets the budget, audit_local(privacy_ledger=PATH) keeps it in "
+                "another file; each pair of inputs has its own budget")
 
 
 class AuditFailed(RuntimeError):
@@ -45,6 +49,8 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
                 bootstrap: int = boot.DEFAULT_REPLICATES, confidence: float = boot.DEFAULT_CONFIDENCE,
                 tau: float = DEFAULT_TAU, seed: int | None = None, correction: str = "none",
                 result_recipient: str = "client", release_controls: bool = True,
+                noise_rho: float = DEFAULT_RHO_PER_AUDIT, privacy_budget: float = DEFAULT_BUDGET,
+                privacy_ledger: str | Path | None = None, history: bool | str | Path | None = True,
                 preparation=None, executor=None, timeout: float = 3600.0,
                 on_progress: Callable | None = None) -> AuditReport:
     """One audit through both services on loopback.
@@ -55,12 +61,20 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
     service's defaults), or a ready `probabilities` table (member_id + group columns).
     `params`: the metric's parameters (`ppre audit --metric-param`). `release_controls`:
     False turns them off (exact results, no protection: README, "Threat model and release
-    controls"). `executor`: a `common.parallel.Executor` for the per-row work (default:
-    inline). `on_progress(progress)`: called with each `Progress` event."""
+    controls"). With them on, the audit spends `noise_rho` of the budget
+    `privacy_budget` of this pair of inputs, kept in `privacy_ledger` (default: the
+    ledger `ppre audit --local` keeps in the user's data directory; `_release`), exactly
+    as `ppre audit --local --noise-rho --privacy-budget --privacy-ledger` does: the
+    third audit of one pair at the defaults is refused (`AuditFailed`, code
+    `privacy_budget_exhausted`). `history`: True (default) keeps the result in the run
+    history `ppre audit --local` keeps (`ppre runs list`), a path keeps it there,
+    False or None keeps nothing. `executor`: a `common.parallel.Executor` for the
+    per-row work (default: inline). `on_progress(progress)`: called with each
+    `Progress` event."""
     from client_service.datasets import DatasetRegistry
+    from common.errors import InputError
     from ppre.local import local_services
     from proto import ppre_pb2 as pb
-    from tester_service.release import ReleasePolicy
     from tester_service.server import run_audit
 
     load = _tester_loader(members, self_id, probabilities, preparation)
@@ -74,13 +88,39 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
                               result_recipient=result_recipient, metric_option=option, tau=tau,
                               metric_params={k: _param_text(v) for k, v in (params or {}).items()},
                               correction=correction)
-    release = None if release_controls else ReleasePolicy.off()
-    with local_services(load, registry, release=release, executor=executor) as services:
+    try:
+        release, accountant = _release(release_controls, noise_rho, privacy_budget, privacy_ledger,
+                                       (probabilities, None) if probabilities is not None else (members, self_id),
+                                       client_data)
+    except InputError as exc:  # e.g. a client file that cannot be read: as the Test-Client would say it
+        raise AuditFailed(exc.code, str(exc)) from None
+    with local_services(load, registry, release=release, accountant=accountant, executor=executor,
+                        history=_history(history)) as services:
         event = run_audit(services.tester_address, request, timeout=timeout, on_progress=on_progress,
                           tls=services.operator_tls)
     if event.WhichOneof("event") != "result":
         raise AuditFailed(event.error.code, event.error.message)
     return AuditReport.from_proto(event.result)
+
+
+def _release(controls: bool, rho: float, budget: float, ledger, tester_inputs, client_data):
+    """The release policy and privacy accountant of `ppre audit --local` (its
+    `local_release`): the budget of this pair of inputs (`release.local_accountant`), or
+    with the controls off no control and an unlimited, unkept budget."""
+    from tester_service.release import PrivacyAccountant, ReleasePolicy, local_accountant
+    if not controls:
+        policy = ReleasePolicy.off()
+        return policy, PrivacyAccountant(policy.budget)
+    policy = ReleasePolicy(rho=rho, budget=budget)
+    return policy, local_accountant(policy.budget, tester_inputs, client_data, ledger, settings=API_SETTINGS)
+
+
+def _history(history):
+    """The run history `audit_local` writes to, as `ppre audit --local --history` does."""
+    from tester_service.history import RunHistory, local_history_path
+    if history is None or history is False:
+        return None
+    return RunHistory(local_history_path() if history is True else history)
 
 
 def _tester_loader(members, self_id, probabilities, preparation) -> Callable[[], pd.DataFrame]:

@@ -32,6 +32,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from common.results import left_out_words
+
 if TYPE_CHECKING:  # pragma: no cover
     from common.results import AuditReport
 
@@ -63,7 +65,9 @@ SEVERITY_COLOURS = {
     "low": ("#fdf0c4", "#7a5d00"),
     "moderate": ("#fde0c5", "#b45309"),
     "high": ("#f9d3d3", "#b3261e"),
+    "inconclusive": ("#e4e4e7", "#52525b"),
     "insufficient data": ("#e4e4e7", "#52525b"),
+    "inconclusive": ("#e4e4e7", "#52525b"),
     "flagged": ("#eddcf7", "#6b21a8"),
 }
 WEIGHTED_COLOUR = "#1f4e9c"     # the weighted (paper's) estimates: points, whiskers, curves
@@ -656,6 +660,10 @@ def _verdict_words(report: "AuditReport") -> tuple[str, str]:
         if v.severity == "flagged":
             return ("Flagged: groups may be missing from pools",
                     f"In some pools a group's Pr(N \u2265 {t}) is below the inclusion level {level}.")
+        if v.severity == "inconclusive":  # withheld cells: unknown, neither included nor missing
+            return ("Inconclusive: some cells withheld",
+                    f"Every released cell reaches Pr(N \u2265 {t}) \u2265 {level}, but cells withheld by the "
+                    f"release controls are unknown.")
     words = {
         "none": ("No significant disparity",
                  f"No compared difference's {pct} simultaneous interval excludes 0."),
@@ -666,11 +674,34 @@ def _verdict_words(report: "AuditReport") -> tuple[str, str]:
                      f"A significant difference of at least \u03c4 = {tau:g} (below 2\u03c4 = {2 * tau:g})."),
         "high": ("Significant disparity, high severity",
                  f"A significant difference of at least 2\u03c4 = {2 * tau:g}."),
+        "inconclusive": ("Inconclusive at this size and privacy level",
+                         f"No compared difference is significant, but this audit could not have detected a gap "
+                         f"of \u03c4 = {tau:g} in every group (minimum detectable difference "
+                         f"{_num(v.mdd) if v.mdd is not None else 'undefined'}"
+                         + ("; some groups left out of the verdict" if v.excluded_groups else "")
+                         + "): it is no finding either way."
+                         + (f" Conclusive from about {math.ceil(v.members_factor * report.n_matched):,} joined "
+                            f"members, with fewer groups (--group-mapping)"
+                            + {True: " or a larger privacy budget (rho).", False: ".",
+                               None: " or, under the release controls, a larger privacy budget (rho)."}[_noisy(report)]
+                            if v.members_factor and report.n_matched else "")),
         "insufficient data": ("Insufficient data",
                               "Fewer than two defined estimates could be compared (small or withheld groups)."),
         "flagged": ("Flagged", "The verdict flags this audit."),
     }
     return words.get(v.severity, (f"Severity: {v.severity}", ""))
+
+
+def _left_out(report: "AuditReport") -> str:
+    """Why the verdict left groups out (`common.results.left_out_words`), by whether the
+    result says release noise was on (unknown: no release facts)."""
+    return left_out_words(_noisy(report), report.metric)
+
+
+def _noisy(report: "AuditReport") -> bool | None:
+    """Whether the audit ran with release noise (None: the result holds no release facts)."""
+    release = report.release
+    return bool(release.get("controls", True) and release.get("rho")) if release else None
 
 
 def _list(items: Sequence[str], limit: int = 24) -> str:
@@ -695,8 +726,19 @@ def verdict_section(report: "AuditReport") -> str:
         facts.append("<li><strong>Groups whose intervals do not overlap</strong> (shown, not used for the "
                      f"verdict): {_list([f'{a} / {b}' for a, b in v.non_overlapping])}</li>")
     if v.excluded_groups:
-        facts.append(f"<li><strong>Left out of the verdict</strong> (effective size below 30; marked \u2020): "
+        facts.append(f"<li><strong>Left out of the verdict</strong> ({_e(_left_out(report))}; marked \u2020): "
                      f"{_list(list(v.excluded_groups))}</li>")
+    if v.mdd is not None:
+        facts.append(f"<li><strong>Minimum detectable difference</strong> (80% power, these settings): "
+                     f"{_e(_num(v.mdd))}</li>")
+    if v.uninformative:
+        facts.append(f"<li><strong>Not informative</strong> (interval half-width above \u03c4/2): "
+                     f"{_list(list(v.uninformative))}</li>")
+    if v.attenuation:
+        a = v.attenuation
+        facts.append(f"<li><strong>Corrected for attenuation:</strong> {_e(a.get('pair'))} = "
+                     f"{_e(_signed(a.get('corrected')))}"
+                     + (" (the weighted gap understates it)" if a.get("understates") else "") + "</li>")
     tau = "" if v.rule == "inclusion" else f"; \u03c4 = {v.tau:g}"
     facts.append(f"<li><strong>Rule:</strong> {_e(v.rule)}: {_e(RULE_WORDS.get(v.rule, ''))}{_e(tau)}</li>")
     return (f'<section class="verdict {_e(sev_class)}" id="verdict" aria-labelledby="verdict-h">'
@@ -714,7 +756,8 @@ def groups_section(report: "AuditReport") -> str:
     unidentifiable = set(report.correction.get("unidentifiable", ())) if corrected else set()
     excluded = set(report.verdict.excluded_groups)
     suppressed = set(report.release.get("suppressed", ()))
-    sizes = report.release.get("effective_sizes") or {}
+    sizes = {k: (max(0.0, _finite(v)) if _finite(v) is not None else v)
+             for k, v in (report.release.get("effective_sizes") or {}).items()}
     intervals = any(_finite(g.ci_low) is not None for g in report.groups)
     headers = ["group", "estimate"] + ([f"{report.confidence:.0%} interval"] if intervals else [])
     if corrected:
@@ -727,7 +770,7 @@ def groups_section(report: "AuditReport") -> str:
     for g in ordered:
         notes = []
         if g.group in excluded:
-            notes.append("\u2020 left out of the verdict (effective size below 30)")
+            notes.append(f"\u2020 left out of the verdict ({_left_out(report)})")
         if g.group in suppressed:
             notes.append("withheld by the release controls")
         elif _finite(g.estimate) is None:
@@ -910,6 +953,8 @@ def differences_section(report: "AuditReport") -> str:
     significant = set(report.verdict.significant_comparisons)
     rows, classes = [], []
     for d in report.differences:
+        if compared == f"{d.b} - {d.a}" and d.kind == "between":
+            d = report.difference(d.b, d.a)  # the compared row reads as the banner does (same sign)
         label = f"{d.a} \u2212 {d.b}"
         plain, flipped = f"{d.a} - {d.b}", f"{d.b} - {d.a}"
         lo, hi = _finite(d.ci_low), _finite(d.ci_high)

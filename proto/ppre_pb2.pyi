@@ -164,7 +164,7 @@ class AuditError(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("protocol_version", "metric", "client_dataset", "metric_option", "salt_share", "probability_bits", "result_recipient", "sealed_width", "metric_params", "buckets", "correction", "audit_id")
+    __slots__ = ("protocol_version", "metric", "client_dataset", "metric_option", "salt_share", "probability_bits", "result_recipient", "sealed_width", "metric_params", "buckets", "correction", "audit_id", "value_bounds")
     class MetricParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +172,13 @@ class Hello(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class ValueBoundsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     METRIC_FIELD_NUMBER: _ClassVar[int]
     CLIENT_DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +191,7 @@ class Hello(_message.Message):
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
     CORRECTION_FIELD_NUMBER: _ClassVar[int]
     AUDIT_ID_FIELD_NUMBER: _ClassVar[int]
+    VALUE_BOUNDS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     metric: str
     client_dataset: str
@@ -196,10 +204,18 @@ class Hello(_message.Message):
     buckets: int
     correction: str
     audit_id: str
-    def __init__(self, protocol_version: _Optional[int] = ..., metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., metric_option: _Optional[str] = ..., salt_share: _Optional[bytes] = ..., probability_bits: _Optional[int] = ..., result_recipient: _Optional[str] = ..., sealed_width: _Optional[int] = ..., metric_params: _Optional[_Mapping[str, str]] = ..., buckets: _Optional[int] = ..., correction: _Optional[str] = ..., audit_id: _Optional[str] = ...) -> None: ...
+    value_bounds: _containers.ScalarMap[str, float]
+    def __init__(self, protocol_version: _Optional[int] = ..., metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., metric_option: _Optional[str] = ..., salt_share: _Optional[bytes] = ..., probability_bits: _Optional[int] = ..., result_recipient: _Optional[str] = ..., sealed_width: _Optional[int] = ..., metric_params: _Optional[_Mapping[str, str]] = ..., buckets: _Optional[int] = ..., correction: _Optional[str] = ..., audit_id: _Optional[str] = ..., value_bounds: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class HelloAck(_message.Message):
-    __slots__ = ("salt_share", "paillier_n", "paillier_h", "slot_bits", "rows", "strata_labels", "info_json", "slots")
+    __slots__ = ("salt_share", "paillier_n", "paillier_h", "slot_bits", "rows", "strata_labels", "info_json", "slots", "value_bounds")
+    class ValueBoundsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     SALT_SHARE_FIELD_NUMBER: _ClassVar[int]
     PAILLIER_N_FIELD_NUMBER: _ClassVar[int]
     PAILLIER_H_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +224,7 @@ class HelloAck(_message.Message):
     STRATA_LABELS_FIELD_NUMBER: _ClassVar[int]
     INFO_JSON_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_BOUNDS_FIELD_NUMBER: _ClassVar[int]
     salt_share: bytes
     paillier_n: bytes
     paillier_h: bytes
@@ -216,7 +233,8 @@ class HelloAck(_message.Message):
     strata_labels: _containers.RepeatedScalarFieldContainer[str]
     info_json: str
     slots: int
-    def __init__(self, salt_share: _Optional[bytes] = ..., paillier_n: _Optional[bytes] = ..., paillier_h: _Optional[bytes] = ..., slot_bits: _Optional[int] = ..., rows: _Optional[int] = ..., strata_labels: _Optional[_Iterable[str]] = ..., info_json: _Optional[str] = ..., slots: _Optional[int] = ...) -> None: ...
+    value_bounds: _containers.ScalarMap[str, float]
+    def __init__(self, salt_share: _Optional[bytes] = ..., paillier_n: _Optional[bytes] = ..., paillier_h: _Optional[bytes] = ..., slot_bits: _Optional[int] = ..., rows: _Optional[int] = ..., strata_labels: _Optional[_Iterable[str]] = ..., info_json: _Optional[str] = ..., slots: _Optional[int] = ..., value_bounds: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class TableChunk(_message.Message):
     __slots__ = ("table", "rows", "points", "sealed", "ciphertexts", "units", "strata")

@@ -36,13 +36,13 @@ import numpy as np
 import pandas as pd
 
 from common import bootstrap as boot
-from common import commutative, correction, encoding, paillier, parallel, validation, wire
+from common import commutative, correction, encoding, moments, paillier, parallel, validation, wire
 from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.logs import new_audit_id
 from common.masking import AdditiveMask, RatioMask
 from common.metrics import correcting_metrics, get_metric
-from common.metrics.base import Layout
-from common.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, AuditReport, finish
+from common.metrics.base import Layout, composite_items, sensitivity_rows
+from common.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, AuditReport, finish, small_for_verdict
 from common.session import PhaseClock, chunk_ticks, expect_phase
 from common.symmetric import RowSealer, sealed_width
 from proto import ppre_pb2 as pb
@@ -180,6 +180,8 @@ class TesterSession:
         self._charge = charge
         self._release_info: dict[str, Any] = {}
         self._multiplicity = 1
+        #: the row count the slots' noise is sized by (`_rows_l2`; else the multiplicity)
+        self._sensitivity_rows: float = 1
         self._suppressed: list[int] = []
         self._noise_sd: list[float] = []  # per item slot: the estimate's, then the groups'
         self.phase = Phase.START
@@ -267,7 +269,8 @@ class TesterSession:
             metric_option=self.spec.metric_option, salt_share=self._salt_share,
             probability_bits=encoding.PROBABILITY_BITS, result_recipient=self.spec.result_recipient,
             sealed_width=sealed_width(len(self.groups)), metric_params=self.spec.params,
-            buckets=self._n_buckets, correction=self.spec.correction, audit_id=self.audit_id))]
+            buckets=self._n_buckets, correction=self.spec.correction, audit_id=self.audit_id,
+            value_bounds=self.metric.value_bounds(self.spec.metric_option, self.params)))]
 
     def receive(self, msg: pb.PeerMessage) -> Iterable[pb.PeerMessage]:
         """Consume one message from the Test-Client; returns the messages to send back.
@@ -407,15 +410,23 @@ class TesterSession:
         points = np.concatenate(self._matched_points)
         self._matched_points = []
         _, counts = np.unique(points, return_counts=True)
-        del points
         distinct = len(counts)
         self._multiplicity = int(counts.max())
-        del counts
+        self._sensitivity_rows = self._rows_l2(points, counts) if self.metric.strata_cells else self._multiplicity
+        del counts, points
         if self.metric.unique_ids and self.metric.n_ids == 1 and self._multiplicity > 1:
             raise ProtocolError("a member appears in more than one row of a dataset whose member ids must be unique")
         if distinct < self.release.min_intersection:
             raise ReleaseRefused(f"the intersection holds {distinct} distinct members; the Tester releases results "
                                  f"only from {self.release.min_intersection} or more (--min-intersection)")
+
+    def _rows_l2(self, points: np.ndarray, counts: np.ndarray) -> float:
+        """The row count a metric whose cells are kept apart per stratum sizes its noise by
+        (`common.metrics.base.sensitivity_rows`), counted on the joined rows' points."""
+        if not self._matched_strata:
+            return float(counts.max())
+        _, member = np.unique(points, return_inverse=True)
+        return sensitivity_rows(member.reshape(-1, self.metric.n_ids), np.concatenate(self._matched_strata))
 
     # ------------------------------------------------------------------ step 5: open
     def _open(self) -> tuple[list[np.ndarray], np.ndarray | None, np.ndarray | None]:
@@ -487,24 +498,28 @@ class TesterSession:
             n_units = metric.random_groups + 1
         else:
             count = metric.random_groups if metric.resampling == "random_groups" else \
-                (RELEASE_GROUPS if groups_instead else self._n_buckets)
+                (RELEASE_GROUPS if groups_instead else 1 if self._moments_form() else self._n_buckets)
             buckets = boot.assign_buckets(n, count, rng)
             units = np.empty(n, dtype=np.int64)
             for m, idx in enumerate(buckets):
                 units[idx] = m
             n_units = len(buckets)
-        # effective size of each group among the joined rows (first member of a row)
-        effective = q[0].sum(axis=0) / float(1 << encoding.PROBABILITY_BITS)
-        self._small_groups = [g for g, size in zip(self.groups, effective) if size < MIN_EFFECTIVE_SIZE]
+        # groups left out of the verdict (common.results, "Left out"): without release noise
+        # by their exact Kish size among the joined rows (first member of a row); with it
+        # by the noised sizes only (`_suppress_small`), never by exact ones
+        self._small_groups = [] if self.release.noisy else small_for_verdict(
+            q[0], self.groups, metric.name, float(1 << encoding.PROBABILITY_BITS))
         facts = metric.tester_facts(q, strata, units)
         weights = metric.weights(q, strata, units, self.groups, self.spec.metric_option, self.params)
         self._plan = metric.plan(self.groups, self._strata_labels, self._layout, self.spec.metric_option,
                                  self.params, self._info)
-        if self.spec.correction != "none":
+        if self.spec.correction != "none" or self._moments_form():
+            # M's items, which are also the second moments of the interval (`common.moments`)
             self._plan, self._correction = correction.extend(self._plan, self.groups)
             weights = list(weights) + correction.pair_weights(q[0])
             assert len(weights) == len(self.groups) + 1 + len(correction.pairs(len(self.groups)))
-            self._check_identifiable(q[0])
+            if self.spec.correction != "none" and not self._moments_form():
+                self._check_identifiable(q[0])
         del q
         self._suppress_small(weights, strata)
         self._lap("open_probabilities")
@@ -575,7 +590,9 @@ class TesterSession:
                                            ciphertexts=paillier.ciphertexts_to_bytes(requests, pub.ciphertext_bytes))
             return
 
-        if metric.resampling == "client_groups" or groups_instead:
+        if self._moments_form():  # the estimate alone: the interval comes from its second moments
+            count_rows = np.ones((1, n_units), dtype=np.int64).tolist()
+        elif metric.resampling == "client_groups" or groups_instead:
             # row 0 every unit (the estimate), then each of the G groups alone
             count_rows = np.vstack([np.ones((1, n_units), dtype=np.int64),
                                     np.eye(self._replicates(), n_units, dtype=np.int64)]).tolist()
@@ -586,14 +603,7 @@ class TesterSession:
         # An item whose weight is a sum of other columns (e.g. "overall") is, in every
         # replicate, the product of those columns' items: no multi-exponentiation of its own.
         plan_items = list(self._plan.items)
-        position = {(it.weight, it.ciphertext, it.stratum): i for i, it in enumerate(plan_items)}
-        parts_of = {}
-        for i, it in enumerate(plan_items):
-            col = weights[it.weight]
-            if isinstance(col, tuple):
-                parts = [position.get((w, it.ciphertext, it.stratum)) for w in col]
-                if all(p is not None and not isinstance(weights[plan_items[p].weight], tuple) for p in parts):
-                    parts_of[i] = parts
+        parts_of = composite_items(plan_items, weights, strata=n_strata if metric.strata_cells else 0)
         direct = [i for i in range(len(plan_items)) if i not in parts_of]
         columns = []
         for i in direct:
@@ -613,8 +623,14 @@ class TesterSession:
         # noise (σ₀); every replicate is formed from units that each carry noise (σ_b): with
         # noise, the units are disjoint random groups and each replicate is one of them.
         comps = metric.components(self.spec.metric_option, self.params, self._info)
-        sigma0, sigma_b = self.release.sigmas(
-            len(comps) * (correction.SENSITIVITY_FACTOR if self._correction else 1))
+        beta = metric.sensitivity_components(self.spec.metric_option, self.params, self._info)
+        if self._moments_form():  # σ₀ on the group items, σ_m on the pair items (`ReleasePolicy.moment_sigmas`)
+            sigma0, sigma_m = self.release.moment_sigmas(beta)
+            sigma_b = 0.0
+            item_sigma = [sigma_m if i >= self._correction.first_item else sigma0 for i in range(len(plan_items))]
+        else:
+            sigma0, sigma_b = self.release.sigmas(beta * (correction.SENSITIVITY_FACTOR if self._correction else 1))
+            item_sigma = [sigma0] * len(plan_items)
         scales = [self._slot_scales(plan_items[i], weights, comps) for i in direct]
         del weights
         point = []
@@ -622,7 +638,7 @@ class TesterSession:
             c = 1
             for x in col:
                 c = c * x % n2
-            point.append(self._add_noise(c, scales[d], sigma0))
+            point.append(self._add_noise(c, scales[d], item_sigma[direct[d]]))
         if sigma_b > 0:
             columns = [[self._add_noise(x, scales[d], sigma_b) for x in col] for d, col in enumerate(columns)]
         tasks = [(pub.n, columns, part) for part in
@@ -634,7 +650,8 @@ class TesterSession:
         by_item = {i: scales[d] for d, i in enumerate(direct)}
         for i, parts in parts_of.items():
             by_item[i] = [math.sqrt(sum(float(by_item[p][k]) ** 2 for p in parts)) for k in range(len(scales[0]))]
-        self._note_noise(len(comps), sigma0, sigma_b, [by_item[i] for i in range(len(plan_items))])
+        self._note_noise(round(beta, 3), sigma0, sigma_b, [by_item[i] for i in range(len(plan_items))],
+                         item_sigma if self._moments_form() else None)
         slot = {i: d for d, i in enumerate(direct)}
         items = []
         for r in range(len(count_rows)):
@@ -650,16 +667,23 @@ class TesterSession:
         yield from self._send_items(items, self._replicates())
 
     def _after_squares(self) -> Iterator[pb.PeerMessage]:
-        """MQOS-AUC exact: the squares are back; form the cells of every random group."""
-        items = self.metric.combine(self._squares_state, self._squares, self._pub, self._layout)
-        # release noise per cell: the estimate (σ₀) and each random group (σ_b: the groups
-        # are disjoint, so a member is in one of them)
-        sens = self.metric.squares_sensitivity(self._squares_state, self._multiplicity)
-        self._squares_state, self._squares = None, []
+        """MQOS-AUC exact: the squares are back; form the released (V, D) of every cell in
+        the full sample and each random group, each noised before packing: the estimate
+        with σ₀, each random group with σ_b (the groups are disjoint, so a member is in one
+        of them). The noise scales come from the metric's declared form and the row count
+        (`ExactAuc.squares_sensitivity`), never from a group's size."""
+        scales = self.metric.squares_sensitivity(self._squares_state, self._multiplicity)
         sigma0, sigma_b = self.release.sigmas(2)
-        cells = len(sens)
-        items = [self._add_noise(c, sens[i % cells], sigma0 if i < cells else sigma_b) for i, c in enumerate(items)]
-        self._note_noise(2, sigma0, sigma_b, sens)
+        slots = self._layout.slots
+
+        def noise(ciphertext: int, component: int, replicate: int) -> int:
+            one = [0] * slots
+            one[0] = scales[component]
+            return self._add_noise(ciphertext, one, sigma0 if replicate == 0 else sigma_b)
+        items = self.metric.combine(self._squares_state, self._squares, self._pub, self._layout, noise)
+        cells = len(self._squares_state["facts"]["S"])
+        self._squares_state, self._squares = None, []
+        self._note_noise(2, sigma0, sigma_b, [self.metric.slot_noise(scales)] * cells)
         self._lap("squares")
         yield from self._send_items(items, self._replicates())
 
@@ -719,6 +743,9 @@ class TesterSession:
             cell.group: round(float(measured[keys[cell.item]]), 1) for cell in plan.cells
             if cell.kind in ("group", "curve") and cell.group in self.groups
             and plan.items[cell.item].stratum is None}
+        if self.release.noisy:  # left out of the verdict on the same noised sizes (common.results)
+            sizes = self._release_info["effective_sizes"]
+            self._small_groups = sorted({g for g, v in sizes.items() if not v >= MIN_EFFECTIVE_SIZE})
         if self._suppressed:
             hidden = set(self._suppressed)
             self._release_info["suppressed"] = [plan.cell_label(c) for c in plan.cells if c.item in hidden]
@@ -730,7 +757,7 @@ class TesterSession:
         depend on the members' race: constants, and "overall" as the sum of all groups)."""
         if isinstance(weights[item.weight], (int, tuple)):
             return [0] * self._layout.slots
-        return self.metric.slot_sensitivity(item, self._layout, components, self._multiplicity)
+        return self.metric.slot_sensitivity(item, self._layout, components, self._sensitivity_rows)
 
     def _add_noise(self, ciphertext: int, scales: list[int], sigma: float) -> int:
         if sigma <= 0 or not any(scales):
@@ -738,11 +765,18 @@ class TesterSession:
         return paillier.add_plain(self._pub.n, ciphertext,
                                   gaussian_slots([sigma * x for x in scales], self._layout.slot_bits))
 
-    def _note_noise(self, n_components: int, sigma0: float, sigma_b: float, scales: list[list[int]]) -> None:
+    def _note_noise(self, n_components: int, sigma0: float, sigma_b: float, scales: list[list[int]],
+                    item_sigmas: list[float] | None = None) -> None:
         """What the report says about the noise (σ₀ in members, per unit of sensitivity),
         and, for the header, the noise's sd per item slot: the estimate's, then the
-        groups' (`scales`: each item's slot sensitivities)."""
-        if self.release.noisy:
+        groups' (`scales`: each item's slot sensitivities). `item_sigmas`: the release of
+        second moments (`common.moments`), one multiplier per item and no groups (zeros)."""
+        if self.release.noisy and item_sigmas is not None:
+            self._noise_sd = [sig * float(x) for sig, row in zip(item_sigmas, scales) for x in row]
+            self._noise_sd += [0.0] * len(self._noise_sd)
+            self._release_info.update({"interval_from": "second moments (parametric bootstrap)",
+                                       "sigma_moments": max(item_sigmas) * self._multiplicity})
+        elif self.release.noisy:
             self._noise_sd = [sig * float(x) for sig in (sigma0, sigma_b) for row in scales for x in row]
         info = self._release_info
         info["controls"] = self.release != ReleasePolicy.off()
@@ -775,7 +809,7 @@ class TesterSession:
                 for i in self._suppressed:
                     items[r * n_items + i] = 1  # Enc(0), rerandomised below: nothing of the cell leaves
         noisy = self.release.noisy
-        plain_rows = replicates + 1 if noisy else 0
+        plain_rows = self._released_rows() if noisy else 0
         zero_tests = 0
         if not noisy and self.spec.result_recipient == "client":
             items = items + [paillier.scalar_pow(pub.n, items[i], 1 + secrets.randbelow(pub.n - 1))
@@ -819,22 +853,41 @@ class TesterSession:
             groups=list(self.groups), replicates=replicates, confidence=self.spec.confidence,
             slot_bits=shift, mask="ratio" if ratio else "additive", items=len(plan.items), item_slots=slots,
             tau=self.spec.tau, small_groups=self._small_groups, suppressed_items=self._suppressed,
-            interval=self._interval(), plain_rows=plain_rows if ratio else 0, noise_sd=self._noise_sd,
+            interval=self._release_form(), plain_rows=plain_rows if ratio else 0, noise_sd=self._noise_sd,
             zero_tests=zero_tests, unidentifiable=self._unidentifiable))
         yield from wire.table_messages(wire.ciphertext_table(pb.AGGREGATES, width), len(out),
                                        ciphertexts=paillier.ciphertexts_to_bytes(out, width))
 
     # ------------------------------------------------------------------ step 7
     def _interval(self) -> str:
-        """The metric's interval method; with release noise, random groups for all: a
-        bootstrap's replicates reuse every member, so noise that keeps each of them private
-        would swamp their spread (`tester_service.release`)."""
+        """The report's interval method. With release noise a bootstrap's replicates would
+        reuse every member, so noise that keeps each of them private would swamp their
+        spread (`tester_service.release`): a metric with second moments
+        (`Metric.moment_interval`) gets percentile intervals of parametric draws from its
+        released aggregates and second moments (`common.moments`), any other bootstrap
+        metric random groups."""
         if self.metric.interval == "percentile" and self.release.noisy:
-            return "random_groups"
+            return "percentile" if self._moments_form() else "random_groups"
         return self.metric.interval
 
+    def _moments_form(self) -> bool:
+        """Whether this audit releases its estimate and second moments (`common.moments`)."""
+        return self.release.noisy and self.metric.interval == "percentile" and self.metric.moment_interval
+
+    def _release_form(self) -> str:
+        """The header's interval: `common.moments.FORM` for a release of second moments
+        (one row of aggregates; the finishing party draws the replicates), else the
+        report's method."""
+        return moments.FORM if self._moments_form() else self._interval()
+
+    def _released_rows(self) -> int:
+        """Rows of items in the AGGREGATES table: the estimate alone for a release of
+        second moments, else the estimate and every replicate."""
+        return 1 if self._moments_form() else self._replicates() + 1
+
     def _replicates(self) -> int:
-        """B, or the number of random groups where the interval comes from random groups."""
+        """B (bootstrap replicates, or parametric draws), or the number of random groups
+        where the interval comes from random groups."""
         if self._interval() != "random_groups":
             return self.spec.bootstrap
         return self.metric.random_groups or RELEASE_GROUPS
@@ -870,15 +923,27 @@ class TesterSession:
             except EncodingOverflowError:
                 raise ProtocolError("a masked plaintext does not decode") from None
         noisy = self.release.noisy
+        if self._moments_form():
+            values, corrected = moments.finish_release(
+                plan, self._correction, slots, self._noise_sd, replicates, withheld=self._suppressed,
+                correct=self.spec.correction != "none",
+                bounds=moments.estimate_bounds(self.metric, self.spec.metric_option, self.params))
+            report = finish(self.metric, plan, values, option=self.spec.metric_option,
+                            confidence=self.spec.confidence, interval=self._interval(), tau=self.spec.tau,
+                            params=self.params, info=self._info, replicates=replicates, result_recipient="tester",
+                            small_groups=self._small_groups, corrected=corrected, noisy=noisy)
+            return self._finish(report, dict(mp.phase_seconds))
         pseudo = noisy and self.metric.interval == "percentile"
         values = plan.suppress(plan.cell_values(slots, lambda num, den: float(num) / float(den) if den != 0 else None,
                                                 plain_rows=replicates + 1 if noisy else 0, noise_sd=self._noise_sd,
                                                 pseudo_values=pseudo),
                                self._suppressed)
         corrected = None if self._correction is None else self._correction.finish(
-            slots, plan, self._suppressed, self._unidentifiable, pseudo_values=pseudo)
+            slots, plan, self._suppressed, self._unidentifiable, pseudo_values=pseudo,
+            bounds=moments.estimate_bounds(self.metric, self.spec.metric_option, self.params))
         report = finish(self.metric, plan, values, option=self.spec.metric_option, confidence=self.spec.confidence,
                         interval=self._interval(),
                         tau=self.spec.tau, params=self.params, info=self._info, replicates=replicates,
-                        result_recipient="tester", small_groups=self._small_groups, corrected=corrected)
+                        result_recipient="tester", small_groups=self._small_groups, corrected=corrected,
+                        noisy=noisy)
         return self._finish(report, dict(mp.phase_seconds))

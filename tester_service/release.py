@@ -27,19 +27,50 @@ vector has norm ≤ 1), and |v_c| ≤ bound_c. With `m` the most rows any joined
 appears in, changing one member moves slot c of the released cells by an L2 norm of
 at most √2·m·bound_c over all groups and strata. Noise with standard deviation
 σ·m·bound_c (in the slot's fixed-point units) on every slot of C components makes one
-release ρ = C/σ²-zCDP. An audit makes three releases: the estimate (σ₀), the same
-cells over G = 10 disjoint random groups of the rows, from which the interval comes
-(σ_b; a member's at most m rows fall in one group or, for unit resampling, several,
-which the same L2 bound covers, so the groups together are one release), and the noisy effective sizes that decide suppression; their
-shares of the audit's ρ are 0.7, 0.2 and 0.1. A bootstrap would reuse every member in
-every replicate: noise that kept B replicates private would swamp their spread, so with
-noise every metric's interval comes from random groups. Repeated audits add their ρ
+release ρ = C/σ²-zCDP. bound_c is the metric's declared bound (`Metric.value_bounds`:
+an outcome range, queries per viewer, ...), which the Test-Client clips its values to
+before encryption; m is the Tester's count (`common.metrics.base.sensitivity_rows`: for
+cells kept apart per stratum, sqrt(max_i Σ_s n_is²)); and a metric whose components
+cannot all reach their bounds in one row sizes σ for β < C (`Metric.sensitivity_components`:
+ρ = β/σ²). A bootstrap would reuse every member in every replicate: noise
+that kept B replicates private would swamp their spread, so with noise the interval
+comes from one of two further releases. An audit makes three releases:
+
+1. the estimate (σ₀);
+2. for the interval, either
+   (a) *second moments* (`moment_sigmas`, metrics with `Metric.moment_interval`: ERO):
+   the pair items ``S^f_ab = Σ p_a·p_b·f``, ``S^d_ab = Σ p_a·p_b·d`` for a ≤ b
+   (`common.moments`; their d slots are also the correction's M). Sensitivity: the
+   weights p_a·p_b form the matrix p·pᵀ, and ||p·pᵀ − p'·p'ᵀ||_F ≤ (||p|| + ||p'||)·
+   ||p − p'|| ≤ 2·||Δp||, so slot c moves by at most 2·√2·m·bound_c over all pairs:
+   PAIR_FACTOR = 4 times the group items' squared sensitivity, and C components with
+   σ_m cost 4·C/σ_m². The finishing party draws the interval's replicates from these
+   (post-processing, no further cost); or
+   (b) the same cells over G = 10 disjoint *random groups* of the rows (`sigmas`'
+   σ_b; every other bootstrap metric and MQOS-AUC exact): a member's at most m rows
+   fall in one group or, for unit resampling, several, which the same L2 bound
+   covers, so the groups together are one release;
+3. the noisy effective sizes that decide suppression (`threshold_sigma`).
+
+Their shares of the audit's ρ: (a) 0.8 / 0.1 / 0.1 (`MOMENT_SHARE`), (b) 0.7 / 0.2 /
+0.1 (`REPLICATE_SHARE`); `THRESHOLD_SHARE` 0.1 either way. With the correction
+(`--correction calibration`) form (a) releases exactly the same items with the same
+noise: M is the d slots of the pair items, so the weighted estimate keeps its σ₀ and
+the correction costs nothing more; under form (b) M's items join the estimate's
+release, whose C components then count 5·C (`common.correction.SENSITIVITY_FACTOR`).
+Under (a) which groups are identifiable is decided on the released M
+(`common.correction.CorrectionPlan.released_identifiability`, post-processing); under
+(b) and without noise on the Tester's own probabilities, with the threshold share's
+noise. Repeated audits add their ρ
 (composition); the accountant keeps the sum per Test-Client
-identity, across dataset names, and refuses an audit that would exceed the budget.
+identity, across dataset names, and refuses an audit that would exceed the budget. A
+local audit (`ppre audit --local`, `ppre.audit_local`), whose user holds both
+datasets, keeps the noise but is charged per pair of inputs (`local_identity`).
 `rho_to_epsilon` gives the (ε, δ)-DP equivalent.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -59,6 +90,12 @@ DEFAULT_BUDGET = 0.4
 #: effective sizes that decide suppression; the rest goes to the estimate
 REPLICATE_SHARE = 0.2
 THRESHOLD_SHARE = 0.1
+#: the share of the second moments, where they give the interval instead of random
+#: groups (`common.moments`); the estimate keeps 1 − MOMENT_SHARE − THRESHOLD_SHARE
+MOMENT_SHARE = 0.1
+#: the squared sensitivity of the pair items (weights p_a·p_b) relative to the group
+#: items': ||p·pᵀ − p'·p'ᵀ||_F ≤ (||p|| + ||p'||)·||p − p'|| ≤ 2·||p − p'||
+PAIR_FACTOR = 4.0
 #: with noise, every interval comes from this many disjoint random groups
 RELEASE_GROUPS = 10
 #: Gaussian draws are cut at this many standard deviations (slot headroom)
@@ -67,6 +104,14 @@ NOISE_TAIL_SD = 8.0
 MAX_SIGMA = float(1 << 20)
 #: δ of the (ε, δ) figure the reports quote
 REPORT_DELTA = 1e-6
+
+
+#: how a user changes the budget and its ledger, quoted by every refusal
+SERVICE_SETTINGS = "--privacy-budget sets the budget, --privacy-ledger FILE keeps it in a file"
+LOCAL_SETTINGS = ("--privacy-budget sets the budget, --privacy-ledger FILE keeps it in another file; each pair "
+                  "of input files has its own budget")
+#: the identity of a local audit: this prefix and a digest of its inputs (`local_identity`)
+LOCAL_IDENTITY_PREFIX = "local inputs "
 
 
 class ReleaseRefused(PPREError):
@@ -89,6 +134,7 @@ class ReleasePolicy:
     budget: float = DEFAULT_BUDGET
     replicate_share: float = REPLICATE_SHARE
     threshold_share: float = THRESHOLD_SHARE
+    moment_share: float = MOMENT_SHARE
 
     def __post_init__(self) -> None:
         if self.min_intersection < 1:
@@ -102,6 +148,8 @@ class ReleasePolicy:
         if not (0.0 < self.replicate_share and 0.0 < self.threshold_share
                 and self.replicate_share + self.threshold_share < 1.0):
             raise InputError("must be positive and leave a share for the estimate", parameter="replicate share")
+        if not (0.0 < self.moment_share and self.moment_share + self.threshold_share < 1.0):
+            raise InputError("must be positive and leave a share for the estimate", parameter="moment share")
         if self.rho > self.budget:
             raise InputError(f"one audit's rho ({self.rho:g}) exceeds the whole budget ({self.budget:g})",
                              parameter="noise rho")
@@ -124,6 +172,24 @@ class ReleasePolicy:
         c = max(1, n_components)
         sigmas = (math.sqrt(c / (self.rho * (1.0 - self.replicate_share - self.threshold_share))),
                   math.sqrt(c / (self.rho * self.replicate_share)))
+        if max(sigmas) > MAX_SIGMA:
+            raise InputError(f"rho {self.rho:g} would need noise beyond the slots' headroom "
+                             f"(sigma {max(sigmas):.3g} > {MAX_SIGMA:g}); use a larger rho", parameter="noise rho")
+        return sigmas
+
+    def moment_sigmas(self, n_components: int) -> tuple[float, float]:
+        """(σ₀, σ_m): the noise multipliers of the estimate's group items and of the second
+        moments' pair items (`common.moments`), in units of one member's largest
+        contribution to a group item. The pair items' sensitivity is 2× the group items'
+        (PAIR_FACTOR = 4 on the square), so C components cost C/σ₀² + 4·C/σ_m²; their
+        shares are 1 − `moment_share` − `threshold_share` and `moment_share`. The
+        estimate's σ₀ is the same with and without the correction: M is these same
+        pair items (their d slots), released for the interval anyway."""
+        if not self.noisy:
+            return 0.0, 0.0
+        c = max(1, n_components)
+        sigmas = (math.sqrt(c / (self.rho * (1.0 - self.moment_share - self.threshold_share))),
+                  math.sqrt(PAIR_FACTOR * c / (self.rho * self.moment_share)))
         if max(sigmas) > MAX_SIGMA:
             raise InputError(f"rho {self.rho:g} would need noise beyond the slots' headroom "
                              f"(sigma {max(sigmas):.3g} > {MAX_SIGMA:g}); use a larger rho", parameter="noise rho")
@@ -153,11 +219,14 @@ class PrivacyAccountant:
     data), rewritten atomically after every charge so that a restart does not reset a
     budget. Thread-safe: concurrent audits of one identity cannot overspend."""
 
-    def __init__(self, budget: float, ledger: str | Path | None = None, *, identity: str | None = None) -> None:
+    def __init__(self, budget: float, ledger: str | Path | None = None, *, identity: str | None = None,
+                 settings: str = SERVICE_SETTINGS) -> None:
         """`identity`: count every audit for this one identity, whatever the link says
-        (`ppre audit --local`: all local audits of this user are one Test-Client)."""
+        (`ppre audit --local`: one identity per pair of inputs, `local_identity`).
+        `settings`: how the user changes the budget and the ledger, for refusals."""
         self.budget = budget
         self._fixed = identity
+        self._settings = settings
         self._path = Path(ledger) if ledger else None
         self._lock = threading.Lock()
         self._spent: dict[str, float] = {}
@@ -197,10 +266,21 @@ class PrivacyAccountant:
             self._save()
             return self.budget - self._spent[identity]
 
+    @property
+    def ledger(self) -> Path | None:
+        return self._path
+
+    def where(self) -> str:
+        """Where the spent ρ is kept, in words."""
+        if self._path is None:
+            return "in memory (for this Tester service's lifetime: a restart resets it)"
+        return f"in the ledger file {self._path}"
+
     def _refusal(self, identity: str, rho: float, left: float) -> str:
         identity = self._fixed or identity
         return (f"the privacy budget of Test-Client '{identity}' is spent: this audit needs rho {rho:g}, "
-                f"{max(0.0, left):g} of {self.budget:g} is left (the Tester's --privacy-budget)")
+                f"{max(0.0, left):g} of {self.budget:g} is left; the spent rho is kept {self.where()} "
+                f"({self._settings})")
 
     def _save(self) -> None:
         if self._path is None:
@@ -247,7 +327,58 @@ def gaussian_slots(scales: list[float], slot_bits: int) -> int:
 
 
 def local_ledger_path() -> Path:
-    """Where `ppre audit --local` keeps its privacy ledger: the user's data directory
-    ($XDG_DATA_HOME/ppre, else ~/.local/share/ppre), so that a budget survives the run."""
+    """Where `ppre audit --local` and `ppre.audit_local` keep their privacy ledger: the
+    user's data directory ($XDG_DATA_HOME/ppre, else ~/.local/share/ppre), so that a
+    budget survives the run. One file; each pair of inputs is one identity in it
+    (`local_identity`)."""
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "ppre" / "privacy-ledger.json"
+
+
+def local_identity(tester_inputs, client_data) -> str:
+    """The identity a local audit is charged to: one per pair of inputs, so that a user's
+    audits of one pair of datasets share a budget and another pair starts afresh (the
+    user holds both datasets: the budget makes results look as they would in
+    production, it protects nothing from them). `tester_inputs`: the Tester's files or
+    DataFrames (members and Self-ID, or a probability table; None for an absent one);
+    `client_data`: the Test-Client's. The key is a SHA-256 digest of the inputs'
+    contents (not their paths or times: a copy of the same data shares the budget, a
+    touched file keeps it), cut to 16 hex digits; a DataFrame's contents are its
+    columns and pandas' row hashes, so a DataFrame and the file it came from are two
+    pairs. The ledger holds only this digest and the ρ spent: no member-level data."""
+    digest = hashlib.sha256()
+    for item in (*tester_inputs, client_data):
+        digest.update(_content_digest(item))
+    return f"{LOCAL_IDENTITY_PREFIX}{digest.hexdigest()[:16]}"
+
+
+def local_accountant(budget: float, tester_inputs, client_data, ledger: str | Path | None = None, *,
+                     settings: str = LOCAL_SETTINGS) -> PrivacyAccountant:
+    """The accountant of a local audit (`ppre audit --local`, `ppre.audit_local`):
+    `ledger` (default `local_ledger_path()`), charged to `local_identity` of the inputs."""
+    return PrivacyAccountant(budget, ledger or local_ledger_path(),
+                             identity=local_identity(tester_inputs, client_data), settings=settings)
+
+
+def _content_digest(item) -> bytes:
+    """SHA-256 of one input: a file's bytes, a DataFrame's columns and row hashes, or
+    a marker for an absent input."""
+    digest = hashlib.sha256()
+    if item is None:
+        digest.update(b"absent")
+        return digest.digest()
+    import pandas as pd
+    if isinstance(item, pd.DataFrame):
+        digest.update(b"frame\0" + "\0".join(map(str, item.columns)).encode("utf-8"))
+        digest.update(pd.util.hash_pandas_object(item, index=False).to_numpy().tobytes())
+        return digest.digest()
+    path = Path(item)
+    try:
+        with path.open("rb") as data:
+            for block in iter(lambda: data.read(1 << 20), b""):
+                digest.update(block)
+    except FileNotFoundError:
+        raise InputError("file not found", file=str(path)) from None
+    except OSError as exc:
+        raise InputError(f"cannot be read ({exc.strerror or exc})", file=str(path)) from None
+    return digest.digest()

@@ -432,6 +432,7 @@ def audit_record(request: pb.AuditRequest, who: str, final: pb.AuditEvent | None
     record = {
         "who": who, "client": client, "metric": request.metric, "metric_option": request.metric_option,
         "client_dataset": request.client_dataset, "parameters": request_parameters(request),
+        "value_bounds": declared_bounds(request),
     }
     if refusal:
         record["outcome"] = {"status": "refused", "reason": refusal}
@@ -447,6 +448,19 @@ def audit_record(request: pb.AuditRequest, who: str, final: pb.AuditEvent | None
     else:
         record["outcome"] = {"status": "error", "code": final.error.code, "message": final.error.message}
     return record
+
+
+def declared_bounds(request: pb.AuditRequest) -> dict | None:
+    """The value bounds the audit's noise is sized from (`Metric.value_bounds`: defaults
+    included), or None for a request whose metric or parameters are refused."""
+    from common.metrics import get_metric
+    try:
+        metric = get_metric(request.metric)
+        option = metric.check_option(request.metric_option)
+        metric = metric.for_option(option)
+        return metric.value_bounds(option, metric.parse_params(dict(request.metric_params)))
+    except InputError:
+        return None
 
 
 def request_parameters(request: pb.AuditRequest) -> dict:

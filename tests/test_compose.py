@@ -72,7 +72,6 @@ import pandas as pd
 import pytest
 import yaml
 
-from tester_service.release import RELEASE_GROUPS
 from tests.helpers import free_loopback_port, netns_usable, pid_alive
 
 log = logging.getLogger("test_compose")
@@ -599,10 +598,11 @@ def stack(request, tmp_path_factory):
 def check_result(result: dict, n_matched: int = N_OVERLAP) -> None:
     assert result.get("metric") == "ero", result
     assert result["n_matched"] == n_matched, result
-    # the deployment runs with the release controls on: noise, and the interval from G = 10
-    # random groups (README "Threat model and release controls")
+    # the deployment runs with the release controls on: noise, and ERO's interval from
+    # parametric draws of its released aggregates and second moments (common.moments)
     assert result["release"]["controls"] and result["release"]["rho"] > 0, result
-    assert result["bootstrap"] == RELEASE_GROUPS and result["interval"] == "random_groups", result
+    assert result["interval"] == "percentile" and result["release"]["interval_from"].startswith("second moments"), \
+        result
     groups = result["groups"]
     assert [g["group"] for g in groups] == [*RACE_COLUMNS, "overall"], groups
     assert result["verdict"]["rule"] == "range", result

@@ -134,9 +134,12 @@ def test_pot_curves_he_path_equals_its_plaintext_twin():
     report, _, _ = local_audit(tester, client, spec=spec)
     for s in refs:
         # the kernel values as the Test-Client encrypts them (fixed point, 24 bits)
-        kernel = np.rint(np.exp(-0.5 * ((scores - s) / 0.1) ** 2) * 2.0 ** 24) / 2.0 ** 24
+        # (the outcome relative to its declared range's centre, 0.5: `common.metrics.pot`)
+        k = np.exp(-0.5 * ((scores - s) / 0.1) ** 2)
+        kernel = np.rint(k * 2.0 ** 24) / 2.0 ** 24
+        kernel_y = np.rint(k * (outcome - 0.5) * 2.0 ** 24) / 2.0 ** 24
         shown = [j for j, g in enumerate(GROUPS) if g not in report.correction["unidentifiable"]]
-        twin = plain_corrected(p, kernel * outcome, kernel, tuple(j for j in range(len(GROUPS)) if j not in shown))
+        twin = 0.5 + plain_corrected(p, kernel_y, kernel, tuple(j for j in range(len(GROUPS)) if j not in shown))
         got = [next(c for c in report.curves if c.group == GROUPS[j] and c.score == pytest.approx(s)).corrected_estimate
                for j in shown]
         assert len(shown) >= 4 and np.abs(np.array(got) - twin[shown]).max() < 1e-9
@@ -174,7 +177,8 @@ def test_other_ratio_metrics_he_path_equals_their_plaintext_twin(metric):
     order = {member: i for i, member in enumerate(ids)}
     joined = p[[order[x] for x in rows.ids[0]]]
     hidden = tuple(j for j, g in enumerate(GROUPS) if g in report.correction["unidentifiable"])
-    twin = plain_corrected(joined, values[:, 0], values[:, 1], hidden)
+    # both encode their values relative to 0.5 (the output metric's default range 0:1, NDCG)
+    twin = 0.5 + plain_corrected(joined, values[:, 0], values[:, 1], hidden)
     got = np.array([report.group(g).corrected_estimate or np.nan for g in GROUPS])
     shown = [j for j in range(len(GROUPS)) if j not in hidden]
     assert len(shown) >= 4 and np.abs(got[shown] - twin[shown]).max() < 1e-9, (got, twin)
@@ -232,25 +236,37 @@ def test_a_group_too_mixed_to_tell_apart_is_withheld():
     assert "not identifiable at this size" in report.to_table()
 
 
-def test_release_noise_covers_the_correction_items():
-    """With the correction, the release noise is calibrated to the larger sensitivity
-    (√5 per component): the header's noise sd of the group items grows by √5."""
-    tester, client, _, _ = calibrated_population(3000, 15, alpha=1.0)
-    headers = {}
+def test_release_noise_covers_the_correction_items_and_the_weighted_estimate_does_not_pay_for_them():
+    """Under release noise ERO releases its estimate and the pair items (its second
+    moments, which are also M: `common.moments`) with or without the correction, each
+    with its own noise (`ReleasePolicy.moment_sigmas`): the group items' noise is the same
+    whether the correction is asked for or not, the pair items' is larger by
+    sqrt(4·share ratio), and the identifiability threshold follows the noise
+    (`correction.noise_threshold`)."""
+    from tester_service.release import MOMENT_SHARE, PAIR_FACTOR, THRESHOLD_SHARE
+
+    tester, client, _, _ = calibrated_population(6000, 15, alpha=0.2)  # identifying sizes ~350
+    headers, reports = {}, {}
     for method in ("none", "calibration"):
         def tap(direction, msg, method=method):
             if msg.WhichOneof("body") == "aggregates_header":
                 headers[method] = msg.aggregates_header
         spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=20, seed=2, correction=method)
-        report, _, _ = local_audit(tester, client, spec=spec, tap=tap, release=ReleasePolicy())
-        assert report.interval == "random_groups"
-        if method == "calibration":
-            assert report.group("white").corrected_estimate is not None
-            assert report.group("white").corrected_ci_low is not None
+        reports[method], _, _ = local_audit(tester, client, spec=spec, tap=tap, release=ReleasePolicy())
+        assert reports[method].interval == "percentile" and headers[method].interval == "parametric"
     plain, corrected = np.array(headers["none"].noise_sd), np.array(headers["calibration"].noise_sd)
-    first = corrected[:len(plain) // 2][:plain.size // 2]
-    nonzero = plain[:plain.size // 2] > 0
-    assert np.allclose(first[nonzero] / plain[:plain.size // 2][nonzero], np.sqrt(correction.SENSITIVITY_FACTOR))
+    assert np.array_equal(plain, corrected)  # the same release either way
+    k, slots = len(GROUPS), headers["none"].item_slots
+    groups, pairs_sd = plain[:k * slots], plain[(k + 1) * slots:plain.size // 2]
+    ratio = np.sqrt(PAIR_FACTOR * (1 - MOMENT_SHARE - THRESHOLD_SHARE) / MOMENT_SHARE)
+    assert np.allclose(pairs_sd / groups[0], ratio) and np.allclose(groups, groups[0])
+    report = reports["calibration"]
+    assert report.group("white").corrected_estimate is not None
+    assert report.group("white").corrected_ci_low <= report.group("white").corrected_estimate \
+        <= report.group("white").corrected_ci_high
+    threshold = correction.noise_threshold(groups[0] / 2.0 ** 32)
+    assert report.correction["min_identifying_size"] == pytest.approx(threshold, abs=0.1) and threshold > 30
+    assert reports["none"].correction == {} and reports["none"].group("white").corrected_estimate is None
 
 
 def test_an_operator_may_not_ask_a_metric_without_a_correction_for_one():

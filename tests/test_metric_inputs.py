@@ -238,6 +238,8 @@ def test_unknown_metric_parameter_names_the_known_ones(name):
     ("mqos-auc", "pairs", "-5"),
     ("mqos-auc", "pairs", "many"),
     ("mqos-auc", "pairs", str(10 ** 9)),
+    ("mqos-auc", "pairs_per_member", "0"),
+    ("mqos-auc", "pairs_per_member", "1001"),
     ("prob-count", "inclusion_level", "1.5"),
     ("prob-count", "inclusion_level", "0"),
     ("prob-count", "count_threshold", "0"),
@@ -272,23 +274,27 @@ def test_dti_weights_must_match_the_reference_scores():
 
 
 @pytest.mark.parametrize("name", ["output", "pot"])
-@pytest.mark.parametrize("value", [1e9 + 1, -1e9 - 1, 1e12])
-def test_outcome_beyond_1e9_is_refused_naming_the_row(name, value):
-    outcome = np.random.default_rng(4).normal(size=40)
+@pytest.mark.parametrize("value", [5.0 + 1e-9, -5.5, 1e12])
+def test_outcome_beyond_the_declared_range_is_refused_naming_the_row(name, value):
+    outcome = np.clip(np.random.default_rng(4).normal(size=40), -5, 5)
     outcome[11] = value
-    err = refused(name, scores_frame(outcome=outcome))
-    assert (err.file, err.column, err.row) == (FILE, "outcome", 12) and "magnitude" in str(err)
-    outcome[11] = math.copysign(1e9, value)  # the bound itself is accepted
-    client_rows(name, scores_frame(outcome=outcome))
+    params = {"outcome_range": "-5:5", "out_of_range": "refuse"}
+    err = refused(name, scores_frame(outcome=outcome), params=params)
+    assert (err.file, err.column, err.row) == (FILE, "outcome", 12) and "declared range [-5, 5]" in str(err)
+    outcome[11] = math.copysign(5.0, value)  # the bound itself is accepted
+    client_rows(name, scores_frame(outcome=outcome), params=params)
 
 
-@pytest.mark.parametrize("value", [2.0 ** 20 + 1, -(2.0 ** 20) - 0.5, 1e300])
-def test_lot_raw_relevance_beyond_2_20_is_refused_naming_the_row(value):
+@pytest.mark.parametrize("value", [2.0 + 1e-9, -0.5, 1e300])
+def test_lot_raw_relevance_beyond_its_range_is_refused_naming_the_row(value):
     frame = ranked([("q1", 1, 1), ("q1", 2, 0), ("q2", 1, 2), ("q2", 2, value)])
-    err = refused("lot", frame, "raw")
-    assert (err.file, err.column, err.row) == (FILE, "relevance", 4) and "magnitude" in str(err)
-    frame.loc[3, "relevance"] = math.copysign(2.0 ** 20, value)
-    assert client_rows("lot", frame, "raw").info["pairs"] == 2
+    params = {"relevance_range": "0:2", "out_of_range": "refuse"}
+    err = refused("lot", frame, "raw", params=params)
+    assert (err.file, err.column, err.row) == (FILE, "relevance", 4) and "declared range [0, 2]" in str(err)
+    frame.loc[3, "relevance"] = 2.0 if value > 0 else 0.0
+    assert client_rows("lot", frame, "raw", params=params).info["pairs"] == 2
+    with pytest.raises(InputError, match="±1.04858e"):  # a declared range beyond 2^20
+        get_metric("lot").parse_params({"relevance_range": "0:2e6"})
 
 
 def test_relevance_without_a_gain_is_refused_in_idcg_modes():
@@ -320,7 +326,6 @@ def _load(tmp_path, name: str, text: str, option: str = "", params: dict[str, st
     ("query_id,member_id,rank,relevance\nq1,a,1,3\nq1,b,2,NaN\n", "relevance", 2),
     ("query_id,member_id,rank,relevance\nq1,a,1,3\nq1,b,2,\n", "relevance", 2),
     ("query_id,member_id,rank,relevance\nq1,a,1,3\nq1,b,2,inf\n", "relevance", 2),
-    ("query_id,member_id,rank,relevance\nq1,a,1,3\nq1,b,2,2000000\n", "relevance", 2),
     ("query_id,member_id,rank,relevance\nq1,a,1,3\nq1,b,two,1\n", "rank", 2),
 ])
 def test_lot_file_errors_name_file_column_and_data_row(tmp_path, text, column, row):
@@ -337,11 +342,12 @@ def test_auc_and_output_file_errors(tmp_path):
     with pytest.raises(InputError) as info:
         _load(tmp_path, "mqos-auc", "member_id,y_true,score\na,1,0.2\nb,0,NaN\n", "sampled")
     assert (info.value.column, info.value.row) == ("score", 2)
+    refuse = {"outcome_range": "-1e9:1e9", "out_of_range": "refuse"}
     with pytest.raises(InputError) as info:
-        _load(tmp_path, "output", "member_id,outcome\na,1\nb,-3\nc,-2e9\n")
+        _load(tmp_path, "output", "member_id,outcome\na,1\nb,-3\nc,-2e9\n", params=refuse)
     assert (info.value.file, info.value.column, info.value.row) == (str(tmp_path / "output.csv"), "outcome", 3)
-    rows, _ = _load(tmp_path, "output", "member_id,outcome\na,1\nb,-3\nc,-1e9\n")
-    assert rows.values[:, 0].tolist() == [1.0, -3.0, -1e9]
+    rows, _ = _load(tmp_path, "output", "member_id,outcome\na,1\nb,-3\nc,-1e9\n", params=refuse)
+    assert rows.values[:, 0].tolist() == [1.0, -3.0, -1e9]  # encoded relative to the range's centre, 0
 
 
 # ---------------------------------------------------------------- through the CLI
@@ -366,8 +372,10 @@ def test_cli_reports_bad_data_as_bad_input_json(cli_inputs, capsys):
 
     out = d / "output.csv"
     pd.DataFrame({"member_id": ids, "outcome": [1.0] * 17 + [-3e9] + [0.0] * 42}).to_csv(out, index=False)
-    message = cli_error(capsys, "--metric", "output", "--tester-probabilities", str(tp), "--client-data", str(out))
+    message = cli_error(capsys, "--metric", "output", "--out-of-range", "refuse", "--tester-probabilities", str(tp),
+                        "--client-data", str(out))
     assert f"file {out}" in message and "column 'outcome'" in message and "row 18" in message
+    assert "--outcome-range" in message
 
     auc = d / "auc.csv"
     pd.DataFrame({"member_id": ids, "y_true": 1, "score": np.linspace(0, 1, 60)}).to_csv(auc, index=False)
@@ -442,7 +450,7 @@ def test_component_bound_is_enforced():
 
 def _lot_plain_cells(client: pd.DataFrame, tester: pd.DataFrame, labels) -> dict:
     """LOT_ab = Σ ΔỸ·p_ra·p_(r+1)b / Σ p_ra·p_(r+1)b in plaintext, pooled and per rank pair."""
-    rows = client_rows("lot", client, "raw")
+    rows = client_rows("lot", client, "raw", params={"relevance_range": f"{-2.0 ** 20}:{2.0 ** 20}"})
     p = tester.set_index("member_id")[["a", "b"]]
     hi = p.loc[rows.ids[0]].to_numpy()
     lo = p.loc[rows.ids[1]].to_numpy()
@@ -468,7 +476,8 @@ def test_lot_raw_differences_at_the_bound_round_trip_with_their_sign():
     frame = ranked(rows)
     sign = frame["relevance"].to_numpy() > 0
     tester = two_groups(frame["member_id"], sign.astype(float))  # one-hot: a = the +2^20 rows
-    spec = AuditSpec(metric="lot", client_dataset="d", bootstrap=10, seed=1, metric_option="raw")
+    spec = AuditSpec(metric="lot", client_dataset="d", bootstrap=10, seed=1, metric_option="raw",
+                     params={"relevance_range": f"{-top}:{top}"})
     report, _, _ = local_audit(tester, frame, spec=spec)
     cells = {(c.higher, c.lower, c.rank_pair): c for c in report.cells}
     assert cells[("a", "b", None)].estimate == pytest.approx(2.0 ** 21, rel=1e-12)
@@ -487,7 +496,7 @@ def test_lot_raw_differences_at_the_bound_round_trip_with_their_sign():
     frame = ranked(rows)
     tester = two_groups(frame["member_id"], rng.uniform(0.01, 0.99, len(frame)))
     spec = AuditSpec(metric="lot", client_dataset="d", bootstrap=10, seed=2, metric_option="raw",
-                     params={"same_group_pairs": "true"})
+                     params={"same_group_pairs": "true", "relevance_range": f"{-top}:{top}"})
     report, _, _ = local_audit(tester, frame, spec=spec)
     plain = _lot_plain_cells(frame, tester, ["1-2", "2-3", "3-4"])
     assert len(report.cells) == len(plain) == 16
@@ -551,10 +560,14 @@ def test_aggregate_overflowing_its_slots_is_a_protocol_error(sign):
     assert tap.done
 
 
+#: an outcome range wider than any outcome below (none is clipped), centred on 0
+WIDE = {"outcome_range": "-1e6:1e6"}
+
+
 def test_untampered_output_audit_matches_plaintext():
     tester, client = _output_audit_inputs()
     report, _, _ = local_audit(tester, client, spec=AuditSpec(metric="output", client_dataset="d", bootstrap=5,
-                                                              seed=1))
+                                                              seed=1, params=WIDE))
     p = tester.set_index("member_id").loc[client["member_id"]].to_numpy()
     y = client["outcome"].to_numpy()
     expected = p.T @ y / p.sum(axis=0)
@@ -575,18 +588,19 @@ def test_values_beyond_the_component_bound_are_refused_by_the_test_client(monkey
     tester, client = _output_audit_inputs()
     client.loc[30, "outcome"] = 5000.0
     with pytest.raises(InputError) as info:
-        local_audit(tester, client, spec=AuditSpec(metric="output", client_dataset="d", bootstrap=5, seed=1))
+        local_audit(tester, client, spec=AuditSpec(metric="output", client_dataset="d", bootstrap=5, seed=1,
+                                                   params=WIDE))
     assert "exceed the metric's bound" in str(info.value) and info.value.file == "d"
     client.loc[30, "outcome"] = 1000.0
     report, _, _ = local_audit(tester, client, spec=AuditSpec(metric="output", client_dataset="d", bootstrap=5,
-                                                              seed=1))
+                                                              seed=1, params=WIDE))
     assert report.overall.estimate is not None
 
 
 # ==================================================================================
 # C. Verdicts mean significance (point 7)
 # ==================================================================================
-COMPARED_KEYS = {"label", "estimate", "ci_low", "ci_high", "band_low", "band_high"}
+COMPARED_KEYS = {"label", "estimate", "ci_low", "ci_high", "band_low", "band_high", "informative", "mdd"}
 
 
 def family(estimates, sds, replicates: int = 400, seed: int = 0) -> np.ndarray:
@@ -597,7 +611,8 @@ def family(estimates, sds, replicates: int = 400, seed: int = 0) -> np.ndarray:
 
 
 @pytest.mark.parametrize("estimate,sd,severity", [
-    (0.08, 0.1, "none"),       # a gap above tau whose interval includes 0
+    (0.08, 0.1, "inconclusive"),  # a gap above tau whose interval includes 0: the audit could not see tau
+    (0.005, 0.004, "none"),    # not significant, and a gap of tau would have been detected
     (0.03, 0.002, "low"),      # significant, below tau
     (0.05, 0.002, "moderate"),  # at tau
     (0.07, 0.002, "moderate"),
@@ -607,7 +622,7 @@ def family(estimates, sds, replicates: int = 400, seed: int = 0) -> np.ndarray:
 def test_verdict_severity_levels(estimate, sd, severity):
     v = verdict_from("range", ["x - y"], family([estimate], [sd]), 0.95, "percentile", 0.05)
     assert v.severity == severity
-    assert v.significant == (severity != "none")
+    assert v.significant == (severity not in ("none", "inconclusive"))
     assert v.flagged == (severity in ("moderate", "high"))
     assert set(v.compared) == COMPARED_KEYS and v.compared["label"] == "x - y"
     assert v.compared["estimate"] == pytest.approx(estimate)
@@ -622,18 +637,20 @@ def test_verdict_reports_the_largest_significant_gap_not_the_largest_gap():
     assert v.significant and v.severity == "moderate" and v.compared["label"] == "small but sure"
     assert v.significant_comparisons == ("small but sure",)
     v = verdict_from("range", ["a", "b"], family([0.3, 0.06], [0.3, 0.1]), 0.95, "percentile", 0.05)
-    assert v.severity == "none" and not v.significant and v.compared["label"] == "a"
+    assert v.severity == "inconclusive" and not v.significant and v.compared["label"] == "a"
 
 
 def test_verdict_rules_orient_the_compared_difference():
     sure = [0.002]
     # below_overall: overall − group > 0 is adverse; a group above overall is no disparity
     assert verdict_from("below_overall", ["o-g"], family([0.12], sure), 0.95, "percentile", 0.05).severity == "high"
-    assert verdict_from("below_overall", ["o-g"], family([-0.12], sure), 0.95, "percentile", 0.05).severity == "none"
+    v = verdict_from("below_overall", ["o-g"], family([-0.12], sure), 0.95, "percentile", 0.05)
+    assert v.severity == "none" and "lies below 0" in v.message and "includes 0" not in v.message
     # negative_cells (LOT): a cell significantly below 0
     assert verdict_from("negative_cells", ["a>b"], family([-0.07], sure), 0.95, "percentile",
                         0.05).severity == "moderate"
-    assert verdict_from("negative_cells", ["a>b"], family([0.07], sure), 0.95, "percentile", 0.05).severity == "none"
+    v = verdict_from("negative_cells", ["a>b"], family([0.07], sure), 0.95, "percentile", 0.05)
+    assert v.severity == "none" and "lies above 0" in v.message and "includes 0" not in v.message
     # nonzero_pairs (POT): either sign
     assert verdict_from("nonzero_pairs", ["a>b"], family([-0.03], sure), 0.95, "percentile", 0.05).severity == "low"
     # random groups (t intervals)
@@ -656,10 +673,13 @@ def test_ero_null_gap_above_tau_is_not_a_disparity():
     assert report.n_matched == 2500
     assert max(estimates) - min(estimates) > 0.05  # the largest gap exceeds tau ...
     v = report.verdict
-    assert v.severity == "none" and not v.significant and not v.flagged  # ... but is not significant
+    # ... but is not significant, and ~420 members per group could not have shown a gap of tau
+    assert v.severity == "inconclusive" and not v.significant and not v.flagged
     assert v.compared["estimate"] == pytest.approx(max(estimates) - min(estimates))
     assert v.compared["band_low"] < 0 < v.compared["band_high"]
-    assert "no significant disparity" in v.message
+    assert v.mdd > 0.05 and v.members_factor > 1 and set(v.uninformative) == {g.group for g in report.by_group}
+    assert "inconclusive at this size and privacy level" in v.message and "--group-mapping" in v.message
+    assert "nan" not in v.message.lower()
 
 
 def test_ero_injected_fpr_disparity_is_significant_and_serialised():
@@ -721,16 +741,16 @@ def test_metric_option_and_parameters_reach_the_metric(cli_inputs, capsys):
     code, report = cli_json(capsys, *base, "--count-threshold", "2")  # the named flag
     assert code == 0 and report["params"] == {"count_threshold": 2, "inclusion_level": 0.9}
 
-    # the option reaches the Test-Client: raw accepts negative relevance and refuses
-    # |relevance| > 2^20; idcg refuses negative relevance (no gain)
+    # the option reaches the Test-Client: raw accepts negative relevance within its
+    # declared range and refuses one outside it; idcg refuses negative relevance (no gain)
     lot = d / "lot.csv"
     lot.write_text("query_id,member_id,rank,relevance\n" + "".join(
         f"q{i // 2},{m},{i % 2 + 1},{-1 if i == 5 else 3e6 if i == 7 else 1}\n" for i, m in enumerate(ids[:10])))
     base = ["--metric", "lot", "--tester-probabilities", str(tp), "--client-data", str(lot)]
     message = cli_error(capsys, *base, "--metric-option", "idcg")
     assert "row 6" in message and "0 or more" in message
-    message = cli_error(capsys, *base, "--metric-option", "raw")
-    assert "row 8" in message and "magnitude above" in message
+    message = cli_error(capsys, *base, "--metric-option", "raw", "--relevance-range=-1:1", "--out-of-range", "refuse")
+    assert "row 8" in message and "declared range [-1, 1]" in message
     message = cli_error(capsys, *base, "--metric-option", "raw", "--metric-param", "same_group_pairs=perhaps")
     assert "parameter 'same_group_pairs'" in message
     message = cli_error(capsys, *base, "--metric-option", "listwise")

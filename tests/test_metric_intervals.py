@@ -26,7 +26,7 @@ def _binormal(n: int, auc_shift: float, rng: np.random.Generator):
 
 def test_sampled_auc_random_group_intervals_cover_and_pair_bootstrap_does_not():
     metric = get_metric("mqos-auc").for_option("sampled")
-    params = metric.parse_params({"pairs": "20000"})
+    params = metric.parse_params({"pairs": "20000", "pairs_per_member": "1000"})
     rng = np.random.default_rng(21)
     shift = 1.0
     truth = 0.5 * (1 + math.erf(shift / 2))  # AUC of N(shift, 1) against N(0, 1): Φ(shift/√2)

@@ -90,9 +90,9 @@ def approx_or_none(got, want, tol):
 # The documented to_dict() contract (results.py; `ppre audit --json`)
 # ----------------------------------------------------------------------------------
 TOP_KEYS = {"metric", "n_matched", "bootstrap", "confidence", "groups", "verdict"}
-GROUP_KEYS = {"group", "estimate", "ci_low", "ci_high"}
-CELL_KEYS = {"higher", "lower", "rank_pair", "estimate", "ci_low", "ci_high"}
-CURVE_KEYS = {"group", "score", "estimate", "ci_low", "ci_high"}
+GROUP_KEYS = {"group", "estimate", "ci_low", "ci_high", "informative"}
+CELL_KEYS = {"higher", "lower", "rank_pair", "estimate", "ci_low", "ci_high", "informative"}
+CURVE_KEYS = {"group", "score", "estimate", "ci_low", "ci_high", "informative"}
 POOL_KEYS = {"pool", "group", "members", "expected_count", "prob_at_least", "included"}
 VERDICT_KEYS = {"rule", "tau", "severity", "significant", "flagged", "compared", "message"}
 
@@ -183,7 +183,8 @@ def test_mqos_ndcg_equals_sklearn_ndcg_score(tmp_path):
     group_of = {m: GROUPS[l] for m, l in zip(shared, labels)}
     client = viewer_queries(rng, shared + c_only, 900)
 
-    report = run_through_services(tmp_path, table, client, "mqos-ndcg", recipient="client")
+    report = run_through_services(tmp_path, table, client, "mqos-ndcg", recipient="client",
+                                  params={"max_queries_per_viewer": 1000})  # every query enters
 
     per_query = []
     for qid, rows in client.groupby("query_id"):
@@ -288,8 +289,9 @@ def test_mqos_auc_sampled_within_sampling_error_of_sklearn(tmp_path):
     client = pd.DataFrame({"member_id": shared, "y_true": y, "score": score})
     pairs = 30_000  # every pair is a Paillier-encrypted row: 200,000 take about 2 minutes on 2 cores
 
+    # a cap of 100 pairs per member keeps all 30,000 pairs (480 positives): the design simulated below
     report = run_through_services(tmp_path, table, client, "mqos-auc", option="sampled",
-                                  params={"pairs": pairs}, recipient="client")
+                                  params={"pairs": pairs, "pairs_per_member": 100}, recipient="client")
 
     # the oracle: scikit-learn's AUC per group and overall; the tolerance: 4 standard
     # deviations of the documented sampling design, by simulation
@@ -301,7 +303,7 @@ def test_mqos_auc_sampled_within_sampling_error_of_sklearn(tmp_path):
     for j, group in enumerate(GROUPS + ["overall"]):
         assert got[group] is not None, group
         assert abs(got[group] - want[j]) <= 4 * sd[j], (group, got[group], want[j], sd[j])
-    assert report.info["pairs"] == pairs
+    assert report.info["pairs"] == pairs and report.info["pairs_dropped"] == 0
     assert {d.a for d in report.differences if d.kind == "to_overall"} == set(GROUPS)
     assert report.interval == "random_groups"
 
@@ -320,7 +322,8 @@ def test_output_metric_equals_pandas_groupby_mean(tmp_path):
     outcome = np.round(rng.normal(-3.0 + 2.5 * shift, 40.0, len(ids)), 6)  # signed reals
     client = pd.DataFrame({"member_id": ids, "outcome": outcome}).sample(frac=1, random_state=7)
 
-    report = run_through_services(tmp_path, table, client, "output", recipient="tester")
+    report = run_through_services(tmp_path, table, client, "output", recipient="tester",
+                                  params={"outcome_range": "-1000:1000", "out_of_range": "refuse"})
 
     matched = client[client.member_id.isin(group_of)]
     want = matched.groupby(matched.member_id.map(group_of)).outcome.mean()
@@ -362,7 +365,8 @@ def test_pot_curves_equal_nadaraya_watson_and_dti(tmp_path, soft, recipient, dti
     score = rng.uniform(0, 1, len(ids))
     outcome = np.round(2.0 * score + rng.normal(0, 1.0, len(ids)) - 0.7, 6)
     client = pd.DataFrame({"member_id": ids, "score": score, "outcome": outcome}).sample(frac=1, random_state=9)
-    params = {"reference_scores": ",".join(map(str, refs)), "bandwidth": h}
+    params = {"reference_scores": ",".join(map(str, refs)), "bandwidth": h, "outcome_range": "-10:10",
+              "out_of_range": "refuse"}
     if dti_weights is not None:
         params["dti_weights"] = ",".join(map(str, dti_weights))
 
@@ -405,7 +409,8 @@ def test_pot_negative_outcome_where_a_kernel_rounds_to_zero(tmp_path):
     outcome = np.round(rng.normal(0, 3.0, len(ids)), 6)
     client = pd.DataFrame({"member_id": ids, "score": score, "outcome": outcome})
 
-    report = run_through_services(tmp_path, table, client, "pot", recipient="tester")
+    report = run_through_services(tmp_path, table, client, "pot", recipient="tester",
+                                  params={"outcome_range": "-50:50", "out_of_range": "refuse"})
 
     refs = np.quantile(score, np.arange(1, 10) / 10)  # the default: the deciles of the dataset's scores
     assert report.info["reference_scores"] == pytest.approx(list(refs), abs=1e-12)
@@ -560,7 +565,8 @@ def test_lot_cells_equal_pandas_eq7(tmp_path, option, recipient):
     assert set(lists.member_id) - set(group_of), "some pairs should be dropped by the join"
 
     report = run_through_services(tmp_path, table, lists, "lot", option=option,
-                                  params={"same_group_pairs": "true"}, recipient=recipient)
+                                  params={"same_group_pairs": "true", "relevance_range": "-10:10",
+                                          "out_of_range": "refuse"}, recipient=recipient)
 
     pairs = lot_oracle(lists, group_of, option)
     if option == "idcg":

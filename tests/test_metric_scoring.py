@@ -360,6 +360,30 @@ def test_sampled_auc_close_to_sklearn():
                                (w * ind[:, None]).sum(0) / w.sum(0))
 
 
+def test_sample_capped_pairs_keeps_every_member_within_the_cap_and_stays_unbiased():
+    """The sampled AUC's declared cap (`sample_capped_pairs`): no member in more than
+    `cap` pairs, as many pairs as the cap allows (cap·min(#pos, #neg)), the members in
+    random order, and the estimate still the AUC (within sampling error of scikit-learn)."""
+    rng = np.random.default_rng(15)
+    g, s, y = _tied_data(4000, 3, 15)
+    for cap, m in ((1, 10_000), (4, 5_000), (4, 100_000)):
+        first, second, ind = sc.sample_capped_pairs(y, s, m, cap, rng, "outcomes.csv")
+        expected = min(m, cap * int((y == 1).sum()), cap * int((y == 0).sum()))
+        assert first.shape == second.shape == ind.shape == (expected,)
+        assert (y[first] != y[second]).all()
+        counts = np.bincount(np.concatenate([first, second]), minlength=y.size)
+        assert counts.max() <= cap
+        assert 0.45 < (y[first] == 1).mean() < 0.55
+        pos = np.where(y[first] == 1, first, second)
+        neg = np.where(y[first] == 1, second, first)
+        np.testing.assert_array_equal(ind, np.vectorize(_w)(s[pos], s[neg]))
+        se = ind.std(ddof=1) / np.sqrt(ind.size)
+        assert abs(ind.mean() - roc_auc_score(y, s)) < 5 * se
+    with pytest.raises(InputError) as err:
+        sc.sample_capped_pairs(y, s, 10, 0, rng, "outcomes.csv")
+    assert err.value.parameter == "pairs per member"
+
+
 # ----------------------------------------------------------------------------- count
 
 def _exact_tail(p: np.ndarray, T: int) -> float:

@@ -79,6 +79,8 @@ def test_demo_runs_end_to_end(capsys):
     assert ppre_main(["demo", "--members", "400", "--bootstrap", "30"]) == 0
     out = capsys.readouterr().out
     assert "true race" in out and "verdict" in out and "hispanic" in out and "corrected" in out
+    # the verdict is set beside the truth: detected, or why not (400 members: not at this size)
+    assert "the audit does not detect a disparity at this size" in out or "verdict: " in out.split("true race")[-1]
 
 
 def test_demo_writes_compose_data(tmp_path, capsys):

@@ -30,14 +30,15 @@ BASE_KEYS = {"metric", "metric_option", "n_matched", "bootstrap", "confidence", 
              "preparation", "release"}
 EXTRA_KEYS = {"lot": {"cells"}, "pot": {"cells", "curves"}, "prob-count": {"pools"}}
 WITH_OVERALL = {"ero", "mqos-ndcg", "mqos-auc", "output"}
-GROUP_KEYS = {"group", "estimate", "ci_low", "ci_high"}
-CELL_KEYS = {"higher", "lower", "rank_pair", "estimate", "ci_low", "ci_high"}
-CURVE_KEYS = {"group", "score", "estimate", "ci_low", "ci_high"}
+GROUP_KEYS = {"group", "estimate", "ci_low", "ci_high", "informative"}
+CELL_KEYS = {"higher", "lower", "rank_pair", "estimate", "ci_low", "ci_high", "informative"}
+CURVE_KEYS = {"group", "score", "estimate", "ci_low", "ci_high", "informative"}
 POOL_KEYS = {"pool", "group", "members", "expected_count", "prob_at_least", "included"}
-DIFF_KEYS = {"kind", "a", "b", "estimate", "ci_low", "ci_high"}
+DIFF_KEYS = {"kind", "a", "b", "estimate", "ci_low", "ci_high", "informative"}
 VERDICT_KEYS = {"rule", "tau", "severity", "significant", "flagged", "compared", "significant_comparisons",
-                "non_overlapping", "message", "excluded_groups"}
-COMPARED_KEYS = {"label", "estimate", "ci_low", "ci_high", "band_low", "band_high"}
+                "non_overlapping", "message", "excluded_groups", "mdd", "uninformative", "members_factor",
+                "attenuation"}
+COMPARED_KEYS = {"label", "estimate", "ci_low", "ci_high", "band_low", "band_high", "informative", "mdd"}
 RULES = {"ero": "range", "output": "range", "lot": "negative_cells", "mqos-ndcg": "below_overall",
          "mqos-auc": "below_overall", "pot": "nonzero_pairs", "prob-count": "inclusion"}
 SEVERITIES = set(results.SEVERITIES)
@@ -145,7 +146,9 @@ def test_readme_example_runs(argv, synth_dir):
     if metric == "lot":
         assert result["n_matched"] == result["info"]["pairs"] > 0
     elif metric == "mqos-auc" and option == "sampled":
-        assert result["n_matched"] == int(_option(argv, "--pairs", "100000"))
+        # the pairs drawn: as many as asked, or as the cap on pairs per member allows (the rest counted)
+        kept = result["info"]["pairs_kept"]
+        assert result["n_matched"] == kept == int(_option(argv, "--pairs", "100000")) - result["info"]["pairs_dropped"]
     else:
         assert result["n_matched"] == members
 
@@ -181,5 +184,8 @@ def test_readme_example_runs(argv, synth_dir):
         assert verdict["compared"] is None
         # the synthetic pools of 5 and 30 members leave small groups short
         assert verdict["flagged"] and any(not p["included"] for p in result["pools"])
+    elif verdict["compared"] is None:  # fewer than two groups to compare: inconclusive, saying why
+        assert verdict["severity"] == "inconclusive" and verdict["excluded_groups"], verdict["message"]
+        assert "left out of the verdict" in verdict["message"] and "conclusive with" in verdict["message"]
     else:
         assert set(verdict["compared"]) == COMPARED_KEYS

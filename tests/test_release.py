@@ -25,8 +25,8 @@ from ppre.cli import main as ppre_main
 from ppre.local import local_services
 from proto import ppre_pb2 as pb
 from tester_service.protocol import AuditSpec, TesterSession
-from tester_service.release import (BudgetExhausted, PrivacyAccountant, ReleasePolicy, ReleaseRefused,
-                                    gaussian_slots, rho_to_epsilon)
+from tester_service.release import (MOMENT_SHARE, THRESHOLD_SHARE, BudgetExhausted, PrivacyAccountant, ReleasePolicy,
+                                    ReleaseRefused, gaussian_slots, rho_to_epsilon)
 from tester_service.server import run_audit
 from tests.helpers import TEST_BITS, make_inputs, run_sessions
 
@@ -209,9 +209,12 @@ def test_every_aggregate_the_test_client_decrypts_carries_noise():
     # every audit draws its own noise: the same audit twice does not repeat it
     assert len({tuple(np.round(r, 12)) for r in diffs}) == len(diffs)
     # the size: σ₀·(1 + FPR²)^½ / Den, Den ≈ half of each group's 2500·share members
-    assert noisy.interval == "random_groups" and noisy.bootstrap == 10
+    # ERO's interval: parametric draws from the released aggregates and second moments
+    # (common.moments), B of them, with the estimate's share 1 − MOMENT_SHARE − THRESHOLD_SHARE
+    assert noisy.interval == "percentile" and noisy.bootstrap == SPEC.bootstrap
+    assert noisy.release["interval_from"].startswith("second moments")
     assert noisy.release["rho"] == 1.0 and noisy.release["sigma_estimate"] == pytest.approx(
-        math.sqrt(2 / 0.7))
+        math.sqrt(2 / (1 - MOMENT_SHARE - THRESHOLD_SHARE)))
     assert np.max(np.abs(diffs)) < 0.2
     off_again, _, _ = _audit(tester, client, ReleasePolicy.off())
     for a, b in zip(off_again.groups, exact.groups):
@@ -237,7 +240,9 @@ def test_the_noise_is_inside_the_encryption_the_test_client_never_sees_exact_sum
     finally:
         ClientSession._finish = original
     header = next(m.aggregates_header for m in seen if m.WhichOneof("body") == "aggregates_header")
-    assert header.plain_rows == header.replicates + 1 and header.zero_tests == 0
+    # one row of aggregates: the estimate and the second moments (common.moments), no groups
+    assert header.interval == "parametric" and header.plain_rows == 1 and header.zero_tests == 0
+    assert len(captured["aggregates"]) == header.items
     key = captured["key"]
     layout = encoding.SlotLayout(header.slot_bits, header.item_slots)
     values = [layout.unpack(v) for v in key.decrypt_task(signed=True)(captured["aggregates"][:header.items])]
@@ -254,6 +259,18 @@ def test_the_noise_is_inside_the_encryption_the_test_client_never_sees_exact_sum
         # ... but within 8 sd of the noise the header states (the draws are cut there)
         assert abs(got_num - num) <= 8 * sd[j * header.item_slots] + 1
         assert abs(got_den - den) <= 8 * sd[j * header.item_slots + 1] + 1
+    # the second moments Σ w_ab·f and Σ w_ab·d on the pair weights, after the groups and
+    # overall: noised too, with their own (larger) sd
+    from common.correction import pair_weights
+    pw = pair_weights(encoding.quantize_probabilities(merged[list(RACES)].to_numpy()))
+    first = len(RACES) + 1
+    for p, w in enumerate(pw):
+        item = first + p
+        exact = [int(sum(int(w[i]) * int(v[i]) for i in range(len(f)))) for v in (f, d)]
+        for s in range(2):
+            noise = sd[item * header.item_slots + s]
+            assert noise > sd[s] and values[item][s] != exact[s]
+            assert abs(values[item][s] - exact[s]) <= 8 * noise + 1
 
 
 def test_the_budget_refuses_the_third_audit_across_dataset_names(tmp_path):
@@ -336,20 +353,26 @@ def test_noisy_random_groups_become_pseudo_values_of_the_ratio_estimator():
     assert pseudo[1:, 0] == pytest.approx(expected)
 
 
-def test_auc_exact_carries_noise_scaled_to_its_pairwise_sensitivity():
-    """MQOS-AUC exact is not a sum over rows: one member moves every other row's A_j, so
-    its noise grows with S_j (`MqosAuc.squares_sensitivity`) while its denominator
-    T·(S − T) grows with S_j²; the overall AUC of 3,000 members is noisy, and close."""
+def test_auc_exact_carries_noise_sized_from_its_released_form_not_the_group_sizes():
+    """MQOS-AUC exact releases V = (U − T·N/2)/S and D = T·N/S per cell (module
+    docstring): their noise scales are the constants ½ and 1 member at the slots' fixed
+    point, the same for every cell whatever its size, and the estimates stay close to the
+    noiseless ones (3,000 members: D is hundreds of members, the noise a few)."""
     tester, client = make_inputs(3000, 3000, 3000, seed=21)
     rng = np.random.default_rng(2)
     client = client[["member_id", "y_true"]].copy()
     client["score"] = rng.random(len(client)) + 0.5 * client.y_true
     spec = AuditSpec(metric="mqos-auc", client_dataset="d", metric_option="exact", seed=1)
     exact, _, _ = _audit(tester, client, ReleasePolicy.off(), spec=spec)
-    noisy, _, _ = _audit(tester, client, ReleasePolicy(rho=1.0, budget=1.0), spec=spec)
+    noisy, t_session, _ = _audit(tester, client, ReleasePolicy(rho=1.0, budget=1.0), spec=spec)
     a, b = exact.group("overall").estimate, noisy.group("overall").estimate
-    assert a != b and abs(a - b) < 0.1
+    assert a != b and abs(a - b) < 0.01
     assert noisy.interval == "random_groups" and noisy.release["rho"] == 1.0
+    sd = np.array(t_session._noise_sd).reshape(2, -1, 2)  # (estimate / groups, cells, (V, D))
+    assert np.all(sd[:, :, 0] == sd[:, :1, 0]) and np.all(sd[:, :, 1] == sd[:, :1, 1])  # no cell's size in it
+    assert sd[0, 0, 0] == pytest.approx(sd[0, 0, 1] / 2, rel=1e-6)
+    for g in noisy.groups:
+        assert g.estimate is None or 0.0 <= g.estimate <= 1.0
 
 
 def test_bad_release_flags_are_named(tmp_path, capsys):
@@ -368,3 +391,140 @@ def test_bad_release_flags_are_named(tmp_path, capsys):
     assert ppre_main(base + ["--privacy-ledger", str(tmp_path / "ledger.json")]) == 2
     captured = capsys.readouterr()
     assert "ledger.json" in captured.out + captured.err
+
+
+def _auc_sensitivity_cases(rng):
+    """Small exhaustive and adversarial cases for the exact MQOS-AUC released form: every
+    label pattern of 6 rows (scores with ties), probability vectors on the simplex's
+    vertices, at its centre and at random, two random groups."""
+    n, k = 6, 3
+    rank = np.array([0, 1, 1, 2, 3, 3])
+    units = np.array([0, 1, 0, 1, 0, 1])
+    vertices = list(np.eye(k)) + [np.full(k, 1.0 / k), np.array([0.5, 0.5, 0.0])]
+    for pattern in range(1 << n):
+        y = np.array([(pattern >> i) & 1 for i in range(n)])
+        if pattern % 3 == 0:  # the extremes: every member on a vertex
+            p = np.array([vertices[(pattern + i) % k] for i in range(n)])
+        else:
+            p = rng.dirichlet(np.full(k, 0.3), n)
+        t = pattern % n
+        for replacement in vertices + [rng.dirichlet(np.ones(k))]:
+            p2 = p.copy()
+            p2[t] = replacement
+            yield y, rank, units, p, p2
+
+
+def test_auc_exact_released_slots_never_move_beyond_the_noise_scale():
+    """The exact MQOS-AUC's released form (module docstring, "Sensitivity"): replacing one
+    member's probability vector moves every released slot V (D) of the estimate and of
+    every random group by at most ½ (1) member per unit of |Δp_j|, and each release's
+    slots by an L2 norm of at most √2 times the scale the noise is sized for
+    (`squares_sensitivity`); the worst case found comes close to the bound (it is tight)."""
+    from common.metrics.mqos_auc import EXACT, released_form
+    rng = np.random.default_rng(5)
+    state = {"facts": {"n": 6}}
+    scales = EXACT.squares_sensitivity(state, 1)
+    unit = 2.0 ** (33 + 2 * 3 + 64)  # 2^(33+K), K = 2·bits(6) + 64
+    worst = [0.0, 0.0]
+    for y, rank, units, p, p2 in _auc_sensitivity_cases(rng):
+        q, q2 = (encoding.quantize_probabilities(x) for x in (p, p2))
+        a, b = released_form(q, y, rank, units), released_form(q2, y, rank, units)
+        dp = np.abs(q2 - q).max(axis=0) / 2.0 ** 32
+        dp = np.append(dp, 0.0)  # the overall cell does not depend on anyone's race
+        for rep in range(len(a)):
+            moves = np.array([[abs(b[rep][j][c] - a[rep][j][c]) for c in (0, 1)] for j in range(len(dp))],
+                             dtype=float)
+            for c in (0, 1):
+                assert np.all(moves[:, c] <= scales[c] * dp + unit * 2.0 ** -30), (y, rep, c, moves[:, c] / unit)
+                assert math.sqrt(float(np.sum(moves[:, c] ** 2))) <= math.sqrt(2) * scales[c]
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    ratio = np.where(dp > 1e-6, moves[:, c] / unit / np.maximum(dp, 1e-300), 0.0)
+                worst[c] = max(worst[c], float(ratio.max()))
+    assert 0.3 < worst[0] <= 0.5 + 1e-6 and 0.6 < worst[1] <= 1.0 + 1e-6, worst
+
+
+def test_auc_exact_encrypted_combine_releases_the_plaintext_form():
+    """`ExactAuc.combine` under encryption (the masked squaring round trip included)
+    yields the slots `released_form` computes in plaintext, for the estimate and every
+    random group; the noise hook sees each V and D before they are packed."""
+    from common import paillier
+    from common.metrics.base import Layout
+    from common.metrics.mqos_auc import EXACT, released_form
+    from common.metrics.scoring import dense_score_rank
+    rng = np.random.default_rng(8)
+    n, k, g = 40, 3, 4
+    p = rng.dirichlet(np.ones(k), n)
+    q = encoding.quantize_probabilities(p)
+    y = rng.integers(0, 2, n)
+    rank = dense_score_rank(rng.integers(0, 10, n).astype(float))
+    units = np.arange(n) % g
+    key = paillier.generate_keypair(TEST_BITS, allow_insecure=True)
+    pub = key.public
+
+    def encrypt(values):
+        return paillier.encrypt_chunk(pub.n, pub.h, [v % pub.n for v in values])
+
+    def decrypt(ciphertexts):  # signed, as the Test-Client decodes
+        return [m - key.p if m > key.p // 2 else m for m in key.decrypt_mod_p(ciphertexts)]
+    facts = EXACT.tester_facts((q,), rank, units)
+    weights = EXACT.weights((q,), rank, units, ["a", "b", "c"], "exact", {})
+    agg = {u: [encrypt([sum(int(w[i]) * int(y[i]) for i in np.flatnonzero(units == u))]) for w in weights]
+           for u in range(g)}
+    state, requests = EXACT.square_requests(agg, g, pub, facts)
+    squares = encrypt([v * v for v in decrypt(requests)])
+    seen = []
+
+    def noise(ciphertext, component, replicate):
+        seen.append((replicate, component))
+        return ciphertext
+    layout = Layout(slot_bits=EXACT.item_bits(n, g, ()) + 8, slots=1, n_components=1)
+    items = EXACT.combine(state, squares, pub, layout, noise)
+    expected = released_form(q, y, rank, units)
+    shift = layout.slot_bits
+    for idx, value in enumerate(decrypt(items)):
+        v = (value + (1 << (shift - 1))) % (1 << shift) - (1 << (shift - 1))
+        d = (value - v) >> shift
+        assert (v, d) == expected[idx // (k + 1)][idx % (k + 1)]
+    assert len(seen) == 2 * len(items) and {c for _, c in seen} == {0, 1}
+
+
+def test_auc_sampled_slots_never_move_beyond_the_declared_pair_cap():
+    """MQOS-AUC sampled: the noise is sized from the declared `pairs_per_member` cap (the
+    Test-Client's pairs never exceed it); replacing one member's probability vector moves
+    every group's numerator and denominator, over all pairs and in every random-group
+    unit, by at most the scale `slot_sensitivity` gives per unit of |Δp_j| (an L2 norm of
+    at most √2 times it over the groups); a Tester count above the cap is refused."""
+    import pandas as pd
+    from common.metrics.base import Item, Layout
+    from common.metrics.mqos_auc import SAMPLED
+    rng = np.random.default_rng(9)
+    n, k, cap = 30, 3, 3
+    frame = pd.DataFrame({"member_id": [f"m{i}" for i in range(n)], "y_true": np.arange(n) % 2,
+                          "score": rng.integers(0, 5, n).astype(float)})
+    params = SAMPLED.parse_params({"pairs": "500", "pairs_per_member": str(cap)})
+    rows = SAMPLED.client_rows(frame, "d.csv", "sampled", params, rng)
+    assert rows.info["pairs_kept"] == cap * n // 2 and rows.info["pairs_dropped"] == 500 - cap * n // 2
+    index = {m: i for i, m in enumerate(frame.member_id)}
+    a, b = (np.array([index[m] for m in ids]) for ids in rows.ids)
+    comps = SAMPLED.components("sampled", params, rows.info)
+    scale = SAMPLED.slot_sensitivity(Item(0, 0), Layout(64, 2, 2), comps, cap)
+    values = np.rint(rows.values * 2).astype(np.int64)  # the fixed-point values (scale 2^1)
+
+    def slots(q):
+        w = [q[a, j].astype(object) * q[b, j].astype(object) for j in range(k)]
+        units = [rows.units == u for u in range(SAMPLED.random_groups + 1)]
+        return np.array([[[int(np.sum(w[j][u] * values[u, c])) for c in (0, 1)] for j in range(k)]
+                         for u in [np.ones(len(a), dtype=bool)] + units], dtype=object)
+    p = rng.dirichlet(np.ones(k), n)
+    for t in range(n):
+        for replacement in list(np.eye(k)) + [rng.dirichlet(np.ones(k))]:
+            p2 = p.copy()
+            p2[t] = replacement
+            q, q2 = (encoding.quantize_probabilities(x) for x in (p, p2))
+            moved = np.abs((slots(q2) - slots(q)).astype(float))
+            dp = np.abs(q2[t] - q[t]) / 2.0 ** 32
+            for c in (0, 1):
+                assert np.all(moved[0, :, c] <= scale[c] * dp + 1), (t, c)
+                assert np.sqrt(np.sum(moved[1:, :, c] ** 2)) <= math.sqrt(2) * scale[c]
+    with pytest.raises(ProtocolError, match="pairs_per_member"):
+        SAMPLED.slot_sensitivity(Item(0, 0), Layout(64, 2, 2), comps, cap + 1)

@@ -96,6 +96,56 @@ def boolean(text: str) -> bool:
 
 
 # ----------------------------------------------------------------------------------
+# Declared value bounds (SPEC.md section 8: what the release noise is sized from)
+# ----------------------------------------------------------------------------------
+#: what the Test-Client does with a value beyond its declared bound
+OUT_OF_RANGE_ACTIONS = ("clip", "refuse")
+#: the largest magnitude a declared bound may take (the fixed-point slots' limit)
+MAX_DECLARED = 1e9
+
+
+def value_range(text: str) -> tuple[float, float]:
+    """'LO:HI' -> (LO, HI), finite, LO < HI, |LO|, |HI| <= MAX_DECLARED."""
+    lo_text, sep, hi_text = text.partition(":")
+    if not sep:
+        raise ValueError("must be LO:HI, e.g. 0:1")
+    lo, hi = float(lo_text), float(hi_text)
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError("must be LO:HI with finite LO < HI")
+    if max(abs(lo), abs(hi)) > MAX_DECLARED:
+        raise ValueError(f"must lie within ±{MAX_DECLARED:g}")
+    return lo, hi
+
+
+def out_of_range_action(text: str) -> str:
+    value = text.strip().lower()
+    if value not in OUT_OF_RANGE_ACTIONS:
+        raise ValueError(f"must be one of {', '.join(OUT_OF_RANGE_ACTIONS)}")
+    return value
+
+
+#: the parameter every bounded metric shares: clip a value beyond its bound, or refuse the dataset
+OUT_OF_RANGE_PARAM = Param("out_of_range", "a value outside its declared bound: clip (default; the rows "
+                           "clipped are counted in the result) or refuse", out_of_range_action, "clip")
+
+
+def bounded_column(values: np.ndarray, lo: float, hi: float, params: dict[str, Any], info: dict[str, Any], *,
+                   file: str, column: str, bound: str) -> np.ndarray:
+    """`values` inside [lo, hi], as the Test-Client must encode them before encryption
+    (the noise is sized from the bound, SPEC 8): clipped, counting the rows clipped in
+    `info["rows_clipped"]`, or, with `out_of_range=refuse`, an InputError naming the
+    first row outside and the parameter `bound` that declares it."""
+    from common.tables import first_row
+    outside = (values < lo) | (values > hi)
+    if outside.any() and params.get("out_of_range", "clip") == "refuse":
+        raise InputError(f"outside the declared range [{lo:g}, {hi:g}] (declare the range with "
+                         f"--{bound.replace('_', '-')} LO:HI, or pass --out-of-range clip)",
+                         file=file, column=column, row=first_row(outside))
+    info["rows_clipped"] = int(info.get("rows_clipped", 0)) + int(outside.sum())
+    return np.clip(values, lo, hi)
+
+
+# ----------------------------------------------------------------------------------
 # Rows, components, layout
 # ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -199,6 +249,9 @@ class Cell:
     num_slot: int = 0
     den_slot: int = 1
     scale_shift: int = 0  # ratio = num / den · 2^scale_shift (den scale − num scale)
+    #: added to the ratio: a metric that encodes its values relative to a declared range
+    #: (v − offset, so that |v − offset| and with it the noise is smaller) adds it back
+    offset: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -250,7 +303,7 @@ class Plan:
                 else:
                     r = ratio(num, den)
                 if r is not None:
-                    values[b, c] = r * 2.0 ** cell.scale_shift
+                    values[b, c] = r * 2.0 ** cell.scale_shift + cell.offset
         if pseudo_values and replicates > 1 and plain_rows == replicates:
             groups = replicates - 1
             for c, cell in enumerate(self.cells):
@@ -259,9 +312,9 @@ class Plan:
                 if np.isnan(values[0, c]) or total <= 0:
                     values[1:, c] = np.nan
                     continue
-                r = values[0, c] / 2.0 ** cell.scale_shift
+                r = (values[0, c] - cell.offset) / 2.0 ** cell.scale_shift
                 values[1:, c] = [(r + groups * (row[cell.num_slot] - r * row[cell.den_slot]) / total)
-                                 * 2.0 ** cell.scale_shift for row in rows]
+                                 * 2.0 ** cell.scale_shift + cell.offset for row in rows]
         return values
 
     def suppress(self, values: np.ndarray, items: Sequence[int]) -> np.ndarray:
@@ -281,6 +334,44 @@ class Plan:
         if cell.kind == "curve":
             return f"{cell.group} at {cell.score:g}"
         return cell.group
+
+
+def composite_items(items: Sequence[Item], weights: Sequence[Any], *, strata: int = 0) -> dict[int, list[int]]:
+    """The items the Tester forms from others, item -> its parts (their product under
+    encryption, the sum of their values): an item whose weight column is a sum of other
+    columns ("overall"), and, for a metric with `strata` kept apart (`strata_cells`), a
+    pooled item (stratum None) from its strata's items. They carry no noise of their own
+    (post-processing of the noised parts); every other item is noised (SPEC 8)."""
+    position = {(it.weight, it.ciphertext, it.stratum): i for i, it in enumerate(items)}
+    parts_of: dict[int, list[int]] = {}
+    for i, it in enumerate(items):
+        col = weights[it.weight]
+        if isinstance(col, tuple):
+            parts = [position.get((w, it.ciphertext, it.stratum)) for w in col]
+            if all(p is not None and not isinstance(weights[items[p].weight], tuple) for p in parts):
+                parts_of[i] = parts
+        elif strata and it.stratum is None:
+            parts = [position.get((it.weight, it.ciphertext, s)) for s in range(strata)]
+            if all(p is not None for p in parts):
+                parts_of[i] = parts
+    return parts_of
+
+
+def sensitivity_rows(members: np.ndarray, strata: np.ndarray | None = None) -> float:
+    """The Tester's count of one member's rows that `Metric.slot_sensitivity` multiplies
+    a component's bound by: `members` (rows, n_ids) member codes, `strata` each row's
+    stratum for a metric whose cells are kept apart per stratum (else None). Without
+    strata, the most rows a member is in (the triangle inequality over its rows); with,
+    sqrt(max_i Σ_s n_is²): the member's rows in stratum s move only stratum s's cells,
+    so the L2 norm over strata adds up in squares."""
+    members = np.asarray(members).reshape(len(members), -1)
+    flat = members.ravel().astype(np.int64)
+    if strata is None:
+        return float(np.bincount(flat).max())
+    n_strata = int(np.max(strata)) + 1
+    per = np.bincount(flat * n_strata + np.repeat(np.asarray(strata, dtype=np.int64), members.shape[1]))
+    by_member = np.bincount(np.arange(len(per)) // n_strata, weights=per.astype(np.float64) ** 2)
+    return math.sqrt(float(by_member.max()))
 
 
 #: a weight column: per-row integers; an int = the same weight for every row; a tuple of
@@ -322,6 +413,14 @@ class Metric:
     #: per-group ratio cells on weight column j for group j, so that the attenuation
     #: correction (`common.correction`) applies: M's items join the plan
     corrects = False
+    #: under release noise the interval comes from released second moments
+    #: (`common.moments`) instead of random groups: only for per-group ratio cells whose
+    #: two components are 0/1 with num ≤ den, so that the pair items' sums are exactly
+    #: the second moments (f² = f, f·d = f, d² = d)
+    moment_interval = False
+    #: the range every per-group value lies in (rates: (0, 1)), a constraint of the
+    #: corrected estimator's solve (`common.correction.bounded_solve`); None: unbounded
+    estimate_range: tuple[float, float] | None = None
 
     def for_option(self, option: str) -> "Metric":
         """The metric as the option makes it (MQOS-AUC's option picks its algorithm)."""
@@ -361,6 +460,30 @@ class Metric:
     def check_info(self, info: dict[str, Any], strata_labels: Sequence[str]) -> None:
         """The Tester's check of the dataset facts the Test-Client announced (raise ValueError)."""
 
+    # ------------------------------------------------------------- declared bounds
+    def value_bounds(self, option: str, params: dict[str, Any]) -> dict[str, float]:
+        """The declared bounds on what one row can carry, from the operator's parameters
+        and the metric alone (never from data): what the components' bounds, and so the
+        release noise, are sized from. Both parties derive them and exchange them in the
+        handshake (`Hello.value_bounds`, `HelloAck.value_bounds`), each refusing a peer
+        whose bounds differ from its own. Default: none (the metric's values are bounded
+        by construction)."""
+        return {}
+
+    def sensitivity_components(self, option: str, params: dict[str, Any], info: dict[str, Any]) -> float:
+        """β = the most Σ_c (v_c / bound_c)² any one row can reach: the release of C
+        components with noise σ·bound_c per slot is β/σ²-zCDP (`tester_service.release`),
+        so the noise multiplier is sized for β components. Default C (every component at
+        its bound at once); a metric whose components cannot all be at their bounds in
+        one row (POT's kernels at distant reference scores) proves a smaller β."""
+        return float(len(self.components(option, params, info)))
+
+    def value_range(self, option: str, params: dict[str, Any]) -> tuple[float, float] | None:
+        """The range of one row's value, which every group's (or curve point's) estimate
+        lies in, and a pair cell (a difference of two values) in [lo − hi, hi − lo]: for
+        post-processing noised values into it (`common.results`). None: none declared."""
+        return None
+
     # ------------------------------------------------------------- sizes
     def weight_bits(self, n_rows: int) -> int:
         return PROBABILITY_BITS * self.n_ids
@@ -397,13 +520,16 @@ class Metric:
         """Per slot of an item of a race-dependent weight column: the most one member's
         probability vector can move it, in the slot's fixed-point units, per unit of
         ||Δp||₂ (`tester_service.release`): the component's bound times the weight scale
-        (a probability, or a product of two, at 2^32 each) times the most rows a member
-        is in. Slots past the last component are 0."""
+        (a probability, or a product of two, at 2^32 each) times `multiplicity`, the
+        Tester's count of the rows one member is in (for metrics whose cells are kept
+        apart per stratum, the L2 count sqrt(max_i Σ_s n_is²): a member's rows in
+        different strata move different cells). The component's bound is the metric's
+        declared bound (`value_bounds`) in fixed point. Slots past the last component are 0."""
         weight_scale = 1 << (PROBABILITY_BITS * self.n_ids)
         out = []
         for s in range(layout.slots):
             c = item.ciphertext * layout.slots + s
-            out.append(components[c].bound * weight_scale * multiplicity if c < len(components) else 0)
+            out.append(math.ceil(components[c].bound * weight_scale * multiplicity) if c < len(components) else 0)
         return out
 
     def tester_facts(self, q: Sequence[np.ndarray], strata: np.ndarray | None, units: np.ndarray) -> Any:

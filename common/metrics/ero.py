@@ -36,6 +36,8 @@ def finite_float(text: str) -> float:
 class Ero(Metric):
     name = "ero"
     corrects = True
+    moment_interval = True
+    estimate_range = (0.0, 1.0)
     description = "false-positive burden: per-group false-positive rate"
     options = ("fpr", "unconditional")
     option_help = "fpr (default): d = 1(y=0); unconditional: d = 1 (paper eq. 6)"

@@ -18,17 +18,52 @@ queries: the Test-Client maps each query to a random bucket, so a query's pairs 
 together and the Tester never sees a query id. Verdict: a cell significantly below 0
 (the lower-ranked member measurably more relevant) is a disparity (rule
 "negative_cells"). Usually run on the coarsened hsm/non_hsm split.
+
+**Declared bounds.** What drives LOT's noise is the most one row's ΔỸ can be:
+* `idcg`: 0 ≤ Ỹ_i = rel_i / IDCG ≤ R/(2^R − 1) ≤ 1/ln 2 for a query whose largest
+  relevance is R (the top item alone gives IDCG ≥ 2^R − 1, and x/(2^x − 1) falls from
+  1/ln 2 at 0), so |ΔỸ| ≤ 1/ln 2 ≈ 1.443 whatever the data: nothing to declare;
+* `raw`: the relevances' range [LO, HI] is declared (`relevance_range`,
+  `--relevance-range LO:HI`; default 0:1, scores already normalised); the Test-Client
+  clips every relevance into it before differencing, counting the rows clipped
+  (`info["rows_clipped"]`, a count over its own rows before the join), or refuses
+  (`out_of_range` refuse); then |ΔỸ| ≤ HI − LO.
+
+**Sensitivity** (`tester_service.release`; SPEC 8). A row's weight for cell (a, b) is
+p_ra·p_(r+1)b. Replacing one member's vector p by p' (||Δp||₂ ≤ √2) changes, for each
+row it is in, the cells (a, b) by Δp_a·p_(r+1)b·ΔỸ (or p_ra·Δp_b·ΔỸ): over all cells of
+that row's stratum an L2 change of at most ||Δp||₂·||p_other||₂·|ΔỸ| ≤ √2·bound
+(||p_other||₂ ≤ 1). The released items are the per-rank-pair cells only (the pooled
+cells are their sums, formed by the Tester: post-processing, no noise of their own),
+so a member with n_is rows in rank pair s moves them by an L2 norm of at most
+√2·bound·sqrt(Σ_s n_is²): `Metric.slot_sensitivity` multiplies the bound by the
+Tester's count sqrt(max_i Σ_s n_is²) (√2 for a member at ranks 2-9 of one query,
+not 2 as its row count would give).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from common.metrics.base import Cell, ClientRows, Component, Item, Metric, Param, Plan, boolean, finite_column
+import math
+
+from common.metrics.base import (OUT_OF_RANGE_PARAM, Cell, ClientRows, Component, Item, Metric, Param, Plan,
+                                 bounded_column, boolean, finite_column, value_range)
 from common.metrics.ranking import lot_rows, ranked_lists
 
-#: raw relevances are bounded (their differences are encoded with 32 fractional bits)
+#: raw relevances may be declared up to this magnitude (differences encoded with 32 fractional bits)
 MAX_RAW_RELEVANCE = float(1 << 20)
 VALUE_BITS = 32
+#: the raw relevances' range when none is declared: scores already normalised
+DEFAULT_RELEVANCE_RANGE = (0.0, 1.0)
+#: |ΔỸ| in idcg mode (module docstring)
+IDCG_GAP_BOUND = 1.0 / math.log(2.0)
+
+
+def _relevance_range(text: str) -> tuple[float, float]:
+    lo, hi = value_range(text)
+    if max(abs(lo), abs(hi)) > MAX_RAW_RELEVANCE:
+        raise ValueError(f"must lie within ±{MAX_RAW_RELEVANCE:g}")
+    return lo, hi
 
 
 class Lot(Metric):
@@ -36,7 +71,11 @@ class Lot(Metric):
     description = "listwise outcome test: signed relevance gaps between adjacent ranks, per group pair"
     options = ("idcg", "raw")
     option_help = "idcg (default): Ỹ = relevance / IDCG(query); raw: Ỹ = relevance"
-    params = (Param("same_group_pairs", "also report same-group cells (a, a): true or false", boolean, False),)
+    params = (Param("same_group_pairs", "also report same-group cells (a, a): true or false", boolean, False),
+              Param("relevance_range", "raw: LO:HI, the relevances' possible range; relevances outside it are "
+                    "clipped (or refused: out_of_range); the release noise is sized from HI − LO (default 0:1)",
+                    _relevance_range, DEFAULT_RELEVANCE_RANGE),
+              OUT_OF_RANGE_PARAM)
     numeric_columns = ("rank", "relevance")
     text_columns = ("query_id",)
     unique_ids = False
@@ -46,18 +85,42 @@ class Lot(Metric):
     uses_strata = True
     verdict_rule = "negative_cells"
 
+    @staticmethod
+    def gap_bound(option, params) -> float:
+        """The most |ΔỸ| of one row can be (module docstring)."""
+        if option == "raw":
+            lo, hi = params.get("relevance_range") or DEFAULT_RELEVANCE_RANGE
+            return float(hi - lo)
+        return IDCG_GAP_BOUND
+
+    def value_bounds(self, option, params):
+        if option != "raw":
+            return {"gap": IDCG_GAP_BOUND}
+        lo, hi = params.get("relevance_range") or DEFAULT_RELEVANCE_RANGE
+        return {"relevance_lo": float(lo), "relevance_hi": float(hi), "gap": float(hi - lo)}
+
+    def value_range(self, option, params):
+        """The range of Ỹ (a cell, a difference of two Ỹ, lies in [lo − hi, hi − lo])."""
+        if option == "raw":
+            return tuple(params.get("relevance_range") or DEFAULT_RELEVANCE_RANGE)
+        return (0.0, IDCG_GAP_BOUND)
+
     def components(self, option, params, info):
-        top = 2.0 if option == "idcg" else 2 * MAX_RAW_RELEVANCE
-        return (Component("delta", VALUE_BITS, int(top * (1 << VALUE_BITS)) + 1),
+        top = self.gap_bound(option, params)
+        return (Component("delta", VALUE_BITS, int(math.ceil(top * (1 << VALUE_BITS))) + 1),
                 Component("one", VALUE_BITS, 1 << VALUE_BITS))
 
     def client_rows(self, frame, file, option, params, rng):
+        clipped = {"rows_clipped": 0}
         if option == "raw":
-            finite_column(frame, "relevance", file, limit=MAX_RAW_RELEVANCE)
+            lo, hi = params.get("relevance_range") or DEFAULT_RELEVANCE_RANGE
+            relevance = bounded_column(finite_column(frame, "relevance", file), lo, hi, params, clipped,
+                                       file=file, column="relevance", bound="relevance_range")
+            frame = frame.assign(relevance=relevance)
         rows = lot_rows(ranked_lists(frame, file), option)
         values = np.column_stack([rows.delta, np.ones_like(rows.delta)])
         info = {"queries": rows.n_queries, "pairs": rows.n_pairs, "skipped_single_item": rows.skipped_single_item,
-                "skipped_zero_idcg": rows.skipped_zero_idcg}
+                "skipped_zero_idcg": rows.skipped_zero_idcg, **clipped}
         return ClientRows(ids=(np.asarray(rows.higher_ids, dtype=object), np.asarray(rows.lower_ids, dtype=object)),
                           values=values, units=np.asarray(rows.query), strata=np.asarray(rows.rank_pair),
                           strata_labels=tuple(rows.rank_pair_labels), info=info)
@@ -65,6 +128,8 @@ class Lot(Metric):
     def check_info(self, info, strata_labels):
         if not 1 <= len(strata_labels):
             raise ValueError("no rank pairs")
+        if int(info.get("rows_clipped", 0)) < 0:
+            raise ValueError("clipped rows")
 
     @staticmethod
     def _pairs(groups, params):

@@ -9,30 +9,71 @@ group and overall (the global AUC). Verdict: a group significantly below overall
   trapezoid multiplies two encrypted quantities, which additive HE cannot. Instead,
   with w(i,l) = 1 if s_i > s_l, ½ if tied, 0 otherwise: A_j(i) = Σ_{l≠i} w(i,l)·p_lj
   (plaintext, at the Tester, from the score order), L_j = Σ p_ij·A_j(i)·y_i,
-  T_j = Σ p_ij·y_i, Q_j = Σ p_ij²·y_i, S_j = Σ p_ij and
-  AUC_j = (L_j − (T_j² − Q_j)/2) / (T_j·(S_j − T_j)) (the pairs of positives add
-  (T_j² − Q_j)/2 to L_j since w(i,l) + w(l,i) = 1). Each row carries Enc(y_i) and its
-  dense score rank in plaintext: the Tester learns the score order of the anonymous
-  joined rows, as in the paper's design. T_j² comes from a masked squaring round trip:
-  the Tester sends Enc(T_j + r) with r uniform and 64 bits wider than T_j, the
-  Test-Client returns Enc((T_j + r)²), the Tester removes 2rT_j + r² under encryption.
+  T_j = Σ p_ij·y_i, Q_j = Σ p_ij²·y_i, S_j = Σ p_ij, N_j = S_j − T_j and
+  U_j = L_j − (T_j² − Q_j)/2 = Σ_{i pos, l neg} p_ij·p_lj·w(i,l) (the pairs of positives
+  add (T_j² − Q_j)/2 to L_j since w(i,l) + w(l,i) = 1), AUC_j = U_j / (T_j·N_j). Each
+  row carries Enc(y_i) and its dense score rank in plaintext: the Tester learns the
+  score order of the anonymous joined rows, as in the paper's design. T_j² comes from a
+  masked squaring round trip: the Tester sends Enc(T_j + r) with r uniform and 64 bits
+  wider than T_j, the Test-Client returns Enc((T_j + r)²), the Tester removes
+  2rT_j + r² under encryption.
+
+  **Released form** (what the release noise is added to, SPEC 8). Per cell two
+  normalised, centred sums: V_j = (U_j − T_j·N_j/2) / S_j and D_j = T_j·N_j / S_j, and
+  AUC_j = ½ + V_j/D_j (`Cell.offset` ½). Under encryption V_j·S_j = L_j − T_j·S_j/2 + Q_j/2
+  needs no square, D_j·S_j = T_j·S_j − T_j²; the Tester divides by its own plaintext
+  S_j by multiplying with c = round(2^K/S_j) (`normaliser`, `released_slots`): the
+  same c on both slots, so the ratio is exact, and the slots hold 2^(33+K) per member.
+
+  **Sensitivity** (one member t's probability vector replaced; Test-Client's labels,
+  scores and rows adversarial but fixed). Per group, with x = p_tj and the others' sums
+  S0, T0, N0 = S0 − T0 (without t): U_j − T_j·N_j/2 = x·g + U0 with |g| ≤ N0/2 (t
+  positive: g = Σ_{l neg}(w(t,l) − ½)p_l) or |g| ≤ T0/2 (t negative) and
+  |U0| ≤ T0·N0/2; S = x + S0. Then dV/dx = (g·S0 − U0)/S² and
+  |g·S0 − U0| ≤ N0·S0/2 + T0·N0/2 ≤ S0²/2 (the maximum over N0 + T0 = S0 is at N0 = S0),
+  so |dV/dx| ≤ ½·(S0/S)² ≤ ½. D = (x + T0)·N0/(x + S0) (t positive) has
+  dD/dx = N0²/S² ≤ 1, and T0·(x + N0)/(x + S0) (t negative) T0²/S² ≤ 1. By the mean
+  value theorem a slot of group j moves by at most ½·|Δp_tj| (V) and |Δp_tj| (D)
+  members: over the groups an L2 norm of at most ½·√2 and √2 (||Δp||₂ ≤ √2); the overall
+  cell (p ≡ 1) does not move. The same holds in each random group (a member is in one).
+  Rounding c moves a slot by at most 2^-35 member (`normaliser_bits`), which the noise
+  scales cover with 2^-30 to spare (`ExactAuc.squares_sensitivity`). So the release is
+  two components at bounds ½ and 1, and the noise is sized from nothing but this form
+  and the row count: no group's size enters it (the earlier form's noise grew with
+  S_j, which it revealed, while its denominator grew with S_j², and its cells left
+  [0, 1] at realistic sizes). Centring V halves its bound against releasing U_j/S_j
+  (whose bound is 1); the error of AUC_j is about σ·sqrt(¼ + (AUC_j − ½)²)/D_j with
+  D_j ≈ S_j·π(1 − π) for a positive rate π: at the default ρ and 100,000 members
+  within 0.003 (rms) for groups of 5,000 effective members (docs/metrics/mqos-auc.md).
+  `tests/test_release.py` checks the bound by exhaustive and adversarial search, and
+  that the encrypted path releases exactly `released_form`.
+
   Intervals: the statistic is not a sum over rows, so instead of the bootstrap the
   rows are split into G = 10 random groups; each group's AUC uses A within the group,
   and the interval is est ± t_{G−1}·sd/√G (coverage measured by a test: 0.95-0.97 at
   95%, `tests/test_metric_scoring.py`).
 * `sampled` (B.2.2). The Test-Client draws `pairs` (default 100,000) positive-negative
-  pairs with replacement, puts each pair's two members in random order (so the Tester
-  cannot tell the positive) and encrypts 1(s_pos > s_neg) (½ for a tie); the pair
-  weight is p_ij·p_lj. Pairs share members, so resampling pairs would ignore the
-  members' own variation and give far too narrow intervals; instead the Test-Client
-  puts its members in G = 10 random groups and labels each pair with its group (both
-  members in group g) or "across"; the estimate uses all pairs, the interval is the
-  random-groups t interval over the G within-group estimates (conservative: their
-  pair-sampling part is G times the full sample's).
+  pairs, no member in more than `pairs_per_member` (default 4) of them
+  (`sample_capped_pairs`; pairs asked for beyond cap·min(#positives, #negatives) are
+  counted in `info["pairs_dropped"]`), puts each pair's two members in random order (so
+  the Tester cannot tell the positive) and encrypts 1(s_pos > s_neg) (½ for a tie); the
+  pair weight is p_ij·p_lj. Sensitivity: a member is in at most `cap` pairs and each
+  pair's weight moves by at most |Δp_j| (the other probability is at most 1), so the
+  components' bounds are 2·cap (values at scale 2); the Tester sizes the noise from the
+  declared cap and refuses a member counted in more pairs (`SampledAuc.slot_sensitivity`).
+  Under release noise this form is not usable for small groups: a pair counts for
+  group j with p_ij·p_lj, so group j's denominator is about
+  pairs·(T_j/#positives)·(N_j/#negatives) while the noise is σ·cap whatever the number
+  of pairs; measured at 100,000 members, api (5,000 effective) errs by 0.07 rms against
+  exact's 0.002. Pairs share members, so resampling pairs would ignore the members' own
+  variation and give far too narrow intervals; instead the Test-Client puts its members
+  in G = 10 random groups and labels each pair with its group (both members in group g)
+  or "across"; the estimate uses all pairs, the interval is the random-groups t interval
+  over the G within-group estimates (conservative: their pair-sampling part is G times
+  the full sample's).
 """
 from __future__ import annotations
 
-import math
 import secrets
 
 import numpy as np
@@ -41,13 +82,68 @@ from common import paillier
 from common.metrics.base import (NOISE_HEADROOM_BITS, Cell, ClientRows, Component, Item, Metric, Param, Plan,
                                  PROBABILITY_BITS, bits,
                                  finite_column, positive_int)
-from common.metrics.scoring import DEFAULT_RANDOM_GROUPS, dense_score_rank, doubled_a_weights, sample_pairs
+from common.metrics.scoring import DEFAULT_RANDOM_GROUPS, dense_score_rank, doubled_a_weights, sample_capped_pairs
 from common.tables import binary_column
 
 DEFAULT_PAIRS = 100_000
 MAX_PAIRS = 50_000_000
+#: sampled: the most pairs one member may be in (the release noise is sized from it)
+DEFAULT_PAIRS_PER_MEMBER = 4
+MAX_PAIRS_PER_MEMBER = 1000
 #: bits by which the squaring mask r is wider than the masked sum (statistical hiding)
 SQUARE_MASK_BITS = 64
+#: the normaliser's bits beyond 2·bits(n) (`normaliser_bits`)
+NORMALISER_EXTRA_BITS = 64
+
+
+def normaliser_bits(n_rows: int) -> int:
+    """K of the normaliser c = round(2^K / S): the released slots hold 2^(33+K) per member.
+    Rounding c moves a slot by at most |X|/2 with |X| ≤ 2^65·n²/4 (X = L − T·S + Q or
+    2(T·S − T²) at 2^65), that is by at most 2^(62 − 33 − K)·n² ≤ 2^-35 of a member."""
+    return 2 * bits(n_rows) + NORMALISER_EXTRA_BITS
+
+
+def normaliser(s_fixed: int, k_bits: int) -> int:
+    """c = round(2^K / S) for S at 2^32 (0 for an empty cell: nothing to release)."""
+    s_fixed = int(s_fixed)
+    return ((1 << (k_bits + 1)) + s_fixed) // (2 * s_fixed) if s_fixed > 0 else 0
+
+
+def released_slots(l_dbl: int, t: int, q: int, s: int, k_bits: int) -> tuple[int, int]:
+    """(V, D), the exact released form's two slots before noise, from a cell's sums in
+    fixed point (L_dbl = Σ q·2A·y at 2^64, T = Σ q·y at 2^32, Q = Σ q²·y at 2^64, S = Σ q
+    at 2^32): V = c·(L_dbl − T·S + Q) ≈ 2^(33+K)·(U − T·N/2)/S and
+    D = c·2(T·S − T²) ≈ 2^(33+K)·T·N/S, c = `normaliser`(S). The encrypted path
+    (`ExactAuc.combine`) computes the same integers under encryption."""
+    c = normaliser(s, k_bits)
+    return (l_dbl - t * s + q) * c, 2 * (t * s - t * t) * c
+
+
+def released_form(q: np.ndarray, y: np.ndarray, rank: np.ndarray, units: np.ndarray | None = None,
+                  *, n_rows: int | None = None) -> list[list[tuple[int, int]]]:
+    """The exact form's released slots in plaintext, [replicate][cell] -> (V, D): replicate
+    0 over every row, then one per random group (`units`); cells: q's columns, then overall.
+    For tests and measurements (the protocol never holds y in plaintext)."""
+    ext = _with_overall((np.asarray(q, dtype=np.int64),))
+    k_bits = normaliser_bits(n_rows or ext.shape[0])
+    yy = np.asarray(y).astype(np.int64)
+    reps = [(None, np.ones(ext.shape[0], dtype=bool))]
+    if units is not None:
+        reps += [(units, units == u) for u in range(int(units.max()) + 1)]
+    out = []
+    for groups, rows in reps:
+        a2 = doubled_a_weights(rank, ext, groups=groups)
+        cells = []
+        for j in range(ext.shape[1]):
+            qj = [int(v) for v in ext[rows, j]]
+            aj = [int(v) for v in a2[rows, j]]
+            yj = [int(v) for v in yy[rows]]
+            l_dbl = sum(a * b * c for a, b, c in zip(qj, aj, yj))
+            t = sum(a * c for a, c in zip(qj, yj))
+            qq = sum(a * a * c for a, c in zip(qj, yj))
+            cells.append(released_slots(l_dbl, t, qq, sum(qj), k_bits))
+        out.append(cells)
+    return out
 
 
 def _labels_and_scores(frame, file):
@@ -72,11 +168,19 @@ class MqosAuc(Metric):
     name = "mqos-auc"
     description = "minimum quality of service: per-group ROC AUC against the global AUC"
     options = ("exact", "sampled")
-    option_help = "exact (default): linear form, random-groups intervals; sampled: Mann-Whitney pairs"
+    option_help = ("exact (default): linear form, random-groups intervals; sampled: Mann-Whitney pairs "
+                   "(under release noise usable only for large groups)")
     params = (Param("pairs", f"sampled: positive-negative pairs to draw (default {DEFAULT_PAIRS})",
-                    positive_int(MAX_PAIRS), DEFAULT_PAIRS),)
+                    positive_int(MAX_PAIRS), DEFAULT_PAIRS),
+              Param("pairs_per_member", "sampled: the most pairs one member may be in (default "
+                    f"{DEFAULT_PAIRS_PER_MEMBER}); pairs beyond what it allows are not drawn, counted in the "
+                    "result; the release noise is sized from it", positive_int(MAX_PAIRS_PER_MEMBER),
+                    DEFAULT_PAIRS_PER_MEMBER))
     numeric_columns = ("y_true", "score")
     verdict_rule = "below_overall"
+
+    def value_range(self, option, params):
+        return (0.0, 1.0)
 
     def for_option(self, option: str) -> Metric:
         return SAMPLED if option == "sampled" else EXACT
@@ -105,7 +209,9 @@ class ExactAuc(MqosAuc):
         return 2 * PROBABILITY_BITS + 1 + bits(n_rows)
 
     def item_bits(self, n_rows, n_units, components):
-        return 2 * bits(n_rows) + 2 * PROBABILITY_BITS + 2 + NOISE_HEADROOM_BITS
+        """|V|, |D| ≤ S/4 members ≤ n/4 at 2^(33+K) each (K from the joined rows, at most
+        n_rows), plus the noise's headroom."""
+        return 33 + normaliser_bits(n_rows) + bits(n_rows) + 2 + NOISE_HEADROOM_BITS
 
     def tester_facts(self, q, strata, units):
         """S_j over all rows and per random group (plaintext: Σ of the Tester's own weights)."""
@@ -114,7 +220,7 @@ class ExactAuc(MqosAuc):
         per_group = np.zeros((g, ext.shape[1]), dtype=object)
         for u in range(g):
             per_group[u] = [int(v) for v in ext[units == u].sum(axis=0)]
-        return {"S": [int(v) for v in ext.sum(axis=0)], "S_group": per_group.tolist()}
+        return {"S": [int(v) for v in ext.sum(axis=0)], "S_group": per_group.tolist(), "n": int(ext.shape[0])}
 
     def weights(self, q, strata, units, groups, option, params):
         """Per cell (groups, then overall): W_L = q·2A over all rows, W_Lg = q·2A within the
@@ -147,60 +253,72 @@ class ExactAuc(MqosAuc):
         state = {"agg": agg, "n_units": n_units, "t": t_rows, "r": masks, "facts": facts, "cells": cells}
         return state, requests
 
-    def combine(self, state, squares, pub, layout):
-        """Items (Enc(Num + 2^S·Den)) per replicate (full sample, then each random group) and cell:
-        Num = L − T² + Q and Den = 2(T·S − T²), both at scale 2^65."""
+    def combine(self, state, squares, pub, layout, noise=None):
+        """Items per replicate (full sample, then each random group) and cell: Enc(V + 2^slot·D),
+        the released form (module docstring): V = c·(L − T·S + Q) and D = c·2(T·S − T²)
+        with c = round(2^K/S) (`released_slots`), each carrying its release noise
+        (`noise(ciphertext, component, replicate)`: component 0 is V, 1 is D) before they
+        are packed. The cell's ratio is V/D + ½ (`Cell.offset`)."""
         from common.errors import ProtocolError
         n, n2 = pub.n, pub.n2
         agg, n_units, cells = state["agg"], state["n_units"], state["cells"]
         if len(squares) != (n_units + 1) * cells:
             raise ProtocolError(f"{len(squares)} squares received, {(n_units + 1) * cells} expected")
         shift = 1 << layout.slot_bits
+        k_bits = normaliser_bits(state["facts"]["n"])
         items = []
         for rep in range(n_units + 1):
             for j in range(cells):
-                t = state["t"][rep][j]
-                r = state["r"][rep][j]
-                sq = squares[rep * cells + j]
-                t2 = sq * paillier.scalar_pow(n, t, (-2 * r) % n) % n2
-                t2 = paillier.add_plain(n, t2, -r * r)
-                if rep == 0:
-                    lsum, qsum = 1, 1
-                    for u in range(n_units):
-                        lsum = lsum * agg[u][4 * j][0] % n2
-                        qsum = qsum * agg[u][4 * j + 3][0] % n2
-                    s = state["facts"]["S"][j]
-                else:
-                    lsum, qsum = agg[rep - 1][4 * j + 1][0], agg[rep - 1][4 * j + 3][0]
-                    s = state["facts"]["S_group"][rep - 1][j]
-                minus_t2 = paillier.scalar_pow(n, t2, n - 1)
-                num = lsum * minus_t2 % n2 * qsum % n2
-                den = paillier.scalar_pow(n, paillier.scalar_pow(n, t, s) * minus_t2 % n2, 2)
-                items.append(num * paillier.scalar_pow(n, den, shift) % n2)
+                lsum, t, t2, qsum, s = self._sums(state, squares, pub, rep, j)
+                c = normaliser(s, k_bits)
+                v = paillier.scalar_pow(n, lsum * paillier.scalar_pow(n, t, (-s) % n) % n2 * qsum % n2, c)
+                d = paillier.scalar_pow(n, paillier.scalar_pow(n, t, s) * paillier.scalar_pow(n, t2, n - 1) % n2,
+                                        2 * c)
+                if noise is not None:
+                    v, d = noise(v, 0, rep), noise(d, 1, rep)
+                items.append(v * paillier.scalar_pow(n, d, shift) % n2)
         return items
+
+    @staticmethod
+    def _sums(state, squares, pub, rep, j):
+        """Enc(L_dbl), Enc(T), Enc(T²) (the mask removed), Enc(Q) and the plaintext S of cell
+        j in replicate `rep` (0: every row, with L over all rows; g + 1: random group g)."""
+        n, n2 = pub.n, pub.n2
+        agg, n_units, cells = state["agg"], state["n_units"], state["cells"]
+        t = state["t"][rep][j]
+        r = state["r"][rep][j]
+        t2 = squares[rep * cells + j] * paillier.scalar_pow(n, t, (-2 * r) % n) % n2
+        t2 = paillier.add_plain(n, t2, -r * r)
+        if rep == 0:
+            lsum, qsum = 1, 1
+            for u in range(n_units):
+                lsum = lsum * agg[u][4 * j][0] % n2
+                qsum = qsum * agg[u][4 * j + 3][0] % n2
+            return lsum, t, t2, qsum, state["facts"]["S"][j]
+        return (agg[rep - 1][4 * j + 1][0], t, t2, agg[rep - 1][4 * j + 3][0],
+                state["facts"]["S_group"][rep - 1][j])
 
     def size_weight(self, item):
         return item.weight + 2  # W_T = q: the effective size S_j
 
     def squares_sensitivity(self, state, multiplicity):
-        """Per cell, the (Num, Den) slots' sensitivity to one member's probability vector
-        (per unit of ||Δp||₂, in fixed-point units of 2^65: Num = L − (T² − Q)/2 and
-        Den = T·(S − T)). Changing p_t moves L_j by at most (A_j(t) + Σ_i p_ij·y_i·w(i,t))
-        ·|Δp_tj| ≤ 2·S_j·|Δp_tj|, T_j²/2 by T_j·|Δp_tj|, Q_j/2 by |Δp_tj|, and Den by
-        (S + 3T)·|Δp_tj|; with T ≤ S: Num ≤ 3S + 1, Den ≤ 4S. S_j is rounded up to a power
-        of 2^(1/4), so that the noise scale says little about it (at most 19% more noise)."""
-        scale = 1 << 65
-        out = []
-        for s_fixed in state["facts"]["S"]:
-            s_members = max(1.0, int(s_fixed) / float(1 << PROBABILITY_BITS))
-            s_hat = 2.0 ** (math.ceil(4.0 * math.log2(s_members)) / 4.0)
-            out.append([math.ceil((3 * s_hat + 1) * multiplicity) * scale,
-                        math.ceil(4 * s_hat * multiplicity) * scale])
-        return out
+        """The noise scales of the released form's two components (V, D), in their slots'
+        fixed-point units, per unit of ||Δp||₂: ½ and 1 member (module docstring,
+        "Sensitivity"), at 2^(33+K) per member, plus 2^-30 of a member for the rounding of
+        c. From the declared form and the row count alone: the same for every cell, and
+        nothing about any group's size."""
+        unit = 1 << (33 + normaliser_bits(state["facts"]["n"]))
+        slack = unit >> 30
+        return [multiplicity * (unit // 2 + slack), multiplicity * (unit + slack)]
+
+    @staticmethod
+    def slot_noise(scales):
+        """Per slot of a packed item (V, D): the noise's sd per unit of σ."""
+        return [float(scales[0]), float(scales[1])]
 
     def plan(self, groups, strata_labels, layout, option, params, info):
         names = list(groups) + ["overall"]
-        return Plan(tuple(Cell("group", g, item=j, num_slot=0, den_slot=1) for j, g in enumerate(names)),
+        return Plan(tuple(Cell("group", g, item=j, num_slot=0, den_slot=1, offset=0.5) for j, g in enumerate(names)),
                     tuple(Item(4 * j, 0) for j in range(len(names))), 2)
 
 
@@ -210,27 +328,60 @@ class SampledAuc(MqosAuc):
     def for_option(self, option):
         return self
 
+    @staticmethod
+    def _cap(params) -> int:
+        return int(params.get("pairs_per_member") or DEFAULT_PAIRS_PER_MEMBER)
+
     def components(self, option, params, info):
-        return (Component("win", 1, 2), Component("two", 1, 2))
+        """Per pair 2·indicator and 2 (at scale 2^1); the bounds are one member's most, over
+        the at most `pairs_per_member` pairs it is in: 2·cap."""
+        cap = self._cap(params)
+        return (Component("win", 1, 2 * cap), Component("two", 1, 2 * cap))
 
     resampling = "client_groups"
     interval = "random_groups"
     random_groups = DEFAULT_RANDOM_GROUPS
 
+    def value_bounds(self, option, params):
+        return {"pairs_per_member": float(self._cap(params))}
+
     def client_rows(self, frame, file, option, params, rng):
-        """Pairs drawn uniformly from all positive-negative pairs (B.2.2). For the interval,
-        every member is put in one of G random groups; a pair of two members of group g is
-        in unit g, any other pair in unit G. The estimate uses every pair; the interval is
-        the random-groups t interval over the G within-group estimates, which vary with
-        the members (G groups of n/G members each), not only with the pairs."""
+        """Pairs drawn uniformly from all positive-negative pairs (B.2.2) with no member in
+        more than `pairs_per_member` of them (`sample_capped_pairs`: at most
+        cap·min(#positives, #negatives) pairs; those asked for beyond are counted in
+        `info["pairs_dropped"]`). For the interval, every member is put in one of G random
+        groups; a pair of two members of group g is in unit g, any other pair in unit G.
+        The estimate uses every kept pair; the interval is the random-groups t interval over
+        the G within-group estimates, which vary with the members (G groups of n/G members
+        each), not only with the pairs."""
         y, scores = _labels_and_scores(frame, file)
         m = int(params["pairs"])
-        first, second, indicator = sample_pairs(y, scores, m, rng, file)
+        cap = self._cap(params)
+        first, second, indicator = sample_capped_pairs(y, scores, m, cap, rng, file)
         group = rng.permutation(len(y)) % self.random_groups
         units = np.where(group[first] == group[second], group[first], self.random_groups)
         ids = frame["member_id"].to_numpy(dtype=object)
         return ClientRows(ids=(ids[first], ids[second]), values=np.column_stack([indicator, np.ones_like(indicator)]),
-                          units=units.astype(np.int64), info={"pairs": m})
+                          units=units.astype(np.int64),
+                          info={"pairs": m, "pairs_kept": len(first), "pairs_dropped": m - len(first)})
+
+    def check_info(self, info, strata_labels):
+        counts = [int(info.get(k, 0)) for k in ("pairs", "pairs_kept", "pairs_dropped")]
+        if min(counts) < 0 or counts[1] + counts[2] != counts[0]:
+            raise ValueError("pair counts")
+
+    def slot_sensitivity(self, item, layout, components, multiplicity):
+        """The noise is sized from the declared cap on pairs per member, not from the rows
+        the Tester counted: a member in at most `cap` pairs moves each pair's weight
+        p_fj·p_sj by at most |Δp_j| (the other member's probability is at most 1), so a
+        slot by at most 2·cap·|Δp_j| (the components' bounds). A count above the cap is a
+        Test-Client that broke its declaration: refused."""
+        from common.errors import ProtocolError
+        cap = components[0].bound // 2
+        if multiplicity > cap:
+            raise ProtocolError(f"a member is in {multiplicity:g} sampled pairs; the declared pairs_per_member "
+                                f"is {cap}")
+        return super().slot_sensitivity(item, layout, components, 1)
 
     def weights(self, q, strata, units, groups, option, params):
         qa, qb = (x.astype(object) for x in q)

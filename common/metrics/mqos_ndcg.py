@@ -9,18 +9,52 @@ encryption: f = Σ NDCG over the viewer's queries, d = the number of queries. So
 viewer with several queries is one row (NDCG[j] = Σ_q p_vj NDCG(q) / Σ_q p_vj exactly)
 and the bootstrap resamples viewers. Cells: each group and overall. Verdict: a group
 significantly below overall (rule "below_overall"; flagged when overall − group > τ).
+
+**Declared bound: queries per viewer.** At most K queries of one viewer enter the
+audit (`max_queries_per_viewer`, `--max-queries-per-viewer K`; default 5): the
+Test-Client keeps K of a viewer's queries drawn at random (its own secret randomness)
+and drops the rest before encryption, counting them (`info["queries_dropped"]`,
+`info["viewers_capped"]`: counts over its own rows before the join, sent with the
+other dataset facts). Per viewer it encodes f = Σ_q (NDCG(q) − 1/2) and d = n_v, the
+viewer's kept queries, so |f| ≤ n_v/2 ≤ K/2 and 0 ≤ d ≤ K; each cell adds 1/2 back
+(`Cell.offset`), the same query-weighted mean.
+
+**Sensitivity** (`tester_service.release`; SPEC 8). One viewer is one row (m = 1).
+Replacing its probability vector (||Δp||₂ ≤ √2) moves group j's numerator by Δp_j·f and
+its denominator by Δp_j·d: over all groups at most √2·K/2 and √2·K, the components'
+bounds K/2 and K (`Metric.slot_sensitivity`, times the Tester's row count m). So the
+noise grows with K, not with the 2^20 queries a viewer could have; a K far above the
+queries viewers actually issue costs accuracy, one below them costs data (counted).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from common.errors import InputError
-from common.metrics.base import ClientRows, Component, Metric
+from common.metrics.base import Cell, ClientRows, Component, Metric, Param, Plan, positive_int
 from common.metrics.ranking import ranked_lists, viewer_ndcg
 
 VALUE_BITS = 32
-#: most queries one viewer may have (the values' bound)
+#: the most queries per viewer an operator may declare
 MAX_QUERIES_PER_VIEWER = 1 << 20
+#: queries per viewer when none is declared
+DEFAULT_QUERIES_PER_VIEWER = 5
+#: each query's NDCG is encoded relative to this (NDCG − 1/2 ∈ [−1/2, 1/2])
+CENTRE = 0.5
+
+
+def capped_viewers(query_viewer: np.ndarray, query_ndcg: np.ndarray, n_viewers: int, cap: int,
+                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """(Σ (NDCG − 1/2), kept queries) per viewer, keeping at most `cap` queries of each,
+    drawn at random; and (queries dropped, viewers capped)."""
+    order = np.lexsort((rng.random(len(query_viewer)), query_viewer))  # by viewer, random within
+    viewer = query_viewer[order]
+    starts = np.searchsorted(viewer, viewer, side="left")
+    keep = order[(np.arange(len(viewer)) - starts) < cap]
+    counts = np.bincount(query_viewer, minlength=n_viewers)
+    kept_viewer = query_viewer[keep]
+    sums = np.bincount(kept_viewer, weights=query_ndcg[keep] - CENTRE, minlength=n_viewers)
+    kept = np.bincount(kept_viewer, minlength=n_viewers)
+    return sums, kept, int(len(query_viewer) - len(keep)), int((counts > cap).sum())
 
 
 class MqosNdcg(Metric):
@@ -31,20 +65,45 @@ class MqosNdcg(Metric):
     text_columns = ("query_id",)
     unique_ids = False
     verdict_rule = "below_overall"
+    params = (Param("max_queries_per_viewer", f"K: at most K queries of a viewer enter the audit, drawn at "
+                    f"random (the rest are dropped and counted); the release noise grows with K "
+                    f"(default {DEFAULT_QUERIES_PER_VIEWER})", positive_int(MAX_QUERIES_PER_VIEWER),
+                    DEFAULT_QUERIES_PER_VIEWER),)
+
+    @staticmethod
+    def _cap(params) -> int:
+        return int(params.get("max_queries_per_viewer") or DEFAULT_QUERIES_PER_VIEWER)
+
+    def value_bounds(self, option, params):
+        return {"max_queries_per_viewer": float(self._cap(params))}
+
+    def value_range(self, option, params):
+        return (0.0, 1.0)
 
     def components(self, option, params, info):
-        bound = MAX_QUERIES_PER_VIEWER << VALUE_BITS
-        return (Component("ndcg_sum", VALUE_BITS, bound), Component("queries", VALUE_BITS, bound))
+        cap = self._cap(params)
+        return (Component("ndcg_sum", VALUE_BITS, (cap << VALUE_BITS) // 2 + 1),
+                Component("queries", VALUE_BITS, cap << VALUE_BITS))
 
     def client_rows(self, frame, file, option, params, rng):
         v = viewer_ndcg(ranked_lists(frame, file, one_viewer_per_query=True))
-        if v.n_queries.max() > MAX_QUERIES_PER_VIEWER:
-            raise InputError(f"a viewer has more than {MAX_QUERIES_PER_VIEWER} queries", file=file,
-                             column="member_id")
-        info = {"queries": int(v.total_queries), "viewers": len(v.viewer_ids),
-                "zero_idcg_queries": int(v.zero_idcg_queries)}
+        sums, kept, dropped, capped = capped_viewers(v.query_viewer, v.query_ndcg, len(v.viewer_ids),
+                                                     self._cap(params), rng)
+        info = {"queries": int(v.total_queries) - dropped, "viewers": len(v.viewer_ids),
+                "zero_idcg_queries": int(v.zero_idcg_queries), "queries_dropped": dropped,
+                "viewers_capped": capped}
         return ClientRows(ids=(np.asarray(v.viewer_ids, dtype=object),),
-                          values=np.column_stack([v.ndcg_sum, v.n_queries.astype(np.float64)]), info=info)
+                          values=np.column_stack([sums, kept.astype(np.float64)]), info=info)
+
+    def check_info(self, info, strata_labels):
+        if min(int(info.get("queries_dropped", 0)), int(info.get("viewers_capped", 0))) < 0:
+            raise ValueError("dropped queries")
+
+    def plan(self, groups, strata_labels, layout, option, params, info):
+        base = super().plan(groups, strata_labels, layout, option, params, info)
+        return Plan(tuple(Cell(c.kind, c.group, item=c.item, num_slot=c.num_slot, den_slot=c.den_slot,
+                               scale_shift=c.scale_shift, offset=CENTRE) for c in base.cells),
+                    base.items, base.item_slots)
 
 
 METRIC = MqosNdcg()

@@ -1,6 +1,6 @@
 """POT, the pointwise outcome test (SPEC.md section 5; paper appendix B.1, eqs. 10-12).
 
-Dataset: `member_id, score, outcome` (finite numbers; |outcome| <= 10^9). The
+Dataset: `member_id, score, outcome` (finite numbers). The
 Test-Client picks the reference scores s_1..s_Q (the deciles of its scores by default,
 or `reference_scores`), the Gaussian kernel's bandwidth h (Silverman's rule on the
 scores by default, or `bandwidth`) and computes per row, in plaintext, the 2Q values
@@ -10,6 +10,23 @@ per group (and overall) and reference score — the curves; derived from them pe
 replicate, DTI_ab = Σ_q w_q (m_a(s_q) − m_b(s_q)) for every ordered pair of groups,
 with weights w_q uniform (1/Q, so DTI is the mean gap) unless `dti_weights` are given.
 Verdict: a DTI significantly different from 0 (rule "nonzero_pairs").
+
+**Declared range and sensitivity.** The outcome's possible range [LO, HI] is declared
+(`outcome_range`, `--outcome-range LO:HI`; default 0:1, a binary outcome). The
+Test-Client clips every outcome into it before encryption, counting the rows clipped
+(`info["rows_clipped"]`, sent with the other dataset facts: a count over its own rows,
+before the join), or refuses the dataset (`out_of_range` refuse), and encodes
+K_q·(Y − c) with the range's centre c = (LO + HI)/2 (|K_q·(Y − c)| ≤ (HI − LO)/2, since
+0 < K_q ≤ 1); each curve cell adds c back (`Cell.offset`). Replacing one member's vector
+(||Δp||₂ ≤ √2, member ids unique: m = 1 row) moves the numerator slot of reference
+score q by Δp_j·K_q(Y − c) and its denominator slot by Δp_j·K_q in group j: per slot at
+most √2·m times the component bounds (HI − LO)/2 and 1 (`Metric.slot_sensitivity`).
+The release of all 2Q slots with noise σ·bound per slot is β/σ²-zCDP with
+β = max over a row of Σ_q K_q²·(((Y − c)/((HI − LO)/2))² + 1) ≤ 2·max_S Σ_q
+exp(−(S − s_q)²/h²) (`sensitivity_components`), which both parties compute from the
+reference scores and the bandwidth (on a grid, plus the grid's largest possible miss
+from the derivative bound), so well separated reference scores cost about 2
+components instead of 2Q.
 
 A masked ciphertext holds several (Num, Den) cells of one group and one replicate, so
 they share the mask's factor: the Test-Client can read ratios between those cells'
@@ -22,12 +39,32 @@ import math
 
 import numpy as np
 
-from common.metrics.base import Cell, ClientRows, Component, Item, Metric, Param, Plan, finite_column, float_list
+from common.metrics.base import (OUT_OF_RANGE_PARAM, Cell, ClientRows, Component, Item, Metric, Param, Plan,
+                                 bounded_column, finite_column, float_list)
+from common.metrics.output import DEFAULT_OUTCOME_RANGE, OUTCOME_RANGE_PARAM, centred_bound, fixed_bound
 from common.metrics.scoring import (DECILES, MAX_REFERENCE_SCORES, kernel_components, reference_scores,
                                     silverman_bandwidth)
 
 SCALE_BITS = 24
-MAX_OUTCOME = 1e9
+#: grid points at most over the reference scores' span when bounding Σ_q K_q² (`kernel_energy`)
+ENERGY_GRID = 200_001
+
+
+def kernel_energy(refs, h: float) -> float:
+    """An upper bound on max_S Σ_q K_q(S)² = max_S Σ_q exp(−(S − s_q)²/h²): the largest
+    value on a grid over [min s_q, max s_q] (outside it every term falls), plus the most
+    the function can rise between grid points (|d/dS| ≤ Q·√2·e^(−1/2)/h), capped at Q."""
+    r = np.sort(np.asarray(refs, dtype=np.float64))
+    q = len(r)
+    span = float(r[-1] - r[0])
+    points = int(min(ENERGY_GRID, max(2, math.ceil(span / (h / 1000.0)) + 1)))
+    grid = np.linspace(r[0], r[-1], points)
+    best = 0.0
+    for chunk in np.array_split(grid, max(1, points // 20_000)):
+        best = max(best, float(np.exp(-(((chunk[:, None] - r[None, :]) / h) ** 2)).sum(axis=1).max()))
+    step = span / (points - 1) if points > 1 else 0.0
+    slack = step / 2.0 * q * math.sqrt(2.0) * math.exp(-0.5) / h
+    return min(float(q), best + slack)
 
 
 def _bandwidth(text: str) -> float:
@@ -46,6 +83,7 @@ class Pot(Metric):
         Param("bandwidth", "Gaussian kernel bandwidth (default: Silverman's rule on the scores)", _bandwidth),
         Param("dti_weights", "comma-separated weights w_q, one per reference score (default: 1/Q each)",
               float_list),
+        OUTCOME_RANGE_PARAM, OUT_OF_RANGE_PARAM,
     )
     numeric_columns = ("score", "outcome")
     verdict_rule = "nonzero_pairs"
@@ -72,23 +110,39 @@ class Pot(Metric):
                              f"{len(DECILES)} deciles", parameter="dti_weights")
         return params
 
+    def value_bounds(self, option, params):
+        lo, hi = self.value_range(option, params)
+        return {"outcome_lo": float(lo), "outcome_hi": float(hi)}
+
+    def value_range(self, option, params):
+        return tuple(params.get("outcome_range") or DEFAULT_OUTCOME_RANGE)
+
     def components(self, option, params, info):
         q = len(info["reference_scores"])
+        _, half = centred_bound(*self.value_range(option, params))
         comps = []
         for i in range(q):
-            comps += [Component(f"ky_{i}", SCALE_BITS, int(MAX_OUTCOME * (1 << SCALE_BITS)) + 1),
+            comps += [Component(f"ky_{i}", SCALE_BITS, fixed_bound(half, SCALE_BITS)),
                       Component(f"k_{i}", SCALE_BITS, 1 << SCALE_BITS)]
         return tuple(comps)
 
+    def sensitivity_components(self, option, params, info):
+        return min(2.0 * len(info["reference_scores"]),
+                   2.0 * kernel_energy(info["reference_scores"], float(info["bandwidth"])))
+
     def client_rows(self, frame, file, option, params, rng):
         scores = finite_column(frame, "score", file)
-        outcome = finite_column(frame, "outcome", file, limit=MAX_OUTCOME)
+        lo, hi = self.value_range(option, params)
+        info = {"rows_clipped": 0}
+        outcome = bounded_column(finite_column(frame, "outcome", file), lo, hi, params, info, file=file,
+                                 column="outcome", bound="outcome_range")
         refs = reference_scores(scores, params.get("reference_scores"))
         h = params.get("bandwidth") or silverman_bandwidth(scores, file)
-        info = {"reference_scores": [float(r) for r in refs], "bandwidth": float(h)}
+        info.update({"reference_scores": [float(r) for r in refs], "bandwidth": float(h)})
         self._weights(params, info)
+        centre, _ = centred_bound(lo, hi)
         return ClientRows(ids=(frame["member_id"].to_numpy(dtype=object),),
-                          values=kernel_components(scores, outcome, refs, h), info=info)
+                          values=kernel_components(scores, outcome - centre, refs, h), info=info)
 
     def check_info(self, info, strata_labels):
         refs = info["reference_scores"]
@@ -96,6 +150,8 @@ class Pot(Metric):
             raise ValueError("reference scores")
         if not float(info["bandwidth"]) > 0:
             raise ValueError("bandwidth")
+        if int(info.get("rows_clipped", 0)) < 0:
+            raise ValueError("clipped rows")
 
     @staticmethod
     def _weights(params, info) -> np.ndarray:
@@ -110,6 +166,7 @@ class Pot(Metric):
 
     def plan(self, groups, strata_labels, layout, option, params, info):
         refs = info["reference_scores"]
+        centre, _ = centred_bound(*self.value_range(option, params))
         names = list(groups) + ["overall"]
         n_cts = layout.n_ciphertexts
         items = tuple(Item(w, ct) for w in range(len(names)) for ct in range(n_cts))
@@ -119,7 +176,7 @@ class Pot(Metric):
                 ct, num_slot = layout.position(2 * i)
                 _, den_slot = layout.position(2 * i + 1)
                 cells.append(Cell("curve", g, score=float(score), item=w * n_cts + ct, num_slot=num_slot,
-                                  den_slot=den_slot))
+                                  den_slot=den_slot, offset=centre))
         return Plan(tuple(cells), items, layout.slots)
 
     def derived(self, cells, values, params, info):

@@ -62,6 +62,7 @@ __all__ = [
     "doubled_a_weights",
     "student_t_quantile",
     "sample_pairs",
+    "sample_capped_pairs",
     "count_summary",
 ]
 
@@ -370,6 +371,31 @@ def sample_pairs(y: np.ndarray, scores: np.ndarray, m: int, rng: np.random.Gener
     l = neg[rng.integers(0, neg.size, m)]
     indicator = np.where(s[i] > s[l], 1.0, np.where(s[i] == s[l], 0.5, 0.0))
     swap = rng.random(m) < 0.5
+    first = np.where(swap, l, i).astype(np.int64)
+    second = np.where(swap, i, l).astype(np.int64)
+    return first, second, indicator
+
+
+def sample_capped_pairs(y: np.ndarray, scores: np.ndarray, m: int, cap: int, rng: np.random.Generator,
+                        file: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Like `sample_pairs`, with no member in more than ``cap`` pairs: each positive and
+    each negative gets ``cap`` slots, min(m, cap·#positives, cap·#negatives) positive
+    slots and as many negative slots are drawn without replacement and paired at random.
+    Every positive-negative pair is equally likely to be drawn (the estimate's mean is
+    the AUC, as with `sample_pairs`); a member's pairs never exceed ``cap``, which the
+    release noise is sized from (`common.metrics.mqos_auc`)."""
+    first, second, indicator = sample_pairs(y, scores, 1, rng, file)  # the checks only
+    if int(cap) != cap or cap < 1:
+        raise InputError("must be a positive integer", parameter="pairs per member")
+    yy = np.asarray(y, dtype=np.float64)
+    s = np.asarray(scores, dtype=np.float64)
+    pos, neg = np.flatnonzero(yy == 1), np.flatnonzero(yy == 0)
+    cap = int(cap)
+    kept = min(int(m), cap * pos.size, cap * neg.size)
+    i = pos[rng.choice(cap * pos.size, kept, replace=False) // cap]
+    l = neg[rng.choice(cap * neg.size, kept, replace=False) // cap]
+    indicator = np.where(s[i] > s[l], 1.0, np.where(s[i] == s[l], 0.5, 0.0))
+    swap = rng.random(kept) < 0.5
     first = np.where(swap, l, i).astype(np.int64)
     second = np.where(swap, i, l).astype(np.int64)
     return first, second, indicator

@@ -28,7 +28,10 @@ LOCAL_DATASET = "local"
 #: named flags for the metrics' parameters (each also settable with --metric-param)
 PARAM_FLAGS = {"reference-scores": "reference_scores", "bandwidth": "bandwidth", "dti-weights": "dti_weights",
                "pairs": "pairs", "count-threshold": "count_threshold", "inclusion-level": "inclusion_level",
-               "same-group-pairs": "same_group_pairs", "decision-threshold": "decision_threshold"}
+               "same-group-pairs": "same_group_pairs", "decision-threshold": "decision_threshold",
+               # declared value bounds the release noise is sized from (a negative LO: --outcome-range=-1:3)
+               "outcome-range": "outcome_range", "relevance-range": "relevance_range",
+               "max-queries-per-viewer": "max_queries_per_viewer", "out-of-range": "out_of_range"}
 
 
 def metric_params(args: argparse.Namespace) -> dict[str, str]:
@@ -181,7 +184,7 @@ def _run(args: argparse.Namespace, progress) -> int:
         if args.insecure:
             from common.tls import INSECURE_WARNING
             print(INSECURE_WARNING, file=sys.stderr, flush=True)
-        release, accountant = release_settings(args, local=True)
+        release, accountant = local_release(args)
         history = local_history(args)
         from ppre.commands import make_executor
         executor = make_executor(args)  # one pool for both local services
@@ -209,6 +212,27 @@ def _run(args: argparse.Namespace, progress) -> int:
     progress.close()  # the live line ends before the result is printed
     return print_event(event, as_json=args.json, insecure=args.insecure,
                        report_dir=getattr(args, "report", None))
+
+
+def local_release(args: argparse.Namespace):
+    """`--local`'s release controls and privacy accountant: the flags' policy, and with
+    the controls on the budget of this pair of input files (`release.local_accountant`:
+    keyed by their contents, kept in --privacy-ledger or the user's data directory), or
+    of the one identity --privacy-identity names."""
+    from tester_service.release import local_accountant
+    release, accountant = release_settings(args, local=True)
+    if args.no_release_controls:
+        return release, accountant
+    tester_inputs = (args.tester_probabilities, None) if args.tester_probabilities else \
+        (args.tester_members, args.self_id)
+    if args.privacy_identity:
+        from tester_service.release import PrivacyAccountant, local_ledger_path
+        settings = ("--privacy-budget sets the budget, --privacy-ledger FILE keeps it in another file; "
+                    f"--privacy-identity charges every audit to '{args.privacy_identity}' (without it, each pair "
+                    "of input files has its own budget)")
+        return release, PrivacyAccountant(release.budget, args.privacy_ledger or local_ledger_path(),
+                                          identity=args.privacy_identity, settings=settings)
+    return release, local_accountant(release.budget, tester_inputs, args.client_data, args.privacy_ledger)
 
 
 def local_history(args: argparse.Namespace):

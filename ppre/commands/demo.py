@@ -110,12 +110,37 @@ def run(args: argparse.Namespace) -> int:
             value = "withheld" if g.group in hidden else _number(g.corrected_estimate)
             line += f"{value:>11}{_inside(g.corrected_ci_low, g.corrected_ci_high, t):>7}"
         print(line + f"{t:>11.4f}")
+    print(verdict_against_truth(report, truth))
     print("\nThe weighted estimates (the paper's) pull small groups towards the overall rate: BISG"
           "\nspreads each member's weight over several groups (attenuation). The corrected ones undo"
           "\nthe mixing when the probabilities are calibrated (README, 'Corrected estimates'), at the"
           "\nprice of wider intervals; a group too mixed to tell apart is withheld.")
     print(f"total {report.phase_seconds.get('total', 0):.1f} s")
     return 0
+
+
+def verdict_against_truth(report, truth) -> str:
+    """What the verdict found, beside the gap the hidden true races give for the same
+    pair, so that the demo's reader sees whether the audit told the injected disparity
+    (and, when it did not, why: an inconclusive verdict names what it would need)."""
+    verdict, compared = report.verdict, report.verdict.compared
+    if not compared or " - " not in str(compared.get("label", "")):
+        return f"\nverdict: {verdict.severity} ({verdict.message})"
+    a, b = str(compared["label"]).split(" - ", 1)
+    if a not in truth or b not in truth:
+        return f"\nverdict: {verdict.severity}"
+    true_gap = truth[a] - truth[b]
+    line = (f"\nthe verdict's compared pair, {a} - {b}: weighted {compared['estimate']:+.4f}"
+            + (f", corrected {verdict.attenuation['corrected']:+.4f}"
+               if verdict.attenuation and verdict.attenuation.get("corrected") is not None else "")
+            + f", true races {true_gap:+.4f}")
+    if verdict.significant:
+        line += (f"\nthe audit detects the disparity (severity {verdict.severity} on the weighted gap"
+                 + (", a lower bound: attenuation" if verdict.attenuation and
+                    verdict.attenuation.get("understates") else "") + ")")
+    else:
+        line += f"\nthe audit does not detect a disparity at this size: {verdict.severity} ({verdict.message})"
+    return line
 
 
 def _number(x: float | None) -> str:

@@ -127,9 +127,15 @@ def add_release_arguments(s: argparse.ArgumentParser, local: bool = False) -> No
     s.add_argument("--privacy-budget", type=float, default=env("PPRE_PRIVACY_BUDGET", str(r.DEFAULT_BUDGET)),
                    metavar="RHO", help=f"total rho per Test-Client identity, across audits and dataset names "
                                        f"(default {r.DEFAULT_BUDGET:g}; 'inf': unlimited)")
-    where = "default: the user's data directory" if local else "default: in memory, reset on restart"
+    where = ("default: the user's data directory; one budget per pair of input files, keyed by a digest of their "
+             "contents" if local else "default: in memory, reset on restart")
     s.add_argument("--privacy-ledger", default=env("PPRE_PRIVACY_LEDGER"), metavar="FILE",
                    help=f"keep the rho spent per Test-Client here ({where}; env PPRE_PRIVACY_LEDGER)")
+    if local:
+        s.add_argument("--privacy-identity", default=env("PPRE_PRIVACY_IDENTITY"), metavar="NAME",
+                       help="charge every local audit to this one Test-Client identity instead of the pair of "
+                            "input files, as a Tester charges a Test-Client's certificate identity whatever "
+                            "it submits (to rehearse a production budget; env PPRE_PRIVACY_IDENTITY)")
     s.add_argument("--no-release-controls", action="store_true",
                    default=env("PPRE_NO_RELEASE_CONTROLS", "") == "1",
                    help="turn every release control off: exact results, no protection of the members "

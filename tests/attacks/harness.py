@@ -142,7 +142,9 @@ class Defences:
     def flags(self, ledger: Path) -> list[str]:
         if self.controls_off:
             return ["--no-release-controls"]
-        return ["--privacy-ledger", str(ledger), *self.extra]
+        # one Test-Client identity for all of the attacker's audits, as a Tester charges a
+        # Test-Client's certificate identity whatever dataset it submits
+        return ["--privacy-ledger", str(ledger), "--privacy-identity", "attacker", *self.extra]
 
 
 OFF = Defences("off", controls_off=True)

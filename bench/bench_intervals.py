@@ -1,0 +1,190 @@
+"""Benchmark: ERO's intervals under the default release controls (second moments, `common.moments`).
+
+    .venv/bin/python bench/bench_intervals.py [--sizes 10000,100000] [--datasets 400] [--bootstrap 1000]
+                                              [--power 10000:0.05,100000:0.02] [--seed 1]
+
+A plaintext twin of the release (`tester_service.protocol.TesterSession._aggregate` under the
+default `ReleasePolicy`, correction on): per group the noised aggregates Num_j = Σ q_ij·f_i and
+Den_j = Σ q_ij·d_i (q the quantised probabilities, 2^32 per row), "overall" their sum, and the
+pair items Σ w_ab·f, Σ w_ab·d on the pair weights `common.correction.pair_weights`, each slot with
+Gaussian noise of the policy's σ₀ (group items) or σ_m (pair items) times 2^32 (a member's largest
+contribution), the group items whose noised effective size Σ_i p_ij is below the minimum
+suppressed; then the same finishing code as both parties (`common.moments.finish_release`, with
+the correction) and the real `common.results.finish()`.
+
+Data: the prepared BISG probabilities of `ppre synth` members (`bench_null.probability_pool`),
+each dataset a fresh sample of n members, their true race drawn from their probability row (the
+probabilities are calibrated), y_true ~ Bernoulli(0.3), a negative predicted positive with 0.1
+(+ gap for black members). Counted per setting: the verdict's flag rate (significant) with its
+Monte Carlo sd, and the rate at which the 95% simultaneous band of some gap between two groups
+excludes 0 (the intervals' family-wise error, without the verdict's informative-group rules);
+per group, the coverage of the weighted interval (of the weighted estimator's large-sample
+value, from 2 million members) and of the corrected interval (of the true-race
+rate), the median widths, and how often the corrected value was withheld; for the power rows,
+the share of datasets whose verdict is significant with black in the compared difference.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import numpy as np  # noqa: E402
+
+from common import bootstrap as boot  # noqa: E402
+from common import correction, encoding, moments  # noqa: E402
+from common.metrics.base import Layout  # noqa: E402
+from common.metrics.ero import METRIC as ERO  # noqa: E402
+from common.races import RACES  # noqa: E402
+from common.results import MIN_EFFECTIVE_SIZE, finish, simultaneous_bands  # noqa: E402
+from tester_service.release import ReleasePolicy  # noqa: E402
+
+POSITIVE_RATE, TPR, BASE_FPR = 0.30, 0.80, 0.10
+SCALE = float(1 << encoding.PROBABILITY_BITS)
+GROUPS = list(RACES)
+K = len(GROUPS)
+
+
+def pool_cached(size: int = 300_000) -> np.ndarray:
+    cache = Path("/tmp/ppre-bench-pool.npy")
+    if cache.exists():
+        return np.load(cache)
+    from bench_null import probability_pool
+    pool = probability_pool(size)
+    np.save(cache, pool)
+    return pool
+
+
+def draw(pool: np.ndarray, n: int, rng: np.random.Generator, gap: float):
+    p = pool[rng.choice(len(pool), size=n, replace=False)]
+    race = (np.cumsum(p, axis=1) <= rng.random(n)[:, None] * p.sum(axis=1)[:, None]).sum(axis=1)
+    race = np.minimum(race, K - 1)
+    y = rng.random(n) < POSITIVE_RATE
+    fpr = BASE_FPR + gap * (race == GROUPS.index("black"))
+    yhat = np.where(y, rng.random(n) < TPR, rng.random(n) < fpr)
+    return p, (yhat & ~y).astype(np.int64), (~y).astype(np.int64)
+
+
+def truths(pool: np.ndarray, gap: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(weighted estimator's large-sample values, true-race rates) per group."""
+    rates = np.full(K, BASE_FPR)
+    rates[GROUPS.index("black")] += gap
+    big = pool[rng.choice(len(pool), size=2_000_000)]
+    # E[p_j f] / E[p_j d] with f = d·Bernoulli(rate of the true race), race ~ p: Σ_r E[p_j p_r] rate_r / E[p_j]
+    weighted = (big.T @ big @ rates) / big.sum(axis=0)
+    return weighted, rates
+
+
+def release(p, f, d, policy: ReleasePolicy, rng: np.random.Generator):
+    """(plan, moments plan, decoded row, noise_sd, withheld items) as the Test-Client decodes them."""
+    q = encoding.quantize_probabilities(p, encoding.PROBABILITY_BITS)
+    plan, pairs_plan = correction.extend(ERO.plan(GROUPS, (), Layout(64, 2, 2), "fpr", {}, {}), GROUPS)
+    sigma0, sigma_m = policy.moment_sigmas(2)
+    pw = np.column_stack(correction.pair_weights(q)).astype(np.float64)
+    qf = q.astype(np.float64)
+    group = np.column_stack([qf.T @ f, qf.T @ d])                      # (k, 2) exact (float64: ~1e-16 rel.)
+    pair = np.column_stack([pw.T @ f, pw.T @ d])                        # (pairs, 2)
+    sd0, sdm = sigma0 * SCALE, sigma_m * SCALE
+    noisy_group = np.rint(group + rng.normal(0, sd0, group.shape)).astype(np.int64)
+    noisy_pair = np.rint(pair + rng.normal(0, sdm, pair.shape)).astype(np.int64)
+    overall = noisy_group.sum(axis=0)
+    row = [list(map(int, r)) for r in noisy_group] + [list(map(int, overall))] + [list(map(int, r)) for r in noisy_pair]
+    n_items = len(plan.items)
+    per_item = [sd0] * K + [sd0 * math.sqrt(K)] + [sdm] * (n_items - K - 1)
+    noise_sd = [s for s in per_item for _ in range(2)] + [0.0] * (2 * n_items)
+    effective = p.sum(axis=0)
+    measured = effective + rng.normal(0, policy.threshold_sigma(), K)
+    withheld = [j for j in range(K) if not measured[j] >= policy.min_effective_size]
+    small = [g for g, s in zip(GROUPS, effective) if s < MIN_EFFECTIVE_SIZE]
+    return plan, pairs_plan, row, noise_sd, withheld, small
+
+
+def one(pool, n, policy, bootstrap, rng, gap):
+    p, f, d = draw(pool, n, rng, gap)
+    plan, pairs_plan, row, noise_sd, withheld, small = release(p, f, d, policy, rng)
+    values, corrected = moments.finish_release(plan, pairs_plan, row, noise_sd, bootstrap, withheld=withheld,
+                                               correct=True, bounds=ERO.estimate_range)
+    report = finish(ERO, plan, values, option="fpr", confidence=0.95, tau=0.05, params={}, info={},
+                    replicates=bootstrap, small_groups=small, interval="percentile", corrected=corrected)
+    return report, band_flag(values, small)
+
+
+def band_flag(values: np.ndarray, small) -> bool:
+    """Whether the 95% simultaneous (max-|t|) band of some gap between two groups (of
+    effective size >= MIN_EFFECTIVE_SIZE, estimate defined) excludes 0: the intervals'
+    own family-wise error, without the verdict's further rules (informative groups, tau)."""
+    cols = [j for j, g in enumerate(GROUPS) if g not in small and np.isfinite(values[0, j])]
+    fam = np.column_stack([values[:, a] - values[:, b] for i, a in enumerate(cols) for b in cols[i + 1:]])
+    low, high = simultaneous_bands(fam, 0.95, "percentile")
+    return bool(np.any((low > 0) | (high < 0)))
+
+
+def run(pool, n, datasets, bootstrap, seed, gap, policy):
+    rng = np.random.default_rng([seed, n, int(round(gap * 1e6))])
+    weighted_truth, rates = truths(pool, gap, rng)
+    flags = black = bands = 0
+    cov = {k: np.zeros(K) for k in ("w", "c")}
+    seen = {k: np.zeros(K) for k in ("w", "c")}
+    widths = {k: [[] for _ in range(K)] for k in ("w", "c")}
+    withheld = np.zeros(K)
+    for _ in range(datasets):
+        rep, band = one(pool, n, policy, bootstrap, rng, gap)
+        bands += band
+        v = rep.verdict
+        flags += bool(v.significant)
+        black += bool(v.significant) and "black" in (v.compared or {}).get("label", "").split(" - ")
+        for j, g in enumerate(GROUPS):
+            e = rep.group(g)
+            for key, lo, hi, truth in (("w", e.ci_low, e.ci_high, weighted_truth[j]),
+                                       ("c", e.corrected_ci_low, e.corrected_ci_high, rates[j])):
+                if lo is None or hi is None:
+                    continue
+                seen[key][j] += 1
+                cov[key][j] += lo <= truth <= hi
+                widths[key][j].append(hi - lo)
+            withheld[j] += e.corrected_estimate is None
+    return {"flag": flags / datasets, "black": black / datasets, "band": bands / datasets,
+            "coverage": {k: cov[k] / np.maximum(seen[k], 1) for k in cov}, "seen": {k: seen[k] > 0 for k in seen},
+            "width": {k: [float(np.median(w)) if w else float("nan") for w in widths[k]] for k in widths},
+            "withheld": withheld / datasets}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="10000,100000")
+    ap.add_argument("--datasets", type=int, default=400)
+    ap.add_argument("--bootstrap", type=int, default=boot.DEFAULT_REPLICATES)
+    ap.add_argument("--power", default="10000:0.05,100000:0.02", help="SIZE:GAP,... ('' for none)")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+    policy = ReleasePolicy()
+    pool = pool_cached()
+    settings = [(int(s), 0.0) for s in args.sizes.split(",") if s]
+    settings += [(int(s), float(g)) for s, g in (x.split(":") for x in args.power.split(",") if x)]
+    head = " | ".join(GROUPS)
+    lines = [f"| members | gap | datasets | verdict flagged | MC sd | black detected | band excludes 0 | kind "
+             f"| coverage ({head}) | median width ({head}) | corrected withheld |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for n, gap in settings:
+        t = time.time()
+        s = run(pool, n, args.datasets, args.bootstrap, args.seed, gap, policy)
+        sd = math.sqrt(max(s["flag"] * (1 - s["flag"]), 1e-12) / args.datasets)
+        for key, name in (("w", "weighted"), ("c", "corrected")):
+            cov = " / ".join(f"{x:.2f}" if shown else "—" for x, shown in zip(s["coverage"][key], s["seen"][key]))
+            wid = " / ".join(f"{x:.3f}" if math.isfinite(x) else "—" for x in s["width"][key])
+            held = " / ".join(f"{x:.0%}" for x in s["withheld"]) if key == "c" else ""
+            lines.append(f"| {n:,} | {gap:g} | {args.datasets} | {s['flag']:.1%} | {sd:.1%} | {s['black']:.1%} "
+                         f"| {s['band']:.1%} | {name} | {cov} | {wid} | {held} |")
+        print("\n".join(lines[-2:]), f"({time.time() - t:.0f} s)", flush=True)
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""Intervals under release noise from released second moments (SPEC.md section 8).
+
+Under the release controls the Tester releases noised aggregates, never a bootstrap (a
+bootstrap reuses every member in every replicate). For a ratio metric whose value
+components are 0/1 with ``f ≤ d`` (ERO: ``f = 1(ŷ=1, y=0)``, ``d = 1(y=0)`` or 1), the
+release is:
+
+(a) the estimate's aggregates ``Num_j = Σ_i p_ij·f_i`` and ``Den_j = Σ_i p_ij·d_i`` per
+    group (and overall, their sum), noised with σ₀;
+(b) the second moments ``S^f_ab = Σ_i p_ia·p_ib·f_i`` and ``S^d_ab = Σ_i p_ia·p_ib·d_i``
+    for every pair a ≤ b, noised with σ_m: the items of `common.correction.extend` on
+    the pair weights ``w_ab = q_a·q_b / 2^32`` (whose ``S^d`` is the correction's M).
+    Since ``f² = f``, ``f·d = f`` and ``d² = d``, they are exactly the Poisson-bootstrap
+    (uncentred) covariances of the aggregates: ``Cov(Num_a, Num_b) = Cov(Num_a, Den_b)
+    = 2^32·S^f_ab`` and ``Cov(Den_a, Den_b) = 2^32·S^d_ab`` in the slots' fixed-point
+    units (a probability is 2^32). Their sensitivity is in `tester_service.release`.
+
+From them the finishing party (the Test-Client, or the Tester when only it learns the
+result) forms, with no further release (post-processing):
+
+* the **weighted** estimate's interval: R parametric draws of the aggregates,
+  ``(Num, Den)* ~ N(released, 2^32·[[F, F], [F, S^d]] + noise²)`` with the binomial
+  form ``F_ab = S^d_ab·(R_a + R_b)/2`` of ``S^f`` (`binomial_moments`; the
+  covariance projected onto the positive semidefinite cone), each giving the ratios of
+  every group and of overall (overall's draw is the sum of the groups' deviations, as
+  its release is the sum of theirs). To first order this is the delta-method interval
+  ``Var(R_j) = S^d_jj·R_j(1 − R_j) / Den_j² + noise`` with the
+  covariances between groups that the differences and the max-|t| bands need; the
+  draws keep `common.results.finish`'s contract (row 0 the estimate, rows 1..R the
+  replicates), so percentile intervals and bands work unchanged;
+* the **corrected** estimate's interval (`common.correction`): draws of
+  ``Num* ~ N(Num, 2^32·V + noise²)`` with ``V_ab = S^f_ab − (S^f_ab)²/S^d_ab`` (the
+  residual second moment ``Σ_i p_ia·p_ib·(f_i − c·d_i)²`` at its best constant c, which
+  over-states the linearised variance ``Σ_i p_ia·p_ib·d_i·m_i(1 − m_i)`` of
+  ``M⁻¹(Num − M·μ)`` by the spread of the members' ``m_i = p_i·μ`` only), and of
+  ``M* = M + noise`` (its sampling part is in V), each solved with the range as a
+  constraint (`common.correction.bounded_solve`).
+
+The draws' generator is seeded from the released values themselves (`draw_seed`), so
+that both parties finish the same release to the same numbers. Coverage and widths
+are measured in `bench/bench_intervals.py` (bench/RESULTS.md).
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence
+
+import numpy as np
+
+#: the AggregatesHeader's interval for this release form (the report's intervals are the
+#: draws' percentile intervals: `common.results` reads them as "percentile")
+FORM = "parametric"
+#: a probability's fixed-point scale in the slots (common.metrics.base.PROBABILITY_BITS)
+WEIGHT_SCALE = float(1 << 32)
+
+
+def estimate_bounds(metric, option: str, params: dict) -> tuple[float, float] | None:
+    """The range a group's estimate lies in, a constraint of the corrected solve: the
+    metric's declared value range, else its fixed one (ERO's rates: [0, 1])."""
+    declared = metric.value_range(option, params) if hasattr(metric, "value_range") else None
+    return tuple(declared) if declared is not None else metric.estimate_range
+
+
+def draw_seed(row: Sequence[Sequence[int]]) -> int:
+    """A seed for the parametric draws from the released values (both parties hold them)."""
+    digest = hashlib.sha256(repr([list(map(int, s)) for s in row]).encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def psd(matrix: np.ndarray, floor: float = 0.0) -> np.ndarray:
+    """The nearest symmetric matrix whose eigenvalues are at least `floor` ≥ 0 (the
+    positive semidefinite cone for 0)."""
+    sym = (matrix + matrix.T) / 2.0
+    if not sym.size or not np.all(np.isfinite(sym)):
+        return np.zeros_like(sym)
+    vals, vecs = np.linalg.eigh(sym)
+    return (vecs * np.clip(vals, floor, None)) @ vecs.T
+
+
+def gaussian_draws(cov: np.ndarray, replicates: int, rng: np.random.Generator) -> np.ndarray:
+    """(replicates, n) draws of N(0, cov), cov projected onto the PSD cone first."""
+    sym = psd(cov)
+    vals, vecs = np.linalg.eigh(sym)
+    root = vecs * np.sqrt(np.clip(vals, 0.0, None))
+    return rng.standard_normal((replicates, len(cov))) @ root.T
+
+
+def pair_matrix(row: Sequence[Sequence[float]], family, slot: int, k: int) -> np.ndarray:
+    """The symmetric k × k matrix of one slot of the family's pair items (S^f or S^d)."""
+    from common.correction import pairs
+    out = np.empty((k, k))
+    for p, (a, b) in enumerate(pairs(k)):
+        out[a, b] = out[b, a] = float(row[family.pair_items[p]][slot])
+    return out
+
+
+def moment_matrices(row, family, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(S^f, S^d), post-processed into what they can be: S^d ≥ 0 and 0 ≤ S^f ≤ S^d."""
+    sd = np.clip(pair_matrix(row, family, family.den_slot, k), 0.0, None)
+    sf = np.clip(pair_matrix(row, family, family.num_slot, k), 0.0, sd)
+    return sf, sd
+
+
+def noise_of(noise_sd: Sequence[float], item: int, slot: int, item_slots: int) -> float:
+    """The estimate's noise sd of one item slot (the header's first half; 0 without noise)."""
+    k = item * item_slots + slot
+    return float(noise_sd[k]) if k < len(noise_sd) // 2 else 0.0
+
+
+def weighted_draws(plan, moments, row: Sequence[Sequence[int]], estimate: np.ndarray, noise_sd: Sequence[float],
+                   replicates: int, rng: np.random.Generator, withheld: Sequence[int] = ()) -> np.ndarray:
+    """(replicates + 1, cells): row 0 `estimate` (the released ratios), then the
+    parametric draws (module docstring) of every group cell and of "overall"; NaN where
+    the estimate is (withheld, or a denominator within its noise of 0)."""
+    k = len(moments.groups)
+    out = np.full((replicates + 1, len(plan.cells)), np.nan)
+    out[0] = estimate
+    hidden = set(withheld)
+    for family in moments.families:
+        _, sdm = moment_matrices(row, family, k)
+        items = [plan.cells[c].item for c in family.cells]
+        num = np.array([float(row[i][family.num_slot]) for i in items])
+        den = np.array([float(row[i][family.den_slot]) for i in items])
+        noise_n = np.array([noise_of(noise_sd, i, family.num_slot, plan.item_slots) for i in items])
+        noise_d = np.array([noise_of(noise_sd, i, family.den_slot, plan.item_slots) for i in items])
+        sf = binomial_moments(sdm, num, den)
+        cov = WEIGHT_SCALE * np.block([[sf, sf], [sf, sdm]]) + np.diag(np.concatenate([noise_n, noise_d]) ** 2)
+        delta = gaussian_draws(cov, replicates, rng)
+        d_num, d_den = delta[:, :k], delta[:, k:]
+        shift = 2.0 ** family.scale_shift
+        for j, c in enumerate(family.cells):
+            if items[j] in hidden or not np.isfinite(estimate[c]):
+                continue
+            out[1:, c] = _ratios(num[j] + d_num[:, j], den[j] + d_den[:, j]) * shift + plan.cells[c].offset
+        for c, cell in enumerate(plan.cells):  # overall: its release is the groups' sum
+            if cell.group != "overall" or cell.kind != "group" or not np.isfinite(estimate[c]) \
+                    or (cell.num_slot, cell.den_slot, cell.scale_shift) != \
+                    (family.num_slot, family.den_slot, family.scale_shift) or cell.item in hidden:
+                continue
+            n0, d0 = float(row[cell.item][cell.num_slot]), float(row[cell.item][cell.den_slot])
+            out[1:, c] = _ratios(n0 + d_num.sum(axis=1), d0 + d_den.sum(axis=1)) * shift + cell.offset
+    return out
+
+
+def binomial_moments(sd: np.ndarray, num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """``S^d_ab·(R_a + R_b)/2``: the second moments of f that a rate R_j among each
+    group's rows gives, ``E[Σ_i p_ia·p_ib·f_i | d] = Σ_i p_ia·p_ib·d_i·m_i`` with m_i
+    near the two groups' rates (R the released Num/Den in [0, 1], overall's where a
+    group's is undefined). The weighted interval uses these rather than the released
+    S^f: with them ``Var(Num_j − R_j·Den_j) = S^d_jj·R_j(1 − R_j)``, the expectation of
+    the plug-in ``Σ p²(f − R·d)²`` when R is the p²·d-weighted mean of m_i, and far
+    steadier where a group's rate rests on a few rows with large p_ij, whose handful
+    of events make S^f_jj swing (it under-stated small groups' variance and took the
+    null flag rate at 100,000 members to 7.5-8%, against 5.0-5.2% with these;
+    bench/RESULTS.md)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = num / den
+        pooled = float(np.nansum(num) / np.nansum(den)) if np.nansum(den) > 0 else 0.0
+    rate = np.clip(np.where(np.isfinite(rate) & (den > 0), rate, pooled), 0.0, 1.0)
+    return np.clip(sd * (rate[:, None] + rate[None, :]) / 2.0, 0.0, sd)
+
+
+def _ratios(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def corrected_rows(plan, moments, row: Sequence[Sequence[int]], noise_sd: Sequence[float], replicates: int,
+                   rng: np.random.Generator) -> list[list[float]]:
+    """R + 1 rows of item slots (row 0 the release as it is, then the draws of the
+    module docstring: Num* with variance V + noise, M* and Den* with their noise) for
+    `CorrectionPlan.values` to solve one by one."""
+    k = len(moments.groups)
+    rows = [[list(map(float, s)) for s in row] for _ in range(replicates + 1)]
+    drawn: set[int] = set()  # families on one ciphertext share their pair items
+    for family in moments.families:
+        sf, sdm = moment_matrices(row, family, k)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v = np.where(sdm > 0, sf - sf ** 2 / np.where(sdm > 0, sdm, 1.0), 0.0)
+        items = [plan.cells[c].item for c in family.cells]
+        noise_n = np.array([noise_of(noise_sd, i, family.num_slot, plan.item_slots) for i in items])
+        noise_d = np.array([noise_of(noise_sd, i, family.den_slot, plan.item_slots) for i in items])
+        d_num = gaussian_draws(WEIGHT_SCALE * v + np.diag(noise_n ** 2), replicates, rng)
+        d_den = rng.standard_normal((replicates, k)) * noise_d
+        pair_sd = [noise_of(noise_sd, i, family.den_slot, plan.item_slots) for i in family.pair_items]
+        d_m = rng.standard_normal((replicates, len(pair_sd))) * np.array(pair_sd)
+        for r in range(1, replicates + 1):
+            for j, i in enumerate(items):
+                rows[r][i][family.num_slot] += d_num[r - 1, j]
+                rows[r][i][family.den_slot] += d_den[r - 1, j]
+            for p, i in enumerate(family.pair_items):
+                if i not in drawn:
+                    rows[r][i][family.den_slot] += d_m[r - 1, p]
+        drawn |= set(family.pair_items)
+    return rows
+
+
+def finish_release(plan, moments, row: Sequence[Sequence[int]], noise_sd: Sequence[float], replicates: int, *,
+                   withheld: Sequence[int] = (), correct: bool = False,
+                   bounds: tuple[float, float] | None = None):
+    """Both parties' finish of a release in this form: (values, corrected) for
+    `common.results.finish` ((R+1, cells), row 0 the estimate; `corrected` a
+    `common.correction.Corrected` or None). `row`: the decoded slots of every item of
+    the one released row (the plan's cells, then the pair items); `withheld`: items
+    suppressed or found empty, NaN in every row; `correct`: the corrected values too,
+    solved within `bounds` for groups identifiable at this noise (`noise_threshold`)."""
+    estimate = plan.suppress(plan.cell_values(row, lambda num, den: None, plain_rows=1, noise_sd=noise_sd),
+                             withheld)[0]
+    rng = np.random.default_rng(draw_seed(row))
+    values = weighted_draws(plan, moments, row, estimate, noise_sd, replicates, rng, withheld)
+    if not correct:
+        return values, None
+    hidden, threshold = moments.released_identifiability(row, noise_sd, plan)
+    rows = corrected_rows(plan, moments, row, noise_sd, replicates, rng)
+    return values, moments.finish([s for r in rows for s in r], plan, withheld, hidden, bounds=bounds,
+                                  min_identifying_size=threshold)
