@@ -101,7 +101,8 @@ def release(p, f, d, policy: ReleasePolicy, rng: np.random.Generator):
     effective = p.sum(axis=0)
     measured = effective + rng.normal(0, policy.threshold_sigma(), K)
     withheld = [j for j in range(K) if not measured[j] >= policy.min_effective_size]
-    small = [g for g, s in zip(GROUPS, effective) if s < MIN_EFFECTIVE_SIZE]
+    # as the Tester decides under noise: by the noised sizes (below the minimum, or withheld)
+    small = [g for j, g in enumerate(GROUPS) if not measured[j] >= MIN_EFFECTIVE_SIZE or j in withheld]
     return plan, pairs_plan, row, noise_sd, withheld, small
 
 
@@ -111,7 +112,8 @@ def one(pool, n, policy, bootstrap, rng, gap):
     values, corrected = moments.finish_release(plan, pairs_plan, row, noise_sd, bootstrap, withheld=withheld,
                                                correct=True, bounds=ERO.estimate_range)
     report = finish(ERO, plan, values, option="fpr", confidence=0.95, tau=0.05, params={}, info={},
-                    replicates=bootstrap, small_groups=small, interval="percentile", corrected=corrected)
+                    replicates=bootstrap, small_groups=small, interval="percentile", corrected=corrected,
+                    noisy=True)
     return report, band_flag(values, small)
 
 

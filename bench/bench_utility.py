@@ -110,6 +110,23 @@ def out_of_range(metric: str, report: dict) -> list[str]:
     return bad
 
 
+def effective_size(label: str, sizes: dict, metric: str) -> float | None:
+    """A quantity's effective size as the result states it: a group's own; a curve point
+    ("group@score") its group's; a pair cell ("a>b", POT's DTI) the smaller of its two
+    groups'. LOT's cells are held to the bar whatever their groups' sizes (None)."""
+    if label in sizes:
+        return sizes[label]
+    if metric == "lot":
+        return None
+    if "@" in label:
+        return sizes.get(label.split("@", 1)[0])
+    if ">" in label:
+        a, b = label.split(">", 1)
+        if a in sizes and b in sizes:
+            return min(sizes[a], sizes[b])
+    return None
+
+
 def synth(members: int, seed: int, folder: Path) -> None:
     subprocess.run(PPRE + ["synth", "--members", str(members), "--seed", str(seed), "--out", str(folder)],
                    check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
@@ -145,8 +162,9 @@ def run_metric(metric: str, folder: Path, *, runs: int, bootstrap: int, seed: in
             q = table.setdefault(label, Quantity(label, None, None))
             q.defaults.append(est)
             q.widths.append(w)
-            if label in sizes:
-                q.effective_size = sizes[label]
+            size = effective_size(label, sizes, metric)
+            if size is not None:
+                q.effective_size = size
         v = report.get("verdict", {})
         verdicts.append(v.get("severity"))
         mdds.append(v.get("mdd"))

@@ -64,7 +64,11 @@ uninformative groups' (half-width/(τ/2))², the larger) is how many times the m
 would make it conclusive (the MDD shrinks as 1/√n). "none" (green) therefore means:
 not significant, a gap of τ would have been found, and no group was left out. A comparison that involves an
 uninformative group counts as significant only when its band clears τ itself (a
-small group's bootstrap interval can under-cover). With a correction, `verdict.attenuation`
+small group's bootstrap interval can under-cover); under release noise the intervals
+come from the released aggregates' own variances (`common.moments`, or random groups),
+which cover at small sizes too, so there a comparison counts at the band's level (null
+flag rate at nominal: bench/RESULTS.md). Either way the compared pair is the most
+adverse significant comparison between informative groups, if there is one. With a correction, `verdict.attenuation`
 holds the compared pair's corrected gap and whether the weighted gap understates it.
 
 Intervals: bootstrap percentile intervals (B replicates), or for random groups
@@ -808,14 +812,18 @@ def _needed(factor: float | None, noisy: bool | None = None) -> str:
 def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidence: float, method: str,
                  tau: float, groups: Sequence[GroupResult] = (), *, left_out: Sequence[str] = (),
                  left_out_factor: float | None = None, strict: Sequence[bool] | None = None,
-                 excluded: Sequence[str] = (), noisy: bool | None = None, metric: str = "") -> Verdict:
+                 excluded: Sequence[str] = (), noisy: bool | None = None, metric: str = "",
+                 strict_significance: bool = True) -> Verdict:
     """The verdict over a family of compared differences (`values`: (R+1, C), row 0 the
     estimates), by `rule` (module docstring). `left_out`: the groups (or cells) that
     could not take part as not informative; `excluded`: the groups left out of the
     verdict for their size or withheld (module docstring, "Left out"): with any of
     either, no verdict is "none"; `left_out_factor`: how many times the members they
     would need; `noisy`: whether release noise was on (what the advice names); `metric`:
-    the metric's name (which size rule left groups out)."""
+    the metric's name (which size rule left groups out); `strict_significance`: whether a
+    comparison with an uninformative group must clear tau to count (without release
+    noise; module docstring) — either way the compared pair is picked among the
+    informative groups' comparisons first."""
     non_overlap = []
     defined = [g for g in groups if g.group != "overall" and g.ci_low is not None]
     for i, a in enumerate(defined):
@@ -848,7 +856,7 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
         adverse, significant = np.abs(est), (band_low > 0) | (band_high < 0)
     adverse = np.where(np.isfinite(adverse), adverse, -np.inf)
     significant = significant & np.isfinite(est)
-    if strict is not None and np.any(strict):
+    if strict is not None and np.any(strict) and strict_significance:
         # a comparison with a group left out as not informative counts only when its band
         # clears tau itself (its interval may under-cover: module docstring)
         beyond = {"below_overall": band_low > tau, "negative_cells": band_high < -tau}.get(
@@ -862,7 +870,8 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
     factor = _with_excluded(max([f for f in ((mdd / tau) ** 2 if mdd is not None else None, left_out_factor)
                                  if f is not None], default=None), excluded)
     if significant.any():
-        pick = int(np.argmax(np.where(significant, adverse, -np.inf)))
+        preferred = significant & ~np.asarray(strict, dtype=bool) if strict is not None else significant
+        pick = int(np.argmax(np.where(preferred if preferred.any() else significant, adverse, -np.inf)))
         severity = _severity(float(adverse[pick]), tau)
     else:
         # the most adverse difference whose band is defined (one without a band cannot
@@ -1009,7 +1018,8 @@ def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, 
     else:
         verdict = verdict_from(rule, labels, fam, confidence, method, tau,
                                [g for g in groups if g.group not in small], left_out=left_out, left_out_factor=factor,
-                               strict=strict, excluded=excluded, noisy=noisy, metric=metric.name)
+                               strict=strict, excluded=excluded, noisy=noisy, metric=metric.name,
+                               strict_significance=not noisy)
     if corrected is not None and verdict.compared and rule in ("range", "below_overall"):
         verdict = _with_attenuation(verdict, corrected, cells, index, confidence, method, bounds, groups)
     return AuditReport(metric=metric.name, metric_option=option, n_matched=0, bootstrap=replicates,

@@ -77,6 +77,20 @@ def test_an_explicit_ledger_file_is_named_in_the_refusal(user_home, capsys):
     assert not local_ledger_path().exists()
 
 
+def test_one_privacy_identity_shares_a_budget_across_pairs(user_home, capsys):
+    """--privacy-identity charges every local audit to one identity, as a Tester charges
+    a Test-Client's certificate identity whatever it submits (the attack harness runs so)."""
+    a, b, c = _pair(user_home, 4), _pair(user_home, 5), _pair(user_home, 6)
+    flags = ("--privacy-identity", "rehearsal", "--history", "none")
+    assert "error" not in _cli(capsys, *a, *flags)
+    assert "error" not in _cli(capsys, *b, *flags)
+    refused = _cli(capsys, *c, *flags)["error"]
+    assert refused["code"] == "privacy_budget_exhausted" and "--privacy-identity" in refused["message"]
+    assert json.loads(local_ledger_path().read_text()) == {"rehearsal": pytest.approx(0.4)}
+    # without it, the third pair has its own budget
+    assert "error" not in _cli(capsys, *c, "--history", "none")
+
+
 def test_a_service_refusal_says_the_budget_is_in_memory():
     accountant = PrivacyAccountant(0.2)
     accountant.charge("client.example", 0.2)
