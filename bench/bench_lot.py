@@ -90,7 +90,10 @@ def run(queries: int, bootstrap: int, *, bits: int = 2048, seed: int = 1, same_g
     with tempfile.TemporaryDirectory() as tmp:
         probabilities, path = make_data(Path(tmp), queries, data_seed)
         setup = time.perf_counter() - t_setup
-        params = {"same_group_pairs": "true"} if same_group_pairs else {}
+        # the relevances' declared range (rank 1 in [2, 3], then Table 5's gaps): the release
+        # noise is sized from it, and a value outside is refused
+        params = {"relevance_range": "0.5:3.5", "out_of_range": "refuse",
+                  **({"same_group_pairs": "true"} if same_group_pairs else {})}
         request = pb.AuditRequest(metric="lot", client_dataset="lot", bootstrap=bootstrap, confidence=0.95,
                                   has_seed=True, seed=seed, metric_option="raw", metric_params=params)
         with local_services(lambda: probabilities, DatasetRegistry(named={"lot": path}),

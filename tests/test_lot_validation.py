@@ -42,6 +42,8 @@ pytestmark = pytest.mark.slow
 
 #: Table 5's ground-truth gaps, rank pairs 1-2 .. 9-10
 GAPS = (0.12, 0.34, -0.27, 0.78, -0.43, -0.24, -0.29, 0.76, -0.41)
+#: the declared range of the raw relevances (rank 1 in [2, 3], then Table 5's gaps)
+RELEVANCE_RANGE = "0.5:3.5"
 QUERIES = 40_000
 BOOTSTRAP = 1000
 BITS = TEST_BITS
@@ -68,7 +70,10 @@ def run_validation(directory, queries: int = QUERIES, bootstrap: int = BOOTSTRAP
     lists.to_csv(path, index=False, float_format="%.17g")
     request = pb.AuditRequest(metric="lot", client_dataset="lot", bootstrap=bootstrap, confidence=0.95,
                               has_seed=True, seed=11, metric_option="raw",
-                              metric_params={"same_group_pairs": "true" if same_group_pairs else "false"})
+                              metric_params={"same_group_pairs": "true" if same_group_pairs else "false",
+                                             # the relevances' declared range (they lie in about
+                                             # [1.0, 3.0]); a value outside is refused, never clipped
+                                             "relevance_range": RELEVANCE_RANGE, "out_of_range": "refuse"})
     with local_services(lambda: probabilities, DatasetRegistry(named={"lot": path}),
                         modulus_bits=bits, allow_insecure=bits < 2048, release=NO_RELEASE_CONTROLS) as svc:
         event = run_audit(svc.tester_address, request)

@@ -201,8 +201,7 @@ def test_declared_ranges_shrink_the_slot_sensitivity():
     comps = ndcg.components("default", ndcg.parse_params({"max_queries_per_viewer": "4"}), {})
     assert [c.bound / (1 << c.scale_bits) for c in comps] == pytest.approx([2.0, 4.0], abs=1e-6)
     lot = get_metric("lot")
-    assert lot.components("idcg", lot.parse_params({}), {})[0].bound / 2.0 ** 32 == pytest.approx(
-        1 / math.log(2), abs=1e-6)
+    assert lot.components("idcg", lot.parse_params({}), {})[0].bound / 2.0 ** 32 == pytest.approx(1.0, abs=1e-6)
     pot = get_metric("pot")
     info = {"reference_scores": [0.1 * i for i in range(1, 10)], "bandwidth": 0.01}
     assert pot.sensitivity_components("default", pot.parse_params({}), info) == pytest.approx(2.0, abs=0.01)
@@ -216,6 +215,21 @@ def _rows(name, frame, option="", **params):
     option = metric.check_option(option)
     return metric.client_rows(frame, FILE, option, metric.parse_params({k: str(v) for k, v in params.items()}),
                               np.random.default_rng(0))
+
+
+def test_idcg_gaps_stay_within_one_for_whole_grades_and_fractional_ones_are_clipped_or_refused():
+    """LOT idcg: Ỹ = rel/IDCG <= 1 for whole-number grades, so |ΔỸ| <= 1 and nothing is
+    clipped; a fractional grade below 1 alone in its query gives Ỹ = rel/(2^rel − 1) > 1."""
+    whole = pd.DataFrame({"query_id": ["q"] * 3 + ["r"] * 2, "member_id": ["a", "b", "c", "a", "d"],
+                          "rank": [1, 2, 3, 1, 2], "relevance": [3, 0, 1, 1, 0]})
+    rows = _rows("lot", whole, "idcg")
+    assert rows.info["rows_clipped"] == 0 and np.abs(rows.values[:, 0]).max() <= 1.0
+    fractional = pd.DataFrame({"query_id": ["q", "q"], "member_id": ["a", "b"], "rank": [1, 2],
+                               "relevance": [0.1, 0.0]})
+    rows = _rows("lot", fractional, "idcg")
+    assert rows.info["rows_clipped"] == 1 and rows.values[0, 0] == pytest.approx(1.0)
+    with pytest.raises(InputError, match="out-of-range clip"):
+        _rows("lot", fractional, "idcg", out_of_range="refuse")
 
 
 def test_outcomes_outside_the_range_are_clipped_and_counted_or_refused():

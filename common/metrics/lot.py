@@ -20,9 +20,12 @@ together and the Tester never sees a query id. Verdict: a cell significantly bel
 "negative_cells"). Usually run on the coarsened hsm/non_hsm split.
 
 **Declared bounds.** What drives LOT's noise is the most one row's ΔỸ can be:
-* `idcg`: 0 ≤ Ỹ_i = rel_i / IDCG ≤ R/(2^R − 1) ≤ 1/ln 2 for a query whose largest
-  relevance is R (the top item alone gives IDCG ≥ 2^R − 1, and x/(2^x − 1) falls from
-  1/ln 2 at 0), so |ΔỸ| ≤ 1/ln 2 ≈ 1.443 whatever the data: nothing to declare;
+* `idcg`: 0 ≤ Ỹ_i = rel_i / IDCG ≤ R/(2^R − 1) for a query whose largest relevance is
+  R (the top item alone gives IDCG ≥ 2^R − 1), which is at most 1 for whole-number
+  grades (2^R − 1 ≥ R for whole R ≥ 1), so |ΔỸ| ≤ 1: nothing to declare. Fractional
+  grades below 1 can reach Ỹ = 1/ln 2 (x/(2^x − 1) falls from 1/ln 2 at 0); their
+  gaps are clipped to [−1, 1] before encryption and counted (`info["rows_clipped"]`),
+  or refused with `out_of_range` refuse;
 * `raw`: the relevances' range [LO, HI] is declared (`relevance_range`,
   `--relevance-range LO:HI`; default 0:1, scores already normalised); the Test-Client
   clips every relevance into it before differencing, counting the rows clipped
@@ -46,6 +49,7 @@ import numpy as np
 
 import math
 
+from common.errors import InputError
 from common.metrics.base import (OUT_OF_RANGE_PARAM, Cell, ClientRows, Component, Item, Metric, Param, Plan,
                                  bounded_column, boolean, finite_column, value_range)
 from common.metrics.ranking import lot_rows, ranked_lists
@@ -55,8 +59,8 @@ MAX_RAW_RELEVANCE = float(1 << 20)
 VALUE_BITS = 32
 #: the raw relevances' range when none is declared: scores already normalised
 DEFAULT_RELEVANCE_RANGE = (0.0, 1.0)
-#: |ΔỸ| in idcg mode (module docstring)
-IDCG_GAP_BOUND = 1.0 / math.log(2.0)
+#: |ΔỸ| in idcg mode (module docstring: whole-number grades never exceed it)
+IDCG_GAP_BOUND = 1.0
 
 
 def _relevance_range(text: str) -> tuple[float, float]:
@@ -118,12 +122,27 @@ class Lot(Metric):
                                        file=file, column="relevance", bound="relevance_range")
             frame = frame.assign(relevance=relevance)
         rows = lot_rows(ranked_lists(frame, file), option)
-        values = np.column_stack([rows.delta, np.ones_like(rows.delta)])
+        delta = np.asarray(rows.delta, dtype=np.float64)
+        if option != "raw":
+            delta = self._bounded_gaps(delta, params, clipped, file)
+        values = np.column_stack([delta, np.ones_like(delta)])
         info = {"queries": rows.n_queries, "pairs": rows.n_pairs, "skipped_single_item": rows.skipped_single_item,
                 "skipped_zero_idcg": rows.skipped_zero_idcg, **clipped}
         return ClientRows(ids=(np.asarray(rows.higher_ids, dtype=object), np.asarray(rows.lower_ids, dtype=object)),
                           values=values, units=np.asarray(rows.query), strata=np.asarray(rows.rank_pair),
                           strata_labels=tuple(rows.rank_pair_labels), info=info)
+
+    @staticmethod
+    def _bounded_gaps(delta: np.ndarray, params, clipped: dict, file: str) -> np.ndarray:
+        """idcg gaps inside [−IDCG_GAP_BOUND, IDCG_GAP_BOUND] (module docstring): only
+        fractional grades below 1 can fall outside; clipped and counted, or refused."""
+        outside = np.abs(delta) > IDCG_GAP_BOUND
+        if outside.any() and params.get("out_of_range", "clip") == "refuse":
+            raise InputError(f"{int(outside.sum())} adjacent pairs have a normalised relevance gap beyond "
+                             f"{IDCG_GAP_BOUND:g} (fractional grades below 1; use whole-number grades, option raw "
+                             f"with --relevance-range LO:HI, or --out-of-range clip)", file=file, column="relevance")
+        clipped["rows_clipped"] = int(clipped.get("rows_clipped", 0)) + int(outside.sum())
+        return np.clip(delta, -IDCG_GAP_BOUND, IDCG_GAP_BOUND)
 
     def check_info(self, info, strata_labels):
         if not 1 <= len(strata_labels):
