@@ -528,6 +528,13 @@ class AuditReport:
             lines.append(f"inf.: informative, the interval's half-width at most {INFORMATIVE_SHARE:g} tau "
                          f"= {INFORMATIVE_SHARE * self.tau:g}")
         v = self.verdict
+        clipped = int(self.info.get("rows_clipped") or 0)
+        if clipped:  # the estimates are of the clipped values: say so beside the verdict
+            declared = ", ".join(f"{k} {_range_words(self.params[k])}" for k in ("outcome_range", "relevance_range")
+                                 if self.params.get(k) is not None)
+            lines.append(f"warning: {clipped:,} rows lay outside the declared range ({declared or 'the default'}) and "
+                         f"were clipped into it before encryption; the results describe the clipped values "
+                         f"(declare the range the values can take, or --out-of-range refuse)")
         lines.append(f"verdict: {v.message}")
         if v.severity == "inconclusive" and v.members_factor is not None and self.n_matched:
             lines.append(f"conclusive from about {math.ceil(v.members_factor * self.n_matched):,} joined members "
@@ -571,6 +578,13 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return text in ("n/a", "")
     return True
+
+
+def _range_words(value) -> str:
+    """A declared range as the flags write it (LO:HI), from its JSON form."""
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return f"{float(value[0]):g}:{float(value[1]):g}"
+    return str(value)
 
 
 def _flipped(d: Difference) -> Difference:

@@ -278,6 +278,8 @@ def test_the_result_carries_the_declared_range_and_the_clipped_rows(tmp_path):
     from ppre.report import write_report
     html = write_report(report, tmp_path)[0].read_text()  # the report's parameters table
     assert "outcome_range" in html and "rows_clipped" in html
+    # the table says, beside the verdict, that the results describe clipped values
+    assert "warning: 2 rows lay outside the declared range (outcome_range 2:4)" in report.to_table()
 
 
 def _hello_and_ack(params):
