@@ -484,7 +484,9 @@ class AuditReport:
         (columns never run together); `inf.` marks an informative estimate (interval
         half-width at most INFORMATIVE_SHARE·τ) with "yes", else "no"."""
         pct = f"{self.confidence:.0%}"
-        how = (f"bootstrap B={self.bootstrap}, {pct} percentile CIs" if self.interval == "percentile" else
+        moments = str(self.release.get("interval_from", "")).startswith("second moments")
+        how = (f"{pct} CIs from the released second moments ({self.bootstrap} parametric draws)" if moments else
+               f"bootstrap B={self.bootstrap}, {pct} percentile CIs" if self.interval == "percentile" else
                f"{self.bootstrap} random groups, {pct} t intervals" if self.interval == "random_groups" else
                "exact (no resampling)")
         option = f" ({self.metric_option})" if self.metric_option else ""

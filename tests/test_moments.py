@@ -189,6 +189,10 @@ def test_both_recipients_finish_a_release_of_second_moments(recipient):
     report, _, _ = local_audit(tester, client, spec=spec, release=ReleasePolicy(rho=1.0, budget=1.0))
     assert report.interval == "percentile" and report.bootstrap == 200
     assert report.release["interval_from"].startswith("second moments")
+    # the table and the report page name where the intervals come from (no "bootstrap")
+    assert "CIs from the released second moments (200 parametric draws)" in report.to_table()
+    from ppre.report import _interval_words
+    assert "second moments" in _interval_words(report)
     white = report.group("white")
     assert white.ci_low < white.estimate < white.ci_high and white.ci_high - white.ci_low < 0.1
     assert report.correction["min_identifying_size"] > correction.MIN_IDENTIFYING_SIZE
