@@ -97,7 +97,9 @@ def out_of_range(metric: str, report: dict) -> list[str]:
     lo, hi = value_range(metric, report)
     bad = []
     for label, (est, _) in quantities(report).items():
-        if est is not None and not lo - 1e-9 <= est <= hi + 1e-9:
+        # a pair cell (POT's DTI, LOT's cells) is a difference of two values in [lo, hi]
+        low, high = (lo - hi, hi - lo) if ">" in label and metric != "lot" else (lo, hi)
+        if est is not None and not low - 1e-9 <= est <= high + 1e-9:
             bad.append(f"{label}={est:.4g}")
     for g in report.get("groups", []):
         for key in ("ci_low", "ci_high", "corrected_estimate", "corrected_ci_low", "corrected_ci_high"):
