@@ -25,7 +25,6 @@ the share of datasets whose verdict is significant with black in the compared di
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -158,13 +157,8 @@ def run(pool, n, datasets, bootstrap, seed, gap, policy):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="10000,100000")
-    ap.add_argument("--datasets", type=int, default=400)
-    ap.add_argument("--bootstrap", type=int, default=boot.DEFAULT_REPLICATES)
-    ap.add_argument("--power", default="10000:0.05,100000:0.02", help="SIZE:GAP,... ('' for none)")
-    ap.add_argument("--seed", type=int, default=1)
-    args = ap.parse_args(argv)
+    from bench_null import simulation_arguments
+    args = simulation_arguments(__doc__, argv)
     policy = ReleasePolicy()
     pool = pool_cached()
     settings = [(int(s), 0.0) for s in args.sizes.split(",") if s]

@@ -139,14 +139,19 @@ def summary(outcomes: list[Outcome]) -> dict:
             "black": sum(o.black_detected for o in outcomes) / n}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def simulation_arguments(doc: str, argv=None) -> argparse.Namespace:
+    """The flags of the null-data simulations (this bench and bench_intervals.py)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--sizes", default="10000,100000")
     ap.add_argument("--datasets", type=int, default=400)
     ap.add_argument("--bootstrap", type=int, default=boot.DEFAULT_REPLICATES)
     ap.add_argument("--power", default="10000:0.05,100000:0.02", help="SIZE:GAP,... ('' for none)")
     ap.add_argument("--seed", type=int, default=1)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = simulation_arguments(__doc__, argv)
     t0 = time.time()
     pool = probability_pool()
     print(f"pool of {len(pool)} prepared probability rows in {time.time() - t0:.1f} s; effective shares "

@@ -479,13 +479,19 @@ class AuditReport:
         return cls.from_dict(data)
 
     # ------------------------------------------------------------- the table
+    @property
+    def intervals_from_moments(self) -> bool:
+        """Whether the intervals are parametric draws from the released second moments
+        (`common.moments`, release noise on), not a bootstrap."""
+        return str(self.release.get("interval_from", "")).startswith("second moments")
+
     def to_table(self) -> str:
         """The result as plain-text tables: every column as wide as its longest value
         (columns never run together); `inf.` marks an informative estimate (interval
         half-width at most INFORMATIVE_SHARE·τ) with "yes", else "no"."""
         pct = f"{self.confidence:.0%}"
-        moments = str(self.release.get("interval_from", "")).startswith("second moments")
-        how = (f"{pct} CIs from the released second moments ({self.bootstrap} parametric draws)" if moments else
+        how = (f"{pct} CIs from the released second moments ({self.bootstrap} parametric draws)"
+               if self.intervals_from_moments else
                f"bootstrap B={self.bootstrap}, {pct} percentile CIs" if self.interval == "percentile" else
                f"{self.bootstrap} random groups, {pct} t intervals" if self.interval == "random_groups" else
                "exact (no resampling)")

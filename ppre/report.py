@@ -263,7 +263,7 @@ def _metric_description(name: str) -> str:
 
 def _interval_words(report: "AuditReport") -> str:
     pct = f"{report.confidence:.0%}"
-    if str(report.release.get("interval_from", "")).startswith("second moments"):
+    if report.intervals_from_moments:
         return f"{pct} intervals from the released second moments ({report.bootstrap} parametric draws)"
     if report.interval == "percentile":
         return f"{pct} bootstrap percentile intervals, B = {report.bootstrap} replicates"
