@@ -2,23 +2,27 @@
 #
 #   docker build -t ppre .
 #   docker run --rm ppre                       # ppre --help
-#   docker compose up -d                       # see docker-compose.yml
+#   docker compose up -d --build               # see docker-compose.yml, docs/deployment.md
 #   docker compose --profile dask up -d        # + a Dask scheduler and workers from this image
-#                                              #   (`dask` comes with the dependencies; README
-#                                              #   "Running the per-row work on a Dask cluster")
+#                                              #   (`dask` comes with the dependencies;
+#                                              #   docs/dask.md)
 #
 # The project is installed with pip from pyproject.toml into a virtual environment at
 # /opt/ppre; the generated gRPC stubs (proto/*_pb2*.py) are committed, so no
 # protoc/grpcio-tools is needed at build time.
 #
-# Build arguments (both optional; the defaults are what users want):
+# Build arguments (all optional; the defaults are what users with network access want).
+# docker-compose.yml passes each from a variable (PPRE_BASE_IMAGE, PPRE_WHEELS,
+# PPRE_INDEX_URL); docs/deployment.md, "Building offline", says when to set which.
 #   BASE_IMAGE  the base image. Anything Debian-based works: where it has no python3
-#               (a bare Debian, as CI makes with debootstrap where nothing can be
-#               pulled), Debian's python3 is installed with apt.
+#               (a bare Debian image), Debian's python3 is installed with apt.
+#               scripts/offline-build makes one without any registry (debootstrap).
 #   WHEELS      a folder in the build context holding wheels of ppre and all of its
-#               dependencies (`pip wheel --wheel-dir build/wheels .`): they are installed
-#               without a package index, for builds that cannot reach one.
-#   e.g. docker build --build-arg BASE_IMAGE=ppre-ci-base:bookworm --build-arg WHEELS=build/wheels .
+#               dependencies (scripts/offline-build, or `pip wheel --wheel-dir
+#               build/wheels .`): they are installed without a package index, for
+#               builds that cannot reach one.
+#   INDEX_URL   a package index to install from instead of PyPI (a local mirror).
+#   e.g. docker build --build-arg BASE_IMAGE=ppre-base:bookworm --build-arg WHEELS=build/wheels .
 ARG BASE_IMAGE=python:3.11-slim
 
 # ---- runtime: Python, the unprivileged user, an empty venv --------------------------
@@ -49,13 +53,14 @@ RUN groupadd --system --gid 10001 ppre \
 # ---- build: install ppre into the venv (sources and wheels stay in this stage) ------
 FROM runtime AS build
 ARG WHEELS=
+ARG INDEX_URL=
 WORKDIR /src
 # The context is the repository less what .dockerignore leaves out (tests, data, venvs).
 COPY . .
 RUN if [ -n "$WHEELS" ]; then \
         pip install --no-index --find-links "/src/$WHEELS" ppre; \
     else \
-        pip install .; \
+        pip install ${INDEX_URL:+--index-url "$INDEX_URL"} .; \
     fi
 
 # ---- the image ----------------------------------------------------------------------

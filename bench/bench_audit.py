@@ -158,7 +158,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the measurements here")
     ap.add_argument("--no-release-controls", action="store_true",
                     help="the Tester without release controls (B bootstrap replicates instead of the noised "
-                         "random groups; see README 'Threat model and release controls')")
+                         "random groups; see docs/threat-model.md)")
     args = ap.parse_args()
 
     from proto import ppre_pb2 as pb

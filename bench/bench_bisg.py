@@ -4,7 +4,7 @@ Members are drawn from the Census tables (`ppre.synth.draw_population`: race fro
 national shares, surname from Pr(s|r), ZIP from Pr(g|r)); 2% of surnames get messy
 variants (lower case, ``Jr.`` suffix, hyphenated pairs, unlisted names) and 2% of ZIPs
 are ZIP+4, lost-leading-zero or blank, so the normalisation paths are exercised.
-Bar (SPEC.md 2.2 work item): under 5 seconds on the 2-core development machine.
+Bar (design §2.2): under 5 seconds on the 2-core development machine.
 
     .venv/bin/python bench/bench_bisg.py [--members 1000000] [--repeat 3]
 """

@@ -1,5 +1,5 @@
 """Benchmark: a 10,000 x 10,000-member ERO audit (50% overlap, B = 1000, 2048-bit Paillier),
-both services as real gRPC servers on loopback (issue 2's bar: under 60 s on 2 cores).
+both services as real gRPC servers on loopback (the bar: under 60 s on 2 cores).
 
     .venv/bin/python bench/bench_ero.py [--members 10000] [--bootstrap 1000] [--workers N]
 

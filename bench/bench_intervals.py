@@ -1,7 +1,7 @@
 """Benchmark: ERO's intervals under the default release controls (second moments, `common.moments`).
 
-    .venv/bin/python bench/bench_intervals.py [--sizes 10000,100000] [--datasets 400] [--bootstrap 1000]
-                                              [--power 10000:0.05,100000:0.02] [--seed 1]
+    .venv/bin/python bench/bench_intervals.py [--metric ero|output] [--sizes 10000,100000] [--datasets 400]
+                                              [--bootstrap 1000] [--power 10000:0.05,100000:0.02] [--seed 1]
 
 A plaintext twin of the release (`tester_service.protocol.TesterSession._aggregate` under the
 default `ReleasePolicy`, correction on): per group the noised aggregates Num_j = Σ q_ij·f_i and
@@ -22,6 +22,18 @@ per group, the coverage of the weighted interval (of the weighted estimator's la
 value, from 2 million members) and of the corrected interval (of the true-race
 rate), the median widths, and how often the corrected value was withheld; for the power rows,
 the share of datasets whose verdict is significant with black in the compared difference.
+
+`--metric output`: the output metric (common/metrics/output.py) on an outcome
+y = clip(N(1.0 + gap·[race = black], 0.5), −1, 3), declared range −1:3. Its release
+carries three components in fixed point (2^-24, the metric's own `components` and
+`quantize`): f = y − c (c = 1, the range's centre), 1 and f², packed as with a 2048-bit key
+(4 slots on one ciphertext: the group items' f² slot is released at σ_m, as the Tester's
+`_square_scales` does), noise `moment_sigmas(2, squares=1)` times each slot's sensitivity
+(`Metric.slot_sensitivity`: the component's bound × 2^32); then `finish_release` with the
+correction bounded to the range and `finish()` with the metric's parameters and tau 0.05
+(the CLI's default; the output metric's tau is in the outcome's units). Truths: the
+weighted estimator's large-sample value Σ_r E[p_j·p_r]·μ_r / E[p_j] and the true-race
+means μ_r of the clipped normal.
 """
 from __future__ import annotations
 
@@ -38,8 +50,9 @@ import numpy as np  # noqa: E402
 
 from common import bootstrap as boot  # noqa: E402
 from common import correction, encoding, moments  # noqa: E402
-from common.metrics.base import Layout  # noqa: E402
+from common.metrics.base import SECOND_MOMENTS, Item, Layout  # noqa: E402
 from common.metrics.ero import METRIC as ERO  # noqa: E402
+from common.metrics.output import METRIC as OUTPUT  # noqa: E402
 from common.races import RACES  # noqa: E402
 from common.results import MIN_EFFECTIVE_SIZE, finish, simultaneous_bands  # noqa: E402
 from tester_service.release import ReleasePolicy  # noqa: E402
@@ -48,6 +61,10 @@ POSITIVE_RATE, TPR, BASE_FPR = 0.30, 0.80, 0.10
 SCALE = float(1 << encoding.PROBABILITY_BITS)
 GROUPS = list(RACES)
 K = len(GROUPS)
+#: the output metric's setting: outcome mean and sd per member, the declared range, the key
+OUTCOME_MEAN, OUTCOME_SD, OUTCOME_RANGE, MODULUS_BITS = 1.0, 0.5, (-1.0, 3.0), 2048
+OUTPUT_PARAMS = {"outcome_range": OUTCOME_RANGE, "out_of_range": "clip", SECOND_MOMENTS: True}
+TAU = 0.05
 
 
 def pool_cached(size: int = 300_000) -> np.ndarray:
@@ -126,16 +143,113 @@ def band_flag(values: np.ndarray, small) -> bool:
     return bool(np.any((low > 0) | (high < 0)))
 
 
-def run(pool, n, datasets, bootstrap, seed, gap, policy):
+# ------------------------------------------------------------------ the output metric
+def clipped_normal_mean(mean: float, sd: float, lo: float, hi: float) -> float:
+    """E[clip(X, lo, hi)] for X ~ N(mean, sd²)."""
+    a, b = (lo - mean) / sd, (hi - mean) / sd
+    cdf = lambda z: 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))  # noqa: E731
+    pdf = lambda z: math.exp(-z * z / 2.0) / math.sqrt(2.0 * math.pi)  # noqa: E731
+    return lo * cdf(a) + hi * (1.0 - cdf(b)) + mean * (cdf(b) - cdf(a)) + sd * (pdf(a) - pdf(b))
+
+
+def draw_output(pool: np.ndarray, n: int, rng: np.random.Generator, gap: float):
+    """(p, y): n members' probabilities and outcomes, their true race drawn as in `draw`."""
+    p = pool[rng.choice(len(pool), size=n, replace=False)]
+    race = (np.cumsum(p, axis=1) <= rng.random(n)[:, None] * p.sum(axis=1)[:, None]).sum(axis=1)
+    race = np.minimum(race, K - 1)
+    mean = OUTCOME_MEAN + gap * (race == GROUPS.index("black"))
+    return p, np.clip(rng.normal(mean, OUTCOME_SD), *OUTCOME_RANGE)
+
+
+def truths_output(pool: np.ndarray, gap: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(weighted estimator's large-sample values, true-race means) per group, as `truths`
+    with d = 1: Σ_r E[p_j p_r]·μ_r / E[p_j], μ_r the clipped normal's mean."""
+    means = np.full(K, clipped_normal_mean(OUTCOME_MEAN, OUTCOME_SD, *OUTCOME_RANGE))
+    means[GROUPS.index("black")] = clipped_normal_mean(OUTCOME_MEAN + gap, OUTCOME_SD, *OUTCOME_RANGE)
+    big = pool[rng.choice(len(pool), size=2_000_000)]
+    return (big.T @ big @ means) / big.sum(axis=0), means
+
+
+def output_plan(n: int):
+    """(components, layout, plan, moments plan) of the output metric's second-moments release
+    with a 2048-bit key (4 slots: f, 1, f² and an empty one on one ciphertext)."""
+    comps = OUTPUT.components("default", OUTPUT_PARAMS, {})
+    layout = OUTPUT.layout("default", OUTPUT_PARAMS, {}, n_rows=n, n_units=n, recipient="client",
+                           modulus_bits=MODULUS_BITS)
+    assert layout.n_ciphertexts == 1 and layout.slots == 4, layout
+    plan = OUTPUT.plan(GROUPS, (), layout, "default", OUTPUT_PARAMS, {})
+    plan, pairs_plan = correction.extend(plan, GROUPS, **OUTPUT.moment_shape("default", OUTPUT_PARAMS, {}, layout))
+    return comps, layout, plan, pairs_plan
+
+
+def release_output(p, y, policy: ReleasePolicy, rng: np.random.Generator):
+    """As `release`, for the output metric: group items (f, 1, f²) with σ₀ on f and 1 and
+    σ_m on f² (`TesterSession._square_scales`), overall their sum, pair items with σ_m on
+    every slot; each slot's sd the multiplier times its sensitivity (bound × 2^32)."""
+    n = len(y)
+    comps, layout, plan, pairs_plan = output_plan(n)
+    centre = (OUTCOME_RANGE[0] + OUTCOME_RANGE[1]) / 2.0
+    values = np.column_stack([c.quantize(v) for c, v in zip(comps, (y - centre, np.ones_like(y),
+                                                                    (y - centre) ** 2))]).astype(np.float64)
+    values = np.hstack([values, np.zeros((n, layout.slots - len(comps)))])
+    q = encoding.quantize_probabilities(p, encoding.PROBABILITY_BITS)
+    pw = np.column_stack(correction.pair_weights(q)).astype(np.float64)
+    group = q.astype(np.float64).T @ values                             # (k, 4); float64 ~1e-16 rel.
+    pair = pw.T @ values                                                # (pairs, 4)
+    sigma0, sigma_m = policy.moment_sigmas(OUTPUT.sensitivity_components("default", OUTPUT_PARAMS, {}),
+                                           squares=OUTPUT.moment_components("default", OUTPUT_PARAMS))
+    sens = np.array(OUTPUT.slot_sensitivity(Item(0, 0), layout, comps, 1), dtype=np.float64)
+    first_square = len(comps) - OUTPUT.moment_components("default", OUTPUT_PARAMS)
+    group_sd = np.where(np.arange(layout.slots) >= first_square, sigma_m, sigma0) * sens
+    pair_sd = sigma_m * sens
+    # the sums pass 2^63 (q·f² ~ 2^58 per row): Python ints, from float64 (ulp ≪ the noise's sd)
+    noisy_group = [[int(x) for x in r] for r in np.rint(group + rng.normal(0, 1, group.shape) * group_sd)]
+    noisy_pair = [[int(x) for x in r] for r in np.rint(pair + rng.normal(0, 1, pair.shape) * pair_sd)]
+    overall = [sum(r[s] for r in noisy_group) for s in range(layout.slots)]
+    row = noisy_group + [overall] + noisy_pair
+    per_item = [group_sd] * K + [group_sd * math.sqrt(K)] + [pair_sd] * len(pair)
+    noise_sd = [float(x) for sd in per_item for x in sd]
+    noise_sd += [0.0] * len(noise_sd)
+    withheld, small = suppression(p, policy, rng)
+    return plan, pairs_plan, row, noise_sd, withheld, small
+
+
+def suppression(p, policy: ReleasePolicy, rng: np.random.Generator):
+    """(withheld items, small groups) decided on the noised effective sizes, as in `release`."""
+    measured = p.sum(axis=0) + rng.normal(0, policy.threshold_sigma(), K)
+    withheld = [j for j in range(K) if not measured[j] >= policy.min_effective_size]
+    small = [g for j, g in enumerate(GROUPS) if not measured[j] >= MIN_EFFECTIVE_SIZE or j in withheld]
+    return withheld, small
+
+
+def one_output(pool, n, policy, bootstrap, rng, gap):
+    p, y = draw_output(pool, n, rng, gap)
+    plan, pairs_plan, row, noise_sd, withheld, small = release_output(p, y, policy, rng)
+    values, corrected = moments.finish_release(plan, pairs_plan, row, noise_sd, bootstrap, withheld=withheld,
+                                               correct=True, bounds=OUTCOME_RANGE)
+    report = finish(OUTPUT, plan, values, option="default", confidence=0.95, tau=TAU, params=OUTPUT_PARAMS,
+                    info={"rows_clipped": int(np.sum((y <= OUTCOME_RANGE[0]) | (y >= OUTCOME_RANGE[1])))},
+                    replicates=bootstrap, small_groups=small, interval="percentile", corrected=corrected,
+                    noisy=True)
+    return report, band_flag(values, small)
+
+
+#: per metric: (truths, one dataset's report and band flag)
+SETTINGS = {"ero": (truths, one),
+            "output": (truths_output, one_output)}
+
+
+def run(pool, n, datasets, bootstrap, seed, gap, policy, metric="ero"):
     rng = np.random.default_rng([seed, n, int(round(gap * 1e6))])
-    weighted_truth, rates = truths(pool, gap, rng)
+    truth_of, one_of = SETTINGS[metric]
+    weighted_truth, rates = truth_of(pool, gap, rng)
     flags = black = bands = 0
     cov = {k: np.zeros(K) for k in ("w", "c")}
     seen = {k: np.zeros(K) for k in ("w", "c")}
     widths = {k: [[] for _ in range(K)] for k in ("w", "c")}
     withheld = np.zeros(K)
     for _ in range(datasets):
-        rep, band = one(pool, n, policy, bootstrap, rng, gap)
+        rep, band = one_of(pool, n, policy, bootstrap, rng, gap)
         bands += band
         v = rep.verdict
         flags += bool(v.significant)
@@ -157,8 +271,12 @@ def run(pool, n, datasets, bootstrap, seed, gap, policy):
 
 
 def main(argv=None) -> int:
+    import argparse
     from bench_null import simulation_arguments
-    args = simulation_arguments(__doc__, argv)
+    pick = argparse.ArgumentParser(add_help=False)
+    pick.add_argument("--metric", choices=sorted(SETTINGS), default="ero")
+    chosen, rest = pick.parse_known_args(argv)
+    args = simulation_arguments(__doc__, rest)
     policy = ReleasePolicy()
     pool = pool_cached()
     settings = [(int(s), 0.0) for s in args.sizes.split(",") if s]
@@ -169,7 +287,7 @@ def main(argv=None) -> int:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for n, gap in settings:
         t = time.time()
-        s = run(pool, n, args.datasets, args.bootstrap, args.seed, gap, policy)
+        s = run(pool, n, args.datasets, args.bootstrap, args.seed, gap, policy, chosen.metric)
         sd = math.sqrt(max(s["flag"] * (1 - s["flag"]), 1e-12) / args.datasets)
         for key, name in (("w", "weighted"), ("c", "corrected")):
             cov = " / ".join(f"{x:.2f}" if shown else "—" for x, shown in zip(s["coverage"][key], s["seen"][key]))

@@ -9,7 +9,7 @@ shuffled) are generated once and written to one temporary JSON file; both implem
 read them from there. Every run checks that the intersection it finds is exactly the true
 one (the same ids, not only the same count).
 
-Ours, in this process (the project's venv): the protocol of SPEC 3 steps 1-5 between two
+Ours, in this process (the project's venv): the protocol of design §3.1-§3.5 between two
 parties A and B, both in this process, each with its own `CommutativeKey` and the session
 salt from two random shares; A hashes and encrypts its ids (`commutative.encrypt_ids`), B
 validates and doubly encrypts them (`ScalarMultiplication`) and shuffles the result, B
@@ -239,7 +239,7 @@ def run_openmined(sets: Path, mode: str, processes: int, repeat: int) -> dict:
 # ours (runs in the project's venv)
 
 def ours_psi(a: list[str], b: list[str], executor) -> list[int]:
-    """SPEC 3 steps 1-5 between A and B, every step in chunks on `executor`: the indices of
+    """Design §3.1-§3.5 between A and B, every step in chunks on `executor`: the indices of
     B's rows whose ids A also holds (what A learns)."""
     import secrets
 

@@ -1,4 +1,4 @@
-"""Benchmark: what the release controls cost an honest audit (SPEC.md section 8).
+"""Benchmark: what the release controls cost an honest audit (design §8).
 
 An ERO audit of a `ppre synth` population (default 100,000 members, every one with a
 model output; BISG + Self-ID + clipping prepared once and reused, so that every run sees

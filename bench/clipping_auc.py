@@ -1,4 +1,4 @@
-"""Can a classifier tell Self-ID rows from BISG rows after clipping? (SPEC.md section 2.4)
+"""Can a classifier tell Self-ID rows from BISG rows after clipping? (design §2.4)
 
 Builds a synthetic population (`ppre.synth`, Census-grounded), computes BISG, replaces
 the Self-ID members' rows by their randomized-response one-hot vectors (ε = 4.5),

@@ -1,4 +1,4 @@
-"""The Test-Client's named datasets (README "Inputs"; SPEC.md section 5 metrics).
+"""The Test-Client's named datasets (docs/inputs.md; design §5 metrics).
 
 A dataset is a file `<name>.csv` or `<name>.parquet` in the client's data directory
 (or an explicit `name=path` mapping). It is read when an audit asks for it (its columns
@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
 from common.errors import InputError
 from common.metrics.base import Metric
-from common.tables import DATAFRAME_LABEL
+from common.tables import DATAFRAME_LABEL, MissingColumn, mapping_flag
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _SUFFIXES = (".csv", ".parquet")
@@ -26,14 +27,18 @@ class DatasetRegistry:
     """`columns`: the column mapping every dataset is read with (our column name -> the
     file's, `common.tables.parse_column_mapping`: `--id-column`, `--column`). `frames`:
     datasets held in memory as pandas DataFrames (the Python API, `ppre.api`), read under
-    the same rules as files and never written anywhere."""
+    the same rules as files and never written anywhere. `how`: how the owner of these
+    datasets maps a column, for a missing column's message (`common.tables.MissingColumn`;
+    default: `ppre client serve`'s flags)."""
 
     def __init__(self, data_dir: str | Path | None = None, named: dict[str, str | Path] | None = None,
-                 columns: dict[str, str] | None = None, frames: dict[str, pd.DataFrame] | None = None) -> None:
+                 columns: dict[str, str] | None = None, frames: dict[str, pd.DataFrame] | None = None,
+                 how: Callable[[str], str] | None = None) -> None:
         self.data_dir = Path(data_dir) if data_dir else None
         self.named = {k: Path(v) for k, v in (named or {}).items()}
         self.columns = dict(columns or {})
         self.frames = dict(frames or {})
+        self.how = how or served_mapping
 
     def names(self) -> list[str]:
         found = set(self.named) | set(self.frames)
@@ -61,6 +66,27 @@ class DatasetRegistry:
             source, label = self.frames[name], DATAFRAME_LABEL
         else:
             source = label = str(self.path(name))
-        frame = metric.read(source, columns=self.columns) if self.columns else metric.read(source)
+        try:
+            frame = metric.read(source, columns=self.columns) if self.columns else metric.read(source)
+        except MissingColumn as exc:
+            raise self._missing(name, metric, exc) from None
         frame.attrs["file"] = label
         return frame
+
+    def _missing(self, name: str, metric: Metric, exc: MissingColumn) -> InputError:
+        """A dataset that lacks a column the metric needs: when its name is another
+        metric's, the audit named the wrong dataset (or metric), which no mapping fixes."""
+        from common.metrics import METRICS
+        other = name.strip().lower().replace("_", "-")
+        if other in METRICS and other != metric.name:
+            return InputError(f"dataset '{name}' is not one for {metric.name}: it lacks the column "
+                              f"'{exc.missing}' {metric.name} needs, and its name says it is for {other}; check "
+                              f"the dataset name (--client-dataset) against the metric (--metric)",
+                              parameter="client dataset")
+        return exc.in_context(self.how)
+
+
+def served_mapping(column: str) -> str:
+    """How a served dataset's column is mapped, said to whoever reads the audit's error:
+    the Test-Client's own flag."""
+    return f"`ppre client serve {mapping_flag(column)}` (the Test-Client's setting)"

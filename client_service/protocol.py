@@ -1,4 +1,4 @@
-"""The Test-Client's (P2's) side of one audit session, free of I/O (SPEC.md section 3).
+"""The Test-Client's (P2's) side of one audit session, free of I/O (design §3).
 
 `ClientSession.receive(msg)` consumes one message from the Tester and returns the
 messages to send back; the gRPC servicer (`client_service.server`) only moves them.
@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from common import commutative, encoding, moments, paillier, parallel, validation, wire
+from common.correction import finish_corrected
 from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.masking import masked_ratio
 from common.metrics.base import Layout, Metric
@@ -293,7 +294,7 @@ class ClientSession:
         encrypted = np.frombuffer(self._wait(futures, "encrypt_ids"), dtype=f"V{commutative.POINT_BYTES}")
         own_points = encrypted[codes].tobytes()  # every id slot of every row, row-major
         del encrypted, codes
-        self._com_key = None  # SPEC 7: no longer needed once both tables are encrypted
+        self._com_key = None  # design §7: no longer needed once both tables are encrypted
         self._lap("psi_encrypt_own_ids")
         n_ids = metric.n_ids
         n = len(own_points) // (commutative.POINT_BYTES * n_ids)
@@ -322,7 +323,7 @@ class ClientSession:
             # (the Tester joins one chunk while the next ones are encrypted)
             pub = self._paillier.public
             encrypt = self._paillier.encrypt_task()
-            # signed encoding (SPEC 4): a packed value whose top slot is negative is x + n
+            # signed encoding (design §4.3): a packed value whose top slot is negative is x + n
             values = [v % pub.n if v < 0 else v for v in self._values]
             self._values = None
             tasks = ((values[a * n_cts:min(n, a + step) * n_cts],) for a in starts)
@@ -429,8 +430,9 @@ class ClientSession:
                                       pseudo_values=header.interval == "random_groups"
                                       and self._metric.interval == "percentile")
             values = plan.suppress(values, withheld)
-            corrected = None if not corrects else self._correction.finish(
-                decoded, plan, withheld, header.unidentifiable,
+            corrected = None if not corrects else finish_corrected(
+                self._correction, decoded, plan, withheld, header.unidentifiable,
+                header.noise_sd if header.plain_rows > 0 else (),
                 pseudo_values=header.interval == "random_groups" and self._metric.interval == "percentile",
                 bounds=moments.estimate_bounds(self._metric, self._option, self._params))
         report = finish(self._metric, plan, values, option=self._option, confidence=header.confidence,

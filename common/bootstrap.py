@@ -1,4 +1,4 @@
-"""The bootstrap's resampling plan for ratio estimators (SPEC.md section 4).
+"""The bootstrap's resampling plan for ratio estimators (design §4.8).
 
 Method: **random-bucket (cluster) bootstrap.** P1 partitions the joined rows at
 random into M buckets of (almost) equal size and aggregates each bucket once under

@@ -114,16 +114,58 @@ def make_server(port: int, host: str = "0.0.0.0", workers: int = 8, interceptors
     chain = list(interceptors)
     if tls is not None:
         chain.insert(0, IdentityInterceptor(access or {}, on_refused=on_refused))  # outermost: runs first
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=settings.server_options(),
-                         interceptors=chain)
+    address = f"{host}:{port}"
+    if port:
+        check_port_free(host, port)
+    # gRPC sets SO_REUSEPORT by default: a second service on a busy port would listen
+    # beside the first and callers be answered at random by either. Off: the bind fails.
+    options = settings.server_options() + [("grpc.so_reuseport", 0)]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options, interceptors=chain)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    address = f"{host}:{port}"
-    bound = server.add_secure_port(address, tls.server_credentials()) if tls is not None \
-        else server.add_insecure_port(address)
+    try:
+        bound = server.add_secure_port(address, tls.server_credentials()) if tls is not None \
+            else server.add_insecure_port(address)
+    except RuntimeError:  # grpcio >= 1.49 raises where older versions returned 0
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot listen on {host}:{port}")
+        raise PortInUseError(address)
     return server, bound, health_servicer
+
+
+class PortInUseError(InputError):
+    """A service cannot listen on its address: another process (often another PPRE
+    service) listens there, or the host is not one of this machine's addresses."""
+
+    code = "address_in_use"
+
+    def __init__(self, address: str, *, certain: bool = False) -> None:
+        why = ("another service already listens there" if certain else
+               "the port is in use (another service listens there) or the host is not an address of this machine")
+        super().__init__(f"cannot listen on {address}: {why}; pick another --port (or --host), or stop the "
+                         "other service first")
+        self.address = address
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise `PortInUseError` when something already listens on HOST:PORT (a plain bind
+    test, before gRPC logs its own error line). SO_REUSEADDR as gRPC has it: a port
+    whose last connections linger in TIME_WAIT after a restart is free."""
+    import errno
+    import socket
+    bare = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(bare or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return  # gRPC says what is wrong with the host
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise PortInUseError(f"{host}:{port}", certain=True) from None
 
 
 def set_serving(health_servicer: health.HealthServicer, service: str) -> None:
@@ -186,10 +228,42 @@ def make_channel(address: str, settings: LinkSettings | None = None, *, tls: Tls
 def check_health(address: str, timeout: float = 3.0, *, tls: TlsIdentity | None = None,
                  server_name: str | None = None) -> bool:
     """Is the service at `address` SERVING? Over TLS any certificate from the CA may ask."""
+    return health_status(address, timeout, tls=tls, server_name=server_name).status == SERVING
+
+
+#: `health_status`'s answers: the service's own (SERVING, NOT_SERVING: up but draining or
+#: starting), or why none came: nothing answers at the address, or the TLS handshake failed
+SERVING, NOT_SERVING, UNREACHABLE, TLS_FAILED = "SERVING", "NOT_SERVING", "UNREACHABLE", "TLS_FAILED"
+#: words in gRPC's message of a failed connection that mean the TLS handshake failed
+#: ("Socket closed": a TLS service hung up on a plaintext client)
+_TLS_WORDS = ("Tls handshake", "TLS handshake", "SSL", "certificate", "Hostname Verification", "Socket closed")
+
+
+@dataclass(frozen=True)
+class HealthAnswer:
+    status: str
+    #: gRPC's own words when no answer came ("" otherwise)
+    detail: str = ""
+
+
+def health_status(address: str, timeout: float = 3.0, *, tls: TlsIdentity | None = None,
+                  server_name: str | None = None) -> HealthAnswer:
+    """The service's health at `address`, or why there is none (`UNREACHABLE`,
+    `TLS_FAILED`)."""
     with make_channel(address, tls=tls, server_name=server_name) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
-        except grpc.RpcError:
-            return False
-        return reply.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError as exc:
+            return _failed_health(exc)
+    return HealthAnswer(SERVING if reply.status == health_pb2.HealthCheckResponse.SERVING else NOT_SERVING)
+
+
+def _failed_health(exc: grpc.RpcError) -> HealthAnswer:
+    code = exc.code() if callable(getattr(exc, "code", None)) else None
+    detail = (exc.details() if callable(getattr(exc, "details", None)) else "") or ""
+    if code is grpc.StatusCode.UNAVAILABLE and any(word in detail for word in _TLS_WORDS):
+        return HealthAnswer(TLS_FAILED, detail)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return HealthAnswer(UNREACHABLE, detail or (code.name.lower() if code else ""))
+    return HealthAnswer(NOT_SERVING, detail)  # it answered, but not as a healthy service does

@@ -1,4 +1,4 @@
-"""Probabilistic clipping of race-probability rows (SPEC.md section 2.4; paper section 6.1).
+"""Probabilistic clipping of race-probability rows (design §2.4; paper section 6.1).
 
 For every row whose largest probability ``m`` exceeds the threshold ``T``:
 
@@ -22,7 +22,7 @@ the paper's production value was 0.825). A rule value outside
 ``[RULE_MIN, RULE_MAX]`` is clamped into it, so clipping still removes certain
 assignments when more than 10% of rows are (near-)certain.
 
-Purpose (SPEC.md 2.4): a Self-ID row (a one-hot vector after randomized response)
+Purpose (design §2.4): a Self-ID row (a one-hot vector after randomized response)
 and a confident BISG row both land in the band just below ``T`` and look alike, so
 nobody can tell them apart, and no row is a certain assignment.
 """
@@ -53,7 +53,7 @@ RULE_MIN, RULE_MAX = 0.5, 0.99
 
 
 def check_threshold(threshold: float) -> float:
-    """Validate a fixed T: a finite number in (1/6, 1) (SPEC.md 2.4)."""
+    """Validate a fixed T: a finite number in (1/6, 1) (design §2.4)."""
     try:
         t = float(threshold)
     except (TypeError, ValueError):
@@ -65,7 +65,7 @@ def check_threshold(threshold: float) -> float:
 
 def threshold_from_rule(probs: np.ndarray, quantile: float = RULE_QUANTILE) -> float:
     """The value under which ``quantile`` of the rows' largest probabilities fall, clamped
-    into ``[RULE_MIN, RULE_MAX]`` (SPEC.md 2.4, paper section 6.1)."""
+    into ``[RULE_MIN, RULE_MAX]`` (design §2.4, paper section 6.1)."""
     arr = np.asarray(probs, dtype=float)
     if arr.ndim != 2 or arr.shape[0] == 0:
         raise InputError("needs at least one probability row to derive T", parameter="T")

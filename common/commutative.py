@@ -1,4 +1,4 @@
-"""Commutative encryption of member ids on Curve25519 (SPEC.md section 3, steps 1-5).
+"""Commutative encryption of member ids on Curve25519 (design §3.1-§3.5).
 
 `RO(x) = hash_to_curve(SHA-256(salt || x))` maps an id to a point of Curve25519 (its
 Montgomery u-coordinate) by rejection sampling; `Com.Enc_k(P) = [k]P` is X25519
@@ -10,7 +10,7 @@ Points cross the wire as 32-byte little-endian u-coordinates, packed back to bac
 one `bytes` value per chunk. `validate_points` is the one place where a peer's points
 are checked: canonical encoding, on the curve (not its twist), not of small order.
 
-Session material never prints and is never pickled (SPEC 7): `CommutativeKey` and
+Session material never prints and is never pickled (design §7): `CommutativeKey` and
 `SessionSalt` show `<secret>` in repr/str and raise TypeError when pickled or copied
 (neither ever needs to reach a worker process). The salt is not a key: both shares
 cross the wire, so the peer (and whoever could read the TLS link) knows it; it is still
@@ -71,7 +71,7 @@ def session_salt(tester_share: bytes, client_share: bytes) -> SessionSalt:
 
 
 def hash_to_curve(salt: bytes, member_id: str) -> bytes:
-    """RO(id): SHA-256(salt || id), then rejection sampling onto Curve25519 (SPEC 3.1)."""
+    """RO(id): SHA-256(salt || id), then rejection sampling onto Curve25519 (design §3.1)."""
     seed = hashlib.sha256(salt + member_id.encode("utf-8")).digest()
     for counter in range(_MAX_TRIES):
         digest = hashlib.sha256(seed + counter.to_bytes(2, "little")).digest()

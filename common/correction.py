@@ -1,4 +1,4 @@
-"""Attenuation-corrected group estimates (beyond the paper; SPEC.md section 5's ratio metrics).
+"""Attenuation-corrected group estimates (beyond the paper; design §5.9).
 
 The paper's weighted estimator of a group's rate, ``μ̃_j = Σ_i p_ij·f_i / Σ_i p_ij·d_i``
 (paper eq. 6 for ERO; the same form for MQOS-NDCG, the output metric and each point of
@@ -6,7 +6,7 @@ POT's curves), is attenuated: member i of race r adds ``p_ij`` of its outcome to
 j whatever r is, so every group's estimate is pulled towards the others', the small
 groups the most. The correction undoes that mixing.
 
-Two assumptions, stated in plain words in the README:
+Two assumptions, stated in plain words in docs/metrics/README.md ("The correction"):
 
 * **(A1) calibration**: among members whose probability vector is ``p``, a share
   ``p_r`` is of race r (``Pr(race_i = r | p_i) = p_ir``);
@@ -21,7 +21,7 @@ Then ``E[Num_j | p, d] = Σ_i p_ij Σ_r p_ir·d_i·μ_r = (M·μ)_j`` with
 so ``μ̂ = M⁻¹·Num`` is unbiased for the true-race rates ``μ`` (to first order: M is
 itself estimated), where the weighted estimator is not. Without (A1) — real BISG is
 not exactly calibrated, the clipping and the privatised survey move probabilities —
-the correction is approximate; `ppre demo` and the README show how far each is off.
+the correction is approximate; `ppre demo` and docs/metrics/README.md show how far each is off.
 
 Inside the protocol M is one more set of linear aggregates of the Test-Client's
 encrypted ``d_i`` (the denominator component) with the Tester's plaintext weights
@@ -33,7 +33,7 @@ Test-Client must solve a system that mixes cells, so every item of a replicate s
 one mask factor (`tester_service.protocol`), each slot still with its own noise as large
 as that factor (`common.masking`: the gcd and continued-fraction attacks stay closed);
 the price is that the Test-Client learns ratios between cells of different groups
-(README, "What each party learns").
+(design §9.4).
 
 The range as a constraint: with the metric's value range (ERO's rates: [0, 1]) the
 estimate is the bounded least-squares fit `bounded_solve` (``M⁻¹·Num`` where that lies
@@ -228,6 +228,14 @@ class Family:
     num_slot: int
     den_slot: int
     scale_shift: int
+    #: where the pair items hold Σ p_a·p_b·f² (`Metric.moment_squares`; None: f² = f)
+    sq_items: tuple[int, ...] = ()
+    sq_slot: int | None = None
+    #: the denominator component's fixed-point scale (2^scale_bits; ERO's 0/1: 1), by
+    #: which the slots' second moments exceed the members' (`common.moments`)
+    unit: float = 1.0
+    #: the width of the values' range, to which the noise threshold is relative (rates: 1)
+    span: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -335,23 +343,48 @@ class CorrectionPlan:
         (sd s_M per entry) is taken out of what M can tell apart: its eigenvalues are
         floored at s_M, so that a direction the noise made is not read as information
         nor, projected to exactly 0, as a direction no group can be told along."""
+        hidden: set[str] = set()
+        threshold = MIN_IDENTIFYING_SIZE
+        for family in self.families:  # a group is withheld where any of its systems cannot tell it
+            some, at = self._family_identifiability(row, noise_sd, plan, family)
+            hidden |= set(some)
+            threshold = max(threshold, at)
+        return [g for g in self.groups if g in hidden], threshold
+
+    def _family_identifiability(self, row, noise_sd, plan, family: Family) -> tuple[list[str], float]:
         from common.moments import WEIGHT_SCALE, noise_of, pair_matrix, psd
-        family = self.families[0]
         k = len(self.groups)
         floor = max(noise_of(noise_sd, i, family.den_slot, plan.item_slots) for i in family.pair_items)
-        m = psd(pair_matrix(row, family, family.den_slot, k), floor) / WEIGHT_SCALE
+        m = psd(pair_matrix(row, family, family.den_slot, k), floor) / (WEIGHT_SCALE * family.unit)
         sizes = identifying_sizes(m)
         sd = max(noise_of(noise_sd, plan.cells[c].item, family.num_slot, plan.item_slots) for c in family.cells)
-        threshold = noise_threshold(sd / WEIGHT_SCALE * 2.0 ** family.scale_shift)
+        threshold = noise_threshold(sd / (WEIGHT_SCALE * family.unit * family.span) * 2.0 ** family.scale_shift)
         return [g for g, size in zip(self.groups, sizes) if not size >= threshold], threshold
 
 
-def extend(plan, groups: Sequence[str]):
+def finish_corrected(plan_of_m: CorrectionPlan, item_slots, plan, suppressed_items: Sequence[int],
+                     unidentifiable: Sequence[str], noise_sd: Sequence[float] = (), **kwargs) -> Corrected:
+    """Both parties' corrected values of a release with replicates (bootstrap or random
+    groups): without noise the Tester's `unidentifiable` groups (measured on its own
+    probabilities); with noise (`noise_sd`, the header's) those the released, noised M
+    cannot tell apart at this noise (`CorrectionPlan.released_identifiability` on the
+    estimate's row: post-processing, no further release)."""
+    threshold = MIN_IDENTIFYING_SIZE
+    if len(noise_sd):
+        unidentifiable, threshold = plan_of_m.released_identifiability(item_slots[:len(plan.items)], noise_sd, plan)
+    return plan_of_m.finish(item_slots, plan, suppressed_items, unidentifiable, min_identifying_size=threshold,
+                            **kwargs)
+
+
+def extend(plan, groups: Sequence[str], *, square: tuple[int, int] | None = None, unit: float = 1.0,
+           span: float = 1.0):
     """The metric's `plan` with M's items appended, and where they are: for every distinct
     (ciphertext, stratum) of the per-group cells, one item per pair j ≤ r on weight column
     ``k + 1 + pair`` (`pair_weights`, after the k group columns and "overall" of
     `Metric.weights`, which every metric that corrects keeps; `Metric.corrects`: its
-    per-group cells sit on weight column j for group j)."""
+    per-group cells sit on weight column j for group j). `square`: the (ciphertext,
+    slot) of the rows' f² (`Metric.moment_squares`), whose pair items join too where
+    they are on another ciphertext; `unit`, `span`: `Family`'s."""
     from common.metrics.base import Item, Plan
     k = len(groups)
     first_weight = k + 1
@@ -367,14 +400,20 @@ def extend(plan, groups: Sequence[str]):
         key = (cell.kind, cell.score, item.ciphertext, item.stratum, cell.num_slot, cell.den_slot, cell.scale_shift)
         shapes.setdefault(key, [None] * k)[index[cell.group]] = c
     where: dict[tuple, tuple[int, ...]] = {}
+
+    def pair_items(ciphertext: int, stratum) -> tuple[int, ...]:
+        if (ciphertext, stratum) not in where:
+            where[(ciphertext, stratum)] = tuple(range(len(items), len(items) + len(pairs(k))))
+            items.extend(Item(first_weight + p, ciphertext, stratum) for p in range(len(pairs(k))))
+        return where[(ciphertext, stratum)]
+
     families = []
     for key, cells in shapes.items():
         if any(c is None for c in cells):
             raise ValueError("a cell shape lacks some group")
         _, _, ciphertext, stratum, num_slot, den_slot, shift = key
-        if (ciphertext, stratum) not in where:
-            where[(ciphertext, stratum)] = tuple(range(len(items), len(items) + len(pairs(k))))
-            items += [Item(first_weight + p, ciphertext, stratum) for p in range(len(pairs(k)))]
-        families.append(Family(tuple(cells), where[(ciphertext, stratum)], num_slot, den_slot, shift))
+        held = pair_items(ciphertext, stratum)
+        squares = {} if square is None else {"sq_items": pair_items(square[0], stratum), "sq_slot": square[1]}
+        families.append(Family(tuple(cells), held, num_slot, den_slot, shift, unit=unit, span=span, **squares))
     return (Plan(plan.cells, tuple(items), plan.item_slots),
             CorrectionPlan(tuple(groups), tuple(families), len(plan.items)))

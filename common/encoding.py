@@ -1,4 +1,4 @@
-"""Fixed-point and signed encodings, and slot packing (SPEC.md section 4).
+"""Fixed-point and signed encodings, and slot packing (design §4.2-§4.4).
 
 * Fixed point: reals scaled by 2^c to integers. Probabilities are quantised per row
   so that the row still sums to exactly 2^c (largest-remainder rounding); a product

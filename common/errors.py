@@ -1,11 +1,11 @@
-"""Errors every layer raises and the services report (SPEC.md; DEVELOPERS.md "bad input").
+"""Errors every layer raises and the services report (design §3.9).
 
 * `InputError`: a local input (file, column, row, parameter) is wrong. The message
   names the place; it never contains a member id, a probability or a test value.
 * `ProtocolError`: the peer sent something the protocol does not allow (wrong phase,
   garbage bytes, points off the curve, ciphertexts out of range, oversized tables).
 * `EncodingOverflowError`: a fixed-point / signed value does not fit its plaintext
-  slot (SPEC.md section 4: detected and reported, never wrapped).
+  slot (design §4.3: detected and reported, never wrapped).
 * `PeerTimeoutError`, `ShuttingDownError`, `BusyError`: the audit could not go on
   (stalled peer or cut link, a service stopping, a full session limit).
 
@@ -21,7 +21,9 @@ class PPREError(Exception):
 
 
 class InputError(PPREError, ValueError):
-    """A local input is wrong: names the file, column, row or parameter."""
+    """A local input is wrong: names the file, column, row or parameter. A row is said
+    as "data row N", numbered from 1 at the first record after the header (in a CSV
+    file without blank lines: line N + 1, as an editor numbers it)."""
 
     code = "bad_input"
 
@@ -33,7 +35,7 @@ class InputError(PPREError, ValueError):
         if column is not None:
             where.append(f"column '{column}'")
         if row is not None:
-            where.append(f"row {row}")
+            where.append(f"data row {row}")
         if parameter is not None:
             where.append(f"parameter '{parameter}'")
         full = f"{', '.join(where)}: {message}" if where else message

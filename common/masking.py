@@ -1,4 +1,4 @@
-"""Masking of encrypted aggregates before P2 decrypts them (SPEC.md sections 3.6-3.7, 4).
+"""Masking of encrypted aggregates before P2 decrypts them (design §3.6, §3.7, §4.7).
 
 Two masks, one per result variant:
 
@@ -9,7 +9,7 @@ Two masks, one per result variant:
   units (one unit: 2^-32 of one member's weight, the stated precision; a ratio of
   cells of 30 members' weight or more is exact to 1e-11), and nothing of Num or Den
   apart. Two attacks are closed, and the tests run both: a bare common factor leaks r
-  through gcd(r*Num, r*Den) (SPEC 4, decision), and a noise far below r lets the
+  through gcd(r*Num, r*Den) (design §4.7), and a noise far below r lets the
   continued-fraction expansion of the masked ratio contain Num/Den itself whenever
   r > 2*e*Den (with 16-bit noise and r up to 2^80 it gave Num/Den in 171 of 300
   cells, the exact (Num, Den) in 101). With u of the order of one unit, the masked
@@ -23,7 +23,7 @@ Two masks, one per result variant:
   2^-64) and P1 removes the pad exactly.
 
 Masks come from `secrets`, never from the audit's `--seed`. A mask object prints as
-`RatioMask(<secret>)` and refuses pickling and copying (SPEC 7: the masks are what keeps
+`RatioMask(<secret>)` and refuses pickling and copying (design §7: the masks are what keeps
 P2 from reading the aggregates; a worker gets the raw integers it needs, never the object).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A service process's memory: no core dumps, and a finished session's memory given back.
 
-`protect_process()` (SPEC.md section 7: keys and member-level data never at rest) turns
+`protect_process()` (design §7: keys and member-level data never at rest) turns
 core dumps off for the service and each of its worker processes — the core-size limit
 to 0, and the process marked non-dumpable (Linux `prctl(PR_SET_DUMPABLE, 0)`, which also
 keeps other processes of the same user from attaching to it or reading its memory) —

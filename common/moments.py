@@ -1,4 +1,4 @@
-"""Intervals under release noise from released second moments (SPEC.md section 8).
+"""Intervals under release noise from released second moments (design §8.4).
 
 Under the release controls the Tester releases noised aggregates, never a bootstrap (a
 bootstrap reuses every member in every replicate). For a ratio metric whose value
@@ -14,6 +14,16 @@ release is:
     (uncentred) covariances of the aggregates: ``Cov(Num_a, Num_b) = Cov(Num_a, Den_b)
     = 2^32·S^f_ab`` and ``Cov(Den_a, Den_b) = 2^32·S^d_ab`` in the slots' fixed-point
     units (a probability is 2^32). Their sensitivity is in `tester_service.release`.
+
+A metric with a real-valued f and d = 1 (the output metric, f the outcome minus its
+range's centre) has rows that carry f² as a third component under this form
+(`Metric.moment_squares`): its pair items add ``S^ff_ab = Σ_i p_ia·p_ib·f_i²``, and the
+covariances are ``Cov(Num_a, Num_b) = S^ff_ab``, ``Cov(Num_a, Den_b) = S^f_ab``,
+``Cov(Den_a, Den_b) = S^d_ab`` (f·d = f, d² = d), each times 2^32 and the slots'
+fixed-point scale (`Family.unit`); the weighted interval uses them
+(`aggregate_moments`, in a form steadier than a small group's released pair items: S^d
+and the groups' means with one spread σ² for all groups, read off the overall sums,
+`pooled_spread`) and the corrected one ``V = S^d·σ²`` (`residual_moments`).
 
 From them the finishing party (the Test-Client, or the Tester when only it learns the
 result) forms, with no further release (post-processing):
@@ -85,12 +95,15 @@ def gaussian_draws(cov: np.ndarray, replicates: int, rng: np.random.Generator) -
     return rng.standard_normal((replicates, len(cov))) @ root.T
 
 
-def pair_matrix(row: Sequence[Sequence[float]], family, slot: int, k: int) -> np.ndarray:
-    """The symmetric k × k matrix of one slot of the family's pair items (S^f or S^d)."""
+def pair_matrix(row: Sequence[Sequence[float]], family, slot: int, k: int,
+                items: Sequence[int] | None = None) -> np.ndarray:
+    """The symmetric k × k matrix of one slot of the family's pair items (S^f or S^d;
+    `items`: other pair items, those of the squares)."""
     from common.correction import pairs
+    items = family.pair_items if items is None else items
     out = np.empty((k, k))
     for p, (a, b) in enumerate(pairs(k)):
-        out[a, b] = out[b, a] = float(row[family.pair_items[p]][slot])
+        out[a, b] = out[b, a] = float(row[items[p]][slot])
     return out
 
 
@@ -99,6 +112,78 @@ def moment_matrices(row, family, k: int) -> tuple[np.ndarray, np.ndarray]:
     sd = np.clip(pair_matrix(row, family, family.den_slot, k), 0.0, None)
     sf = np.clip(pair_matrix(row, family, family.num_slot, k), 0.0, sd)
     return sf, sd
+
+
+def square_matrices(row, family, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(S^ff, S^f, S^d) of a family whose rows carry f² (d = 1: f·d = f), post-processed
+    into what they can be: S^ff ≥ 0 and S^d ≥ 0 entrywise (the weights and f² are)."""
+    sff = np.clip(pair_matrix(row, family, family.sq_slot, k, family.sq_items), 0.0, None)
+    sd = np.clip(pair_matrix(row, family, family.den_slot, k), 0.0, None)
+    return sff, pair_matrix(row, family, family.num_slot, k), sd
+
+
+def pooled_spread(plan, family, row, k: int) -> float:
+    """σ², the outcome's spread around its mean over all joined rows (f² units), from the
+    overall sums: ``Σ f²/n − (Σ f/n)²`` with Σ f² the overall item's f² slot where it
+    shares the group items' ciphertext, else the pair items' ``Σ_a≤b c_ab·S^ff_ab``
+    (c = 1 on the diagonal, 2 off it: Σ_i f_i²·(Σ_a p_ia)² = Σ_i f_i²); clipped to
+    [0, (span/2)²], the most a value in the declared range can spread."""
+    from common.correction import pairs
+    cell = next((c for c in plan.cells if c.group == "overall" and c.kind == "group"
+                 and (c.num_slot, c.den_slot) == (family.num_slot, family.den_slot)), None)
+    if cell is None or family.sq_slot is None:
+        return 0.0
+    n, total = float(row[cell.item][family.den_slot]), float(row[cell.item][family.num_slot])
+    if family.sq_items == family.pair_items:  # f² shares the group items' ciphertext
+        squares = float(row[cell.item][family.sq_slot])
+    else:
+        squares = sum((1.0 if a == b else 2.0) * float(row[family.sq_items[p]][family.sq_slot])
+                      for p, (a, b) in enumerate(pairs(k)))
+    if not n > 0:
+        return 0.0
+    return float(np.clip(squares / n - (total / n) ** 2, 0.0, (family.span / 2.0) ** 2))
+
+
+def aggregate_moments(row, family, k: int, num: np.ndarray, den: np.ndarray,
+                      spread: float = 0.0) -> list[list[np.ndarray]]:
+    """The Poisson-bootstrap covariance blocks [[Num, Num], [Num, Den]; [Den, Num],
+    [Den, Den]] of a family's aggregates, in members' units (× `unit` of the slots),
+    from S^d and the groups' means R (`binomial_moments`' reasoning: a member in groups
+    a and b has a mean near (R_a + R_b)/2):
+
+    * 0/1 components: ``S^f_ab = S^d_ab·(R_a + R_b)/2`` and S^ff = S^f (f² = f);
+    * a real f with d = 1 (the rows carry f²): ``S^f_ab = S^d_ab·R̄_ab`` and
+      ``S^ff_ab = S^d_ab·(σ² + R̄_ab²)``, R̄_ab = (R_a + R_b)/2 and σ² the pooled spread
+      (`pooled_spread`), so that ``Var(Num_a − R_a·Den_a) = σ²·S^d_aa``: the delta
+      method with one spread for every group. The released S^ff_ab themselves are
+      not used for a group's own spread: their noise is sized for f²'s bound, (span/2)²,
+      and swamps a small group's Σ p²·f² (at 100,000 members aian's is about 64 against a
+      noise sd of 102), whose intervals then swing from audit to audit and took the null
+      flag rate to 9-11% (bench/RESULTS.md, "The output metric")."""
+    if family.sq_slot is None:
+        _, sd = moment_matrices(row, family, k)
+        sf = binomial_moments(sd, num, den)
+        return [[sf, sf], [sf, sd]]
+    sd = square_matrices(row, family, k)[2]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = num / den
+        pooled = float(np.nansum(num) / np.nansum(den)) if np.nansum(den) > 0 else 0.0
+    half = family.span / 2.0
+    rate = np.clip(np.where(np.isfinite(rate) & (den > 0), rate, pooled), -half, half)
+    mid = (rate[:, None] + rate[None, :]) / 2.0
+    sf = sd * mid
+    return [[sd * (spread + mid ** 2), sf], [sf, sd]]
+
+
+def residual_moments(row, family, k: int, spread: float = 0.0) -> np.ndarray:
+    """``V_ab = S^ff_ab − (S^f_ab)²/S^d_ab`` (module docstring): for 0/1 values with the
+    released S^f (S^ff = S^f); for a real f with the pooled spread, ``S^d_ab·σ²``
+    (`aggregate_moments`)."""
+    if family.sq_slot is not None:
+        return square_matrices(row, family, k)[2] * spread
+    sf, sd = moment_matrices(row, family, k)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(sd > 0, sf - sf ** 2 / np.where(sd > 0, sd, 1.0), 0.0)
 
 
 def noise_of(noise_sd: Sequence[float], item: int, slot: int, item_slots: int) -> float:
@@ -117,14 +202,13 @@ def weighted_draws(plan, moments, row: Sequence[Sequence[int]], estimate: np.nda
     out[0] = estimate
     hidden = set(withheld)
     for family in moments.families:
-        _, sdm = moment_matrices(row, family, k)
         items = [plan.cells[c].item for c in family.cells]
         num = np.array([float(row[i][family.num_slot]) for i in items])
         den = np.array([float(row[i][family.den_slot]) for i in items])
         noise_n = np.array([noise_of(noise_sd, i, family.num_slot, plan.item_slots) for i in items])
         noise_d = np.array([noise_of(noise_sd, i, family.den_slot, plan.item_slots) for i in items])
-        sf = binomial_moments(sdm, num, den)
-        cov = WEIGHT_SCALE * np.block([[sf, sf], [sf, sdm]]) + np.diag(np.concatenate([noise_n, noise_d]) ** 2)
+        blocks = aggregate_moments(row, family, k, num, den, pooled_spread(plan, family, row, k))
+        cov = WEIGHT_SCALE * family.unit * np.block(blocks) + np.diag(np.concatenate([noise_n, noise_d]) ** 2)
         delta = gaussian_draws(cov, replicates, rng)
         d_num, d_den = delta[:, :k], delta[:, k:]
         shift = 2.0 ** family.scale_shift
@@ -174,13 +258,11 @@ def corrected_rows(plan, moments, row: Sequence[Sequence[int]], noise_sd: Sequen
     rows = [[list(map(float, s)) for s in row] for _ in range(replicates + 1)]
     drawn: set[int] = set()  # families on one ciphertext share their pair items
     for family in moments.families:
-        sf, sdm = moment_matrices(row, family, k)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            v = np.where(sdm > 0, sf - sf ** 2 / np.where(sdm > 0, sdm, 1.0), 0.0)
+        v = residual_moments(row, family, k, pooled_spread(plan, family, row, k))
         items = [plan.cells[c].item for c in family.cells]
         noise_n = np.array([noise_of(noise_sd, i, family.num_slot, plan.item_slots) for i in items])
         noise_d = np.array([noise_of(noise_sd, i, family.den_slot, plan.item_slots) for i in items])
-        d_num = gaussian_draws(WEIGHT_SCALE * v + np.diag(noise_n ** 2), replicates, rng)
+        d_num = gaussian_draws(WEIGHT_SCALE * family.unit * v + np.diag(noise_n ** 2), replicates, rng)
         d_den = rng.standard_normal((replicates, k)) * noise_d
         pair_sd = [noise_of(noise_sd, i, family.den_slot, plan.item_slots) for i in family.pair_items]
         d_m = rng.standard_normal((replicates, len(pair_sd))) * np.array(pair_sd)

@@ -1,4 +1,4 @@
-"""Paillier helpers on raw integers (SPEC.md sections 3-4).
+"""Paillier helpers on raw integers (design §4.6).
 
 Hazardous-primitive layer, in the spirit of pyca/cryptography's `hazmat`: plain
 functions over Python/gmpy2 integers, no encoding policy (that is `common.encoding`)
@@ -88,7 +88,7 @@ class PublicKey:
 
 @dataclass(frozen=True)
 class PrivateKey:
-    """Paillier private key; never serialised, never logged (SPEC 7).
+    """Paillier private key; never serialised, never logged (design §7).
 
     `repr`/`str` show the modulus size only; pickling (and so copying, or passing the
     key to a worker process) raises TypeError: a worker gets `decrypt_task()` instead."""
@@ -158,7 +158,7 @@ class ModPDecryption:
 
 
 def generate_keypair(bits: int = MIN_MODULUS_BITS, *, allow_insecure: bool = False) -> PrivateKey:
-    """A fresh per-session key pair (SPEC 3.1). Refuses moduli under 2048 bits outside tests."""
+    """A fresh per-session key pair (design §3.1). Refuses moduli under 2048 bits outside tests."""
     if bits < MIN_MODULUS_BITS and not allow_insecure:
         raise ValueError(f"Paillier modulus of {bits} bits refused: at least {MIN_MODULUS_BITS} bits")
     from phe import paillier  # prime generation only

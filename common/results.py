@@ -1,4 +1,4 @@
-"""The audit result: one object, serialised one way (SPEC.md section 5, "Verdicts").
+"""The audit result: one object, serialised one way (design §5.10).
 
 `finish()` turns the decrypted cell ratios of every replicate into the result; the
 Test-Client runs it when it learns the result, the Tester when only it does, so both
@@ -122,7 +122,8 @@ MIN_KISH_SIZE = 300.0
 RATE_METRICS = ("ero",)
 #: the preparation counts in the order a reader follows them (others, e.g. BISG sources, after)
 PREPARATION_ORDER = ("members_read", "dropped_opt_out", "dropped_non_us", "dropped_excluded_state",
-                     "self_id_used", "self_id_not_among_kept", "epsilon", "clipped_rows", "threshold")
+                     "self_id_used", "self_id_not_among_kept", "self_id_not_among_members", "epsilon",
+                     "clipped_rows", "threshold")
 
 
 def _clean(x: Any) -> float | None:

@@ -1,11 +1,11 @@
-"""AES-256-GCM sealing of race-probability vectors (SPEC.md section 3, steps 2-6).
+"""AES-256-GCM sealing of race-probability vectors (design §3.2-§3.6).
 
 P1 seals each member's probability vector with a per-session key; P2 only stores and
 returns the sealed blobs. Each blob is nonce(12) || ciphertext || tag(16) with a
 random 96-bit nonce (a counter would let P1 recognise rows after P2's shuffle).
 The row layout is k float64 values (little-endian).
 
-The key lives only inside `RowSealer` (SPEC 7): repr/str show `<secret>`, and pickling
+The key lives only inside `RowSealer` (design §7): repr/str show `<secret>`, and pickling
 or copying raises TypeError (sealing and opening run in the Tester's own process).
 """
 from __future__ import annotations

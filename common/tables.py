@@ -1,7 +1,7 @@
-"""Reading the parties' input files: one reader, one member-id rule (README "Inputs").
+"""Reading the parties' input files: one reader, one member-id rule (docs/inputs.md).
 
-Every input goes through here: the Tester's members and Self-ID files (SPEC.md section
-2, via `tester_service.preparation`), its prepared probability table and the
+Every input goes through here: the Tester's members and Self-ID files (design
+§2, via `tester_service.preparation`), its prepared probability table and the
 Test-Client's datasets (`read_table`). Errors are `InputError`s that name the file and,
 where there is one, the column and the row (rows are data records numbered from 1, the
 first record after the header; blank lines are not records; CSV messages also give the
@@ -9,7 +9,7 @@ line). They never contain a member id or any other value from the file.
 
 * **Size.** A file larger than `max_input_bytes()` (default 1 GiB, environment variable
   ``PPRE_MAX_INPUT_BYTES``) is refused before it is read: a file, and the table made
-  from it, are held in memory whole (SPEC.md 2: the preparation is in memory only).
+  from it, are held in memory whole (design §2: the preparation is in memory only).
 * **One consistent version.** A file is opened once and read whole through that handle.
   Its identity (device, inode), size and modification time are taken before and after
   the read, and compared with what the path names after the read: a file that was
@@ -29,8 +29,8 @@ line). They never contain a member id or any other value from the file.
   an optional one is refused (a misspelt opt-out flag must not be silently ignored);
   other columns are ignored.
 * **Column mapping** (``columns``: our name -> the file's name, e.g. ``{"member_id":
-  "Member ID", "y_pred": "prediction"}``; `parse_column_mapping`, README "Column
-  mapping"): a file's column is read under our name. An entry applies to a file when
+  "Member ID", "y_pred": "prediction"}``; `parse_column_mapping`; docs/inputs.md, "Column
+  mapping: the fine print"): a file's column is read under our name. An entry applies to a file when
   the reader looks for its name (so one mapping serves a party's several files); the
   file must then have the mapped column, and must not also have a column of our name.
 * **Member ids** (`clean_member_ids`, `check_member_ids`): text, never numbers (``007``
@@ -51,7 +51,7 @@ import os
 import re
 import stat as stat_mod
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -280,6 +280,16 @@ def misspelling_hint(name: str, present: Iterable[str]) -> str:
     return f" (found '{close[0]}': misspelt?)" if close else ""
 
 
+def did_you_mean(name: str, choices: Iterable[str], *, cutoff: float = 0.6) -> str:
+    """`` (did you mean 'x'?)`` for the choice closest to ``name`` (case, ``_`` and ``-``
+    ignored in the comparison), or ''."""
+    def key(text: str) -> str:
+        return text.strip().lower().replace("-", "_")
+    by_key = {key(c): c for c in choices}
+    close = difflib.get_close_matches(key(name), list(by_key), n=1, cutoff=cutoff)
+    return f" (did you mean '{by_key[close[0]]}'?)" if close else ""
+
+
 #: most header names a message lists
 MAX_LISTED_COLUMNS = 30
 _VALUE_LIKE = re.compile(r"\d{3}")
@@ -316,13 +326,38 @@ def mapping_flag(column: str) -> str:
     return "--id-column NAME" if column == ID_COLUMN else f"--column {column}=NAME"
 
 
+def prefixed_mapping(prefix: str) -> Callable[[str], str]:
+    """`mapping_flag` for flags with a prefix: ``prefixed_mapping("client-")`` says
+    ``--client-column y_pred=NAME`` (`ppre audit --local`)."""
+    return lambda column: f"--{prefix}{mapping_flag(column)[2:]}"
+
+
+#: where a `MissingColumn`'s message says how to map a column
+_HOW = "\0how\0"
+
+
+class MissingColumn(InputError):
+    """A column a reader needs is not in the file. The message says how to map one of
+    the file's columns to it: by default with the services' flags (`mapping_flag`); a
+    caller that knows better (`ppre audit --local`'s prefixed flags, the Python API's
+    parameters) says it in its own words with `in_context`."""
+
+    def __init__(self, template: str, missing: str, *, how: Callable[[str], str] = mapping_flag,
+                 **where) -> None:
+        super().__init__(template.replace(_HOW, how(missing)), **where)
+        self.template, self.missing, self.where = template, missing, where
+
+    def in_context(self, how: Callable[[str], str]) -> "MissingColumn":
+        return MissingColumn(self.template, self.missing, how=how, **self.where)
+
+
 def missing_column(column: str, file_columns: Sequence[str], label: str, hint: str = "",
-                   also: str = "") -> InputError:
+                   also: str = "") -> MissingColumn:
     """The error for a required column the file lacks: the file's columns and how to map
     one (``also``: another way out, appended)."""
-    return InputError(f"required column is missing{hint}; the file has {column_listing(file_columns)} "
-                      f"(if one of them holds '{column}', map it: {mapping_flag(column)}){also}",
-                      file=label, column=column)
+    return MissingColumn(f"required column is missing{hint}; the file has {column_listing(file_columns)} "
+                         f"(if one of them holds '{column}', map it: {_HOW}){also}", column,
+                         file=label, column=column)
 
 
 def parse_column_mapping(id_column: str | None = None, items: Iterable[str] | Mapping[str, str] = (),
@@ -381,8 +416,9 @@ def _mapped(present: list[str], shown: list[str], label: str, columns: Mapping[s
         if t not in present:
             if ours in may_lack:
                 continue
-            raise InputError(f"the column mapping {ours}={theirs} names a column the file does not have; "
-                             f"the file has {column_listing(shown)}", file=label, column=theirs)
+            raise InputError(f"the column mapping {ours}={theirs} names a column the file does not have"
+                             f"{did_you_mean(theirs, shown)}; the file has {column_listing(shown)}",
+                             file=label, column=theirs)
         if ours in present:
             raise InputError(f"the file has both '{ours}' and '{theirs}', which the column mapping reads as "
                              f"'{ours}': remove the mapping or rename a column", file=label, column=ours)
@@ -391,10 +427,12 @@ def _mapped(present: list[str], shown: list[str], label: str, columns: Mapping[s
 
 
 def _header(table: pa.Table, label: str, required: Sequence[str], optional: Sequence[str],
-            columns: Mapping[str, str] | None = None, lenient: Sequence[str] = ()) -> pa.Table:
+            columns: Mapping[str, str] | None = None, lenient: Sequence[str] = (),
+            may_lack: Sequence[str] | None = None) -> pa.Table:
     """Header rules (module docstring): the known columns only, named in lower case
     (our names, after the column mapping). ``lenient``: optional columns a caller may
-    not use (no misspelling check against them)."""
+    not use (no misspelling check against them); ``may_lack`` (default: the lenient
+    ones): columns whose mapping entry may name a column the file does not have."""
     shown = [c.split("\0", 1)[0].strip() for c in table.column_names]
     present = [c.lower() for c in shown]
     seen: set[str] = set()
@@ -403,7 +441,7 @@ def _header(table: pa.Table, label: str, required: Sequence[str], optional: Sequ
             raise InputError("appears more than once in the header", file=label, column=c)
         seen.add(c)
     known = set(required) | set(optional)
-    present = _mapped(present, shown, label, columns, known | set(lenient), lenient)
+    present = _mapped(present, shown, label, columns, known | set(lenient), lenient if may_lack is None else may_lack)
     seen = set(present)
     table = table.rename_columns(present)
     for col in required:
@@ -472,17 +510,33 @@ def mapped_name(column: str, columns: Mapping[str, str] | None) -> str:
     return _file_name(column, columns)
 
 
+#: schema metadata key of `read_text_table`'s result: the file's header names as written (JSON)
+FILE_COLUMNS_KEY = b"file_columns"
+
+
 def read_text_table(path: str | Path, required: Sequence[str], optional: Sequence[str] = (),
-                    columns: Mapping[str, str] | None = None) -> pa.Table:
+                    columns: Mapping[str, str] | None = None, lenient: Sequence[str] = ()) -> pa.Table:
     """The file's known columns as Arrow text (no nulls), lower-case names (ours, after
     the ``columns`` mapping); the member ids follow `clean_member_ids` (not yet checked:
-    see `check_member_ids`)."""
+    see `check_member_ids`). ``lenient``: optional columns that only some settings use
+    (read when present; an unknown column close to one of them is ignored, not refused:
+    the setting that needs one checks for it, `file_columns` helps its message)."""
+    import json
     label = source_label(path)
     table, _ = _raw_table(path)
-    table = _header(table, label, required, optional, columns)
+    shown = [c.split("\0", 1)[0].strip() for c in table.column_names]
+    table = _header(table, label, required, optional, columns, lenient, may_lack=())  # a mapped name must be there
     cols = [clean_member_ids(c, label) if n == ID_COLUMN else as_text(c, label, n)
             for n, c in zip(table.column_names, table.columns)]
-    return pa.Table.from_arrays(cols, names=table.column_names)
+    return pa.Table.from_arrays(cols, names=table.column_names,
+                                metadata={FILE_COLUMNS_KEY: json.dumps(shown).encode("utf-8")})
+
+
+def file_columns(table: pa.Table) -> list[str]:
+    """The header names, as written, of the file `read_text_table` read (else [])."""
+    import json
+    raw = (table.schema.metadata or {}).get(FILE_COLUMNS_KEY)
+    return list(json.loads(raw)) if raw else []
 
 
 # --------------------------------------------------------------------------------------
@@ -527,7 +581,7 @@ def check_member_ids(ids: pa.Array | pa.ChunkedArray, label: str, column: str = 
         return
     second = int(np.flatnonzero(repeat)[0])
     first = int(np.flatnonzero(codes == codes[second])[0])
-    raise InputError(f"duplicate member id (the same as row {first + 1})", file=label, column=column,
+    raise InputError(f"duplicate member id (the same as data row {first + 1})", file=label, column=column,
                      row=second + 1)
 
 

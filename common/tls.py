@@ -24,7 +24,7 @@ whatever address they are reached at (`grpc.ssl_target_name_override`).
 
 Certificates and keys are the services' long-term identities: PEM files read once at
 start-up (`TlsIdentity.from_files` / `from_dir`), unlike the per-audit session keys of
-SPEC.md section 7, which never touch a disk. `ppre certs init DIR` writes a development
+design §7, which never touch a disk. `ppre certs init DIR` writes a development
 CA and one certificate per role (`DevCA`); `ppre.local.local_services` makes one in
 memory for each run. ECDSA P-256 throughout.
 """
@@ -186,6 +186,52 @@ class TlsIdentity:
         """A channel that presents this certificate and verifies the server's against the CA."""
         return grpc.ssl_channel_credentials(root_certificates=self.ca_pem, private_key=self.key_pem,
                                             certificate_chain=self.cert_pem)
+
+
+# --------------------------------------------------------------------------- diagnosis
+
+#: what gRPC says when the server's certificate does not name the expected identity
+HOSTNAME_CHECK_FAILED = "Hostname Verification Check failed"
+#: the service a default identity belongs to, in a user's words
+SERVICE_WORDS = {TESTER_IDENTITY: "a Tester", CLIENT_IDENTITY: "a Test-Client", OPERATOR_IDENTITY: "an operator"}
+
+
+def presented_names(address: str, timeout: float = 3.0) -> tuple[str, ...] | None:
+    """The names in the certificate the TLS service at HOST:PORT presents, read for a
+    message only (not trusted: nothing is sent after the handshake); None when no
+    handshake gets that far (nothing listens, no TLS)."""
+    import socket
+    import ssl
+    host, _, port = address.rpartition(":")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as raw:
+            with context.wrap_socket(raw, server_hostname=host.strip("[]") or None) as tls_socket:
+                der = tls_socket.getpeercert(binary_form=True)
+    except (OSError, ValueError):
+        return None
+    return certificate_names(x509.load_der_x509_certificate(der)) if der else None
+
+
+def wrong_service(address: str, expected: str, flag: str, wanted: str, identity_flag: str,
+                  timeout: float = 3.0) -> str:
+    """Why a service's certificate failed the name check, in words: whose service
+    answers at `address` (its certificate's names), that `flag` needs `wanted`, and
+    `identity_flag` for a deployment whose `wanted` goes by another name."""
+    names = presented_names(address, timeout) or ()
+    known = next((n for n in names if n in SERVICE_WORDS), None)
+    said = ", ".join(f"'{n}'" for n in names[:4])
+    if known is not None:
+        who = f"the service at {address} is {SERVICE_WORDS[known]} (its certificate names '{known}')"
+    elif names:
+        who = f"the certificate of the service at {address} names {said}, not '{expected}'"
+    else:
+        who = f"the certificate of the service at {address} does not name '{expected}'"
+    return (f"{who}; {flag} needs the address of {wanted}, whose certificate names '{expected}' (if "
+            f"{wanted}'s certificate carries another name, give it with {identity_flag})")
 
 
 # --------------------------------------------------------------------------- allow-lists

@@ -1,4 +1,4 @@
-"""The one place where a party checks what its peer sent (SPEC.md section 3).
+"""The one place where a party checks what its peer sent (design §3).
 
 Every PeerMessage a session receives goes through its gate (`TesterInbound` at the
 Tester, `ClientInbound` at the Test-Client) before any handler sees it, in the style of
@@ -55,6 +55,7 @@ from common import commutative, correction, paillier, wire
 from common.errors import EncodingOverflowError, InputError, PeerAborted, ProtocolError
 from common.logs import valid_audit_id
 from common.metrics import get_metric
+from common.metrics.base import SECOND_MOMENTS
 from common.results import AuditReport
 from common.session import PhaseError
 from common.symmetric import sealed_width
@@ -452,6 +453,10 @@ class ClientInbound(Gate):
         if hello.correction not in ("", *correction.METHODS) or (
                 hello.correction not in ("", "none") and not metric.corrects):
             raise ProtocolError(f"the Tester asked for a correction '{hello.correction}' that {metric.name} lacks")
+        if hello.second_moments:  # the rows are to carry their squares (`common.moments`)
+            if not metric.moment_squares:
+                raise ProtocolError(f"the Tester asked for squared components, which {metric.name} lacks")
+            params[SECOND_MOMENTS] = True
         bounds = metric.value_bounds(option, params)
         if dict(hello.value_bounds) != bounds:  # both parties size and clip from the same bounds
             raise ProtocolError(f"the Tester's declared value bounds {dict(hello.value_bounds)} differ from the "
@@ -497,8 +502,11 @@ class ClientInbound(Gate):
         corrections = None
         if header.interval == "parametric" and not s._metric.moment_interval:
             raise ProtocolError(f"aggregates header: {s._metric.name} has no second moments to release")
+        if header.interval == "parametric" and s._metric.moment_squares and not s._params.get(SECOND_MOMENTS):
+            raise ProtocolError("aggregates header: second moments without the squares the Hello did not ask for")
         if s._hello.correction not in ("", "none") or header.interval == "parametric":
-            plan, corrections = correction.extend(plan, groups)  # M's items, the second moments too
+            plan, corrections = correction.extend(  # M's items, the second moments too
+                plan, groups, **s._metric.moment_shape(s._option, s._params, s._info, s._layout))
         if not set(header.unidentifiable) <= set(groups) or \
                 len(set(header.unidentifiable)) != len(header.unidentifiable) or \
                 (header.unidentifiable and s._hello.correction in ("", "none")):

@@ -1,4 +1,4 @@
-"""Chunked tables on the wire (SPEC.md section 3; ROADMAP 2-3).
+"""Chunked tables on the wire (design §3.8).
 
 Every table crosses the wire as TableChunk messages of at most `CHUNK_BYTES`, then one
 TableEnd carrying the row count. Fixed-width columns are packed back to back, so a

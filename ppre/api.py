@@ -9,9 +9,9 @@
 
 It runs exactly what `ppre audit --local` runs: both services start as real gRPC
 servers on loopback in this process (mutual TLS with an in-memory development CA), the
-Tester prepares its probabilities (BISG + privatised Self-ID + clipping, SPEC.md
-section 2) or takes a probability table, and the two talk only through the protocol
-(SPEC.md section 3). DataFrames stay in memory: nothing of them is written to disk. The
+Tester prepares its probabilities (BISG + privatised Self-ID + clipping, design
+§2) or takes a probability table, and the two talk only through the protocol
+(design §3). DataFrames stay in memory: nothing of them is written to disk. The
 result is the `common.results.AuditReport` the CLI serialises (`to_json()` is the
 `ppre audit --json` object). A refused or failed audit raises `AuditFailed` with the
 error code and message the CLI would print.
@@ -52,7 +52,8 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
                 noise_rho: float = DEFAULT_RHO_PER_AUDIT, privacy_budget: float = DEFAULT_BUDGET,
                 privacy_ledger: str | Path | None = None, history: bool | str | Path | None = True,
                 preparation=None, executor=None, timeout: float = 3600.0,
-                on_progress: Callable | None = None) -> AuditReport:
+                on_progress: Callable | None = None, tester_columns: Mapping[str, str] | None = None,
+                client_columns: Mapping[str, str] | None = None) -> AuditReport:
     """One audit through both services on loopback.
 
     `client_data`: the Test-Client's dataset for `metric` (a DataFrame, or a CSV/Parquet
@@ -60,8 +61,8 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
     with `preparation` (a `tester_service.preparation.PreparationConfig`; default: the
     service's defaults), or a ready `probabilities` table (member_id + group columns).
     `params`: the metric's parameters (`ppre audit --metric-param`). `release_controls`:
-    False turns them off (exact results, no protection: README, "Threat model and release
-    controls"). With them on, the audit spends `noise_rho` of the budget
+    False turns them off (exact results, no protection: docs/threat-model.md,
+    design §8). With them on, the audit spends `noise_rho` of the budget
     `privacy_budget` of this pair of inputs, kept in `privacy_ledger` (default: the
     ledger `ppre audit --local` keeps in the user's data directory; `_release`), exactly
     as `ppre audit --local --noise-rho --privacy-budget --privacy-ledger` does: the
@@ -70,19 +71,29 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
     history `ppre audit --local` keeps (`ppre runs list`), a path keeps it there,
     False or None keeps nothing. `executor`: a `common.parallel.Executor` for the
     per-row work (default: inline). `on_progress(progress)`: called with each
-    `Progress` event."""
+    `Progress` event. `tester_columns`, `client_columns`: the column mappings (our
+    column name -> the file's or DataFrame's, as `--tester-column` / `--client-column`
+    give them: ``client_columns={"member_id": "Member ID", "y_pred": "prediction"}``)."""
     from client_service.datasets import DatasetRegistry
     from common.errors import InputError
     from ppre.local import local_services
     from proto import ppre_pb2 as pb
     from tester_service.server import run_audit
 
-    load = _tester_loader(members, self_id, probabilities, preparation)
+    from common.tables import parse_column_mapping
+    from ppre.commands.audit import in_context
+    metric = _metric(metric)
+    tester_map = parse_column_mapping(items=tester_columns or {}, parameter="tester_columns")
+    client_map = parse_column_mapping(items=client_columns or {}, parameter="client_columns")
+    load = in_context(_tester_loader(members, self_id, probabilities, preparation, tester_map),
+                      _api_mapping("tester_columns"))
     load()  # fail fast, before any service starts
     if isinstance(client_data, pd.DataFrame):
-        registry = DatasetRegistry(frames={LOCAL_DATASET: client_data})
+        registry = DatasetRegistry(frames={LOCAL_DATASET: client_data}, columns=client_map,
+                                   how=_api_mapping("client_columns"))
     else:
-        registry = DatasetRegistry(named={LOCAL_DATASET: Path(client_data)})
+        registry = DatasetRegistry(named={LOCAL_DATASET: Path(client_data)}, columns=client_map,
+                                   how=_api_mapping("client_columns"))
     request = pb.AuditRequest(metric=metric, client_dataset=LOCAL_DATASET, bootstrap=bootstrap,
                               confidence=confidence, has_seed=seed is not None, seed=seed or 0,
                               result_recipient=result_recipient, metric_option=option, tau=tau,
@@ -123,7 +134,33 @@ def _history(history):
     return RunHistory(local_history_path() if history is True else history)
 
 
-def _tester_loader(members, self_id, probabilities, preparation) -> Callable[[], pd.DataFrame]:
+def _metric(name: str) -> str:
+    """A metric's name, in any case and with `_` for `-`; a near miss: a did-you-mean."""
+    from common.errors import InputError
+    from common.metrics import METRICS
+    from common.tables import did_you_mean
+    metric = str(name).strip().lower().replace("_", "-")
+    if metric not in METRICS:
+        raise InputError(f"unknown metric '{name}'{did_you_mean(str(name), METRICS)}; the metrics: "
+                         f"{', '.join(METRICS)}", parameter="metric")
+    return metric
+
+
+def _api_mapping(parameter: str) -> Callable[[str], str]:
+    """How a column is mapped in the API, for a missing column's message."""
+    return lambda column: f"audit_local({parameter}={{'{column}': NAME}})"
+
+
+def _renamed(frame: pd.DataFrame, columns: Mapping[str, str]) -> pd.DataFrame:
+    """A DataFrame's columns under our names (the column mapping; names matched as the
+    file readers match them: case and surrounding spaces ignored)."""
+    theirs = {v.strip().lower(): k for k, v in columns.items()}
+    return frame.rename(columns={c: theirs[str(c).strip().lower()] for c in frame.columns
+                                 if str(c).strip().lower() in theirs})
+
+
+def _tester_loader(members, self_id, probabilities, preparation,
+                   columns: Mapping[str, str] | None = None) -> Callable[[], pd.DataFrame]:
     """The Tester's probabilities per audit, from DataFrames (in memory) or files."""
     from common.errors import InputError
     from tester_service.preparation import PreparationConfig, prepare
@@ -134,18 +171,19 @@ def _tester_loader(members, self_id, probabilities, preparation) -> Callable[[],
     cfg = preparation or PreparationConfig()
     if probabilities is not None:
         from tester_service.inputs import read_probability_table
-        return lambda: read_probability_table(probabilities, cfg.group_mapping)  # a file or a DataFrame
+        return lambda: read_probability_table(probabilities, cfg.group_mapping, columns)  # a file or a DataFrame
     if isinstance(members, pd.DataFrame):
         from common.tables import DATAFRAME_LABEL
         from tester_service.preparation import read_self_id
         if self_id is None or isinstance(self_id, pd.DataFrame):
-            survey, label = self_id, DATAFRAME_LABEL
+            survey, label = None if self_id is None else _renamed(self_id, columns or {}), DATAFRAME_LABEL
         else:
-            survey, label = read_self_id(self_id), str(self_id)
-        return lambda: prepare(members.copy(), None if survey is None else survey.copy(), cfg,
+            survey, label = read_self_id(self_id, columns), str(self_id)
+        people = _renamed(members, columns or {})
+        return lambda: prepare(people.copy(), None if survey is None else survey.copy(), cfg,
                                labels=(DATAFRAME_LABEL, label))
     from tester_service.server import prepare_from_files
-    return lambda: prepare_from_files(members, self_id, cfg)
+    return lambda: prepare_from_files(members, self_id, cfg, columns)
 
 
 def _param_text(value: Any) -> str:

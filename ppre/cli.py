@@ -30,8 +30,16 @@ COMMAND_MODULES = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line that says what is wrong and where the options are, not
+    the sub-command's whole usage (dozens of lines for `ppre audit`)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n(`{self.prog} --help` lists the options)\n")
+
+
 def _base_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
-    parser = argparse.ArgumentParser(prog="ppre", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="ppre", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log progress at INFO level (-vv: DEBUG)")
     return parser, parser.add_subparsers(dest="command", required=True)

@@ -7,7 +7,7 @@ settings are read off the argparse definitions (`settings(service)`): a setting'
 key is its flag's long name with ``_`` for ``-`` (``--peer-timeout`` -> ``peer_timeout``),
 its environment variable the ``PPRE_*`` variable its default is read from, and its
 default what it is with no such variable. ``ppre tester config-table`` prints the one
-table of them (README "Configuration"); `tests/test_config.py` checks the table against
+table of them (docs/configuration.md); `tests/test_config.py` checks the table against
 the parsers. (The parser is built once per process, with ``os.environ.get`` shadowed
 for the ``PPRE_*`` names while it is built: do it, as `apply` does, before threads start.)
 
@@ -256,7 +256,7 @@ def settings(service: str) -> tuple[Setting, ...]:
 
 
 def settings_table() -> str:
-    """The one Markdown table of both services' settings (README "Configuration")."""
+    """The one Markdown table of both services' settings (docs/configuration.md)."""
     rows: dict[tuple, list[str]] = {}
     for service in SERVICES:
         for s in settings(service):
@@ -452,8 +452,8 @@ def install(actions: argparse._SubParsersAction, serve: argparse.ArgumentParser,
     the sub-commands ``check-config`` (the same options, and ``--json``) and ``config-table``."""
     serve.add_argument("--config", default=os.environ.get(CONFIG_ENV), metavar="FILE",
                        help=f"a TOML file of settings: keys are the flags' long names with '_' (e.g. peer_timeout "
-                            f"= 600); flags and environment variables win over it (env {CONFIG_ENV}; README "
-                            "'Configuration')")
+                            f"= 600); flags and environment variables win over it (env {CONFIG_ENV}; "
+                            "docs/configuration.md)")
     _note_given(serve)
     serve.set_defaults(func=layered(serve.get_default("func"), service))
     check = actions.add_parser("check-config", parents=[serve], add_help=False,
@@ -727,7 +727,8 @@ def check_tester(args: argparse.Namespace) -> int:
                 return (f"{kept} of {st.members_in} members kept (dropped: {st.dropped_opt_out} opted out, "
                         f"{st.dropped_non_us} outside the US, {st.dropped_excluded_state} in excluded states); "
                         f"BISG sources: {sources}; Self-ID answers used {st.self_id_used}, of members not kept "
-                        f"{st.self_id_dropped}; T = {st.threshold:.4f}, {st.clipped_rows} rows clipped")
+                        f"{st.self_id_dropped}, of people not in the members file {st.self_id_not_among_members} "
+                        f"(dropped); T = {st.threshold:.4f}, {st.clipped_rows} rows clipped")
             stats = report.run("preparation (BISG, Self-ID, clipping; in memory)", preparation, describe)
             if stats is not None:
                 report.checks[-1].details = {"members_in": stats.members_in, "bisg_sources": dict(stats.sources),
@@ -817,4 +818,31 @@ def check_client(args: argparse.Namespace) -> int:
     else:
         for name in names:
             _check_dataset(report, registry, name, columns)
+        _check_mapped_columns(report, registry, names, columns)
     return report.finish()
+
+
+def _check_mapped_columns(report: Report, registry, names: list[str], columns: dict[str, str]) -> None:
+    """Each column the mapping reads must be in at least one dataset (one mapping serves
+    all of them): a misspelt mapped name fails here, with the closest column found."""
+    from common.tables import column_listing, did_you_mean, file_header
+    headers: dict[str, list[str]] = {}
+    for name in names:
+        try:
+            path = registry.path(name)
+            headers[str(path)] = file_header(path)[0]
+        except Exception:  # noqa: BLE001 - the dataset's own check reported it
+            continue
+    if not headers:
+        return
+    found = {c.strip().lower() for header in headers.values() for c in header}
+    every = [c for header in headers.values() for c in header]
+    for ours, theirs in columns.items():
+        if theirs.strip().lower() in found or theirs.strip().lower() == ours:
+            continue
+        files = ", ".join(headers)
+        has = column_listing(next(iter(headers.values()))) if len(headers) == 1 else "other columns"
+        flag = "--id-column NAME" if ours == "member_id" else f"--column {ours}=NAME"
+        report.fail("column mapping", f"{ours}={theirs}: no dataset has a column '{theirs}'"
+                                      f"{did_you_mean(theirs, every)}; file {files} has {has}; correct the "
+                                      f"name ({flag})")

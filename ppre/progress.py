@@ -226,17 +226,24 @@ def plain_line(event: Event) -> str:
 
 # ------------------------------------------------------------------ writers
 class PlainProgress:
-    """One line per event; the audit id once, when first heard."""
+    """One line per event; the audit id once, when first heard. An event that says
+    nothing new (the Tester's heartbeat repeats its latest progress while a phase is
+    silent, e.g. during the Test-Client's key generation) prints no second line."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
         self.state = ProgressState()
+        self._last: tuple = ()
 
     def __call__(self, event: Event) -> None:
         had_id = bool(self.state.audit_id)
         self.state.update(event)
         if self.state.audit_id and not had_id:
             print(f"audit id: {self.state.audit_id}", file=self.stream, flush=True)
+        news = (event.phase, event.message, event.done, event.total)
+        if news == self._last:
+            return
+        self._last = news
         print(plain_line(event), file=self.stream, flush=True)
 
     def close(self) -> None:

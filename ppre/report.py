@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
 HTML_NAME = "report.html"
 JSON_NAME = "report.json"
 
-#: where the race/ethnicity probabilities come from (SPEC.md section 2; `common.bisg`)
+#: where the race/ethnicity probabilities come from (design §2; `common.bisg`)
 PROVENANCE = (
     "Race/ethnicity probabilities are BISG estimates (Bayesian Improved Surname Geocoding): "
     "Pr(race | surname) from the 2010 Census surname list (\u201cFrequently Occurring Surnames "
@@ -102,6 +102,7 @@ PREPARATION_WORDS = {
     "dropped_excluded_state": "dropped: excluded state",
     "self_id_used": "Self-ID answers used",
     "self_id_not_among_kept": "Self-ID answers of members not kept",
+    "self_id_not_among_members": "Self-ID answers of people not in the members file (dropped)",
     "clipped_rows": "rows clipped",
     "threshold": "clipping threshold T",
     "epsilon": "Self-ID randomized response \u03b5",
@@ -114,13 +115,16 @@ PHASE_TOTAL = "total"
 
 
 # ====================================================================== writing
-def write_report(report: "AuditReport", directory, *, run_id: str | None = None) -> tuple[Path, Path]:
+def write_report(report: "AuditReport", directory, *, run_id: str | None = None,
+                 generated: _dt.datetime | None = None) -> tuple[Path, Path]:
     """Write ``report.html`` and ``report.json`` into `directory` (created if missing) and
-    return their paths (html, json). Each file is written to a temporary file in the same
-    directory and renamed into place, so a reader never sees half a file; on any error
-    the temporary files are removed and the error is raised (OSError for the disk)."""
+    return their paths (html, json). `generated`: the time the page is dated at (default
+    now; a run from the history: the audit's own time). Each file is written to a
+    temporary file in the same directory and renamed into place, so a reader never sees
+    half a file; on any error the temporary files are removed and the error is raised
+    (OSError for the disk)."""
     directory = Path(directory)
-    page = render_html(report, run_id=run_id)       # render first: an error leaves no file
+    page = render_html(report, run_id=run_id, generated=generated)  # render first: an error leaves no file
     data = report.to_json() + "\n"
     directory.mkdir(parents=True, exist_ok=True)
     html_path, json_path = directory / HTML_NAME, directory / JSON_NAME

@@ -1,6 +1,6 @@
 """Synthetic populations grounded in the 2010 Census tables (for demos, tests and benchmarks).
 
-Generative model (consistent with BISG's assumption S ⟂ G | R, SPEC.md section 2.2,
+Generative model (consistent with BISG's assumption S ⟂ G | R, design §2.2,
 and BIFSG's F ⟂ S ⟂ G | R):
 
 1. true race ``r ~ Pr(r)``, the national 2010 shares (`common.bisg.national_race_shares`);
@@ -55,7 +55,7 @@ self-selected.
 
 Test-Client ERO data: ``y_true ~ Bernoulli(positive_rate)``; ``y_pred = 1`` with
 probability ``tpr`` when ``y_true = 1`` and with the false-positive rate
-``base_fpr + disparity[race]`` when ``y_true = 0`` (SPEC.md section 5, ERO), so the
+``base_fpr + disparity[race]`` when ``y_true = 0`` (design §5.2, ERO), so the
 injected FPR gap is known.
 
 Test-Client data for the other metrics (`metric_datasets`, one table per metric, drawn

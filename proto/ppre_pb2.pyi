@@ -164,7 +164,7 @@ class AuditError(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("protocol_version", "metric", "client_dataset", "metric_option", "salt_share", "probability_bits", "result_recipient", "sealed_width", "metric_params", "buckets", "correction", "audit_id", "value_bounds")
+    __slots__ = ("protocol_version", "metric", "client_dataset", "metric_option", "salt_share", "probability_bits", "result_recipient", "sealed_width", "metric_params", "buckets", "correction", "audit_id", "value_bounds", "second_moments")
     class MetricParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +192,7 @@ class Hello(_message.Message):
     CORRECTION_FIELD_NUMBER: _ClassVar[int]
     AUDIT_ID_FIELD_NUMBER: _ClassVar[int]
     VALUE_BOUNDS_FIELD_NUMBER: _ClassVar[int]
+    SECOND_MOMENTS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     metric: str
     client_dataset: str
@@ -205,7 +206,8 @@ class Hello(_message.Message):
     correction: str
     audit_id: str
     value_bounds: _containers.ScalarMap[str, float]
-    def __init__(self, protocol_version: _Optional[int] = ..., metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., metric_option: _Optional[str] = ..., salt_share: _Optional[bytes] = ..., probability_bits: _Optional[int] = ..., result_recipient: _Optional[str] = ..., sealed_width: _Optional[int] = ..., metric_params: _Optional[_Mapping[str, str]] = ..., buckets: _Optional[int] = ..., correction: _Optional[str] = ..., audit_id: _Optional[str] = ..., value_bounds: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    second_moments: bool
+    def __init__(self, protocol_version: _Optional[int] = ..., metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., metric_option: _Optional[str] = ..., salt_share: _Optional[bytes] = ..., probability_bits: _Optional[int] = ..., result_recipient: _Optional[str] = ..., sealed_width: _Optional[int] = ..., metric_params: _Optional[_Mapping[str, str]] = ..., buckets: _Optional[int] = ..., correction: _Optional[str] = ..., audit_id: _Optional[str] = ..., value_bounds: _Optional[_Mapping[str, float]] = ..., second_moments: _Optional[bool] = ...) -> None: ...
 
 class HelloAck(_message.Message):
     __slots__ = ("salt_share", "paillier_n", "paillier_h", "slot_bits", "rows", "strata_labels", "info_json", "slots", "value_bounds")

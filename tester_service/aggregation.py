@@ -1,6 +1,6 @@
 """The Tester's homomorphic aggregation, as chunk functions on raw integers.
 
-SPEC.md sections 3.6 and 4. The Tester holds, per joined row, the Test-Client's
+Design §3.6 and §4. The Tester holds, per joined row, the Test-Client's
 ciphertexts (each packs several signed value slots) and plaintext integer weights (one
 column per weight kind of the metric: a group's q_ij, a pair's q_ia·q_lb, ...). For each
 resampling bucket m (and stratum) it forms C[m, w, t] = Π_i Enc(v_it)^(W_iw) =

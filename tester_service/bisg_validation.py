@@ -1,4 +1,4 @@
-"""BISG quality validation against the Self-ID survey (paper appendix D; SPEC.md section 2).
+"""BISG quality validation against the Self-ID survey (paper appendix D; design §2.6).
 
 `ppre tester validate-bisg` compares BISG variants with the members' own answers, the
 way the paper chose baseline BISG for production (appendix D, section 8.1.4):
@@ -12,7 +12,9 @@ Members and Self-ID are read and checked by `tester_service.preparation`'s reade
 (errors name the file, column and row, never a value). Members who opted out, live
 outside the US or in an excluded state are dropped first (`drop_out_of_scope`), and
 their answers with them; members without an answer are not used; an answer whose id is
-not among the members is counted, not an error. The Self-ID answers are used raw (no
+not among the members is counted and dropped, not an error — the rule of an audit's
+preparation (`tester_service.preparation.prepare`), and as there, no answer among the
+members at all is an error. The Self-ID answers are used raw (no
 randomized response): this is the Tester's own check of its BISG, run on the Tester
 alone. Nothing is sent anywhere and nothing is written to disk; the output is
 aggregates only.
@@ -63,7 +65,7 @@ import pyarrow.compute as pc
 from common.bisg import GEO_TABLES, BisgResult, arrow_to_numpy, bisg, numpy_to_arrow
 from common.errors import InputError
 from common.races import RACES
-from common.tables import check_member_ids, read_text_table
+from common.tables import check_member_ids, did_you_mean, file_columns, read_text_table
 from tester_service.preparation import (SELF_ID_REQUIRED, PreparationConfig, drop_out_of_scope, read_members_table,
                                         self_id_categories, validate_members)
 
@@ -177,10 +179,13 @@ def self_id_sample(members_path: str | Path, self_id_path: str | Path, *, geo: s
     members = read_members_table(members_path, opt_out_column)
     member_ids = members.column("member_id").combine_chunks()
     validate_members(members, m_label, opt_out_column, ids=member_ids)
+    found = file_columns(members)
     if geo == "tract" and "tract" not in members.column_names:
-        raise InputError("is missing column 'tract' needed by --geo tract", file=m_label)
+        raise InputError(f"is missing column 'tract' needed by --geo tract{did_you_mean('tract', found)}",
+                         file=m_label)
     if first_names and "first_name" not in members.column_names:
-        raise InputError("is missing column 'first_name' needed by --first-names", file=m_label)
+        raise InputError(f"is missing column 'first_name' needed by --first-names"
+                         f"{did_you_mean('first_name', found)}", file=m_label)
     answers = read_text_table(self_id_path, SELF_ID_REQUIRED)
     answer_ids = answers.column("member_id").combine_chunks()
     check_member_ids(answer_ids, s_label)

@@ -1,5 +1,5 @@
-"""The Tester's prepared probability table, used as given (README "Inputs"; the
-alternative to SPEC.md section 2's preparation).
+"""The Tester's prepared probability table, used as given (docs/inputs.md; the
+alternative to the preparation, design §2.5).
 
 `member_id` and one column per group: the six races (`white, black, api, aian,
 multiple, hispanic`) or any other groups (e.g. `member_id, hsm, non_hsm`, a split made

@@ -1,15 +1,18 @@
-"""The Tester's per-audit demographic preparation (SPEC.md section 2, steps 1–4).
+"""The Tester's per-audit demographic preparation (design §2.1-§2.4).
 
-Everything happens in memory; nothing here writes a file (SPEC.md 2: "ephemeral:
-computed per audit, never stored").
+Everything happens in memory; nothing here writes a file (design §2: computed per audit,
+never stored).
 
 1. Drop opted-out members, members outside the US (``country`` not blank/US/USA) and
    members in excluded states (`drop_out_of_scope`).
-2. BISG / BIFSG for the remaining members (`common.bisg`, SPEC.md 2.2).
+2. BISG / BIFSG for the remaining members (`common.bisg`, design §2.2).
 3. Self-ID members: their reported race, one-hot and privatised by k-ary randomized
-   response (`common.randomized_response`, SPEC.md 2.3), replaces their BISG row.
-   Self-ID rows of dropped members are dropped too (an opt-out wins).
-4. Probabilistic clipping of every row (`common.clipping`, SPEC.md 2.4) with ``T``
+   response (`common.randomized_response`, design §2.3), replaces their BISG row.
+   Self-ID rows of dropped members are dropped too (an opt-out wins), and so are rows
+   of people who are not in the members file at all (a survey often covers people the
+   members export left out): counted (``self_id_not_among_members``), not an error —
+   unless no row at all matches a member (the wrong file or id column, surely).
+4. Probabilistic clipping of every row (`common.clipping`, design §2.4) with ``T``
    fixed or, by default, from the 90% rule over the kept members' BISG rows.
 
 Then an optional `common.races.GroupMapping` sums the six categories into groups.
@@ -17,8 +20,8 @@ Then an optional `common.races.GroupMapping` sums the six categories into groups
 `read_members` / `read_self_id` read the files through `common.tables` (CSV or Parquet,
 every column text, its size, encoding and consistency rules and the one member-id
 rule); `prepare` validates both tables, once. Errors name the file, column and row
-(rows are numbered from 1, the first record after the header; CSV messages also give
-the line) but never member ids, names or race values.
+(as "data row N", numbered from 1, the first record after the header: line N + 1 of a
+CSV file) but never member ids, names or race values.
 """
 from __future__ import annotations
 
@@ -36,7 +39,8 @@ from common.bisg import arrow_to_numpy, fill_empty, string_scalar
 from common import clipping, randomized_response
 from common.errors import InputError
 from common.races import RACES, GroupMapping, race_label_to_index
-from common.tables import check_member_ids, clean_member_ids, first_row, misspelling_hint, read_text_table
+from common.tables import (_HOW, MissingColumn, check_member_ids, clean_member_ids, did_you_mean, file_columns,
+                           first_row, misspelling_hint, read_text_table)
 
 if TYPE_CHECKING:  # pandas is imported where it is needed (startup time of ``ppre bisg``)
     import pandas as pd
@@ -45,6 +49,10 @@ log = logging.getLogger(__name__)
 
 MEMBER_REQUIRED = ("member_id", "surname", "zip")
 MEMBER_OPTIONAL = ("first_name", "tract", "state", "country", "opt_out")
+#: optional member columns only a setting uses (--first-names, --geo tract, --excluded-states):
+#: read when present, but a column of another name close to one (e.g. "First Name") is not
+#: refused as its misspelling — the setting that needs one says so (`_needed_column`)
+SETTING_COLUMNS = ("first_name", "tract", "state")
 SELF_ID_REQUIRED = ("member_id", "race")
 
 _US_COUNTRIES = frozenset({"", "US", "USA", "U.S.", "U.S.A.", "UNITED STATES", "UNITED STATES OF AMERICA"})
@@ -57,7 +65,7 @@ _FALSE = frozenset({"", "0", "false", "f", "no", "n"})
 # --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PreparationConfig:
-    """Parameters of `prepare` (defaults: SPEC.md section 6)."""
+    """Parameters of `prepare` (defaults: design §6)."""
 
     epsilon: float = randomized_response.DEFAULT_EPSILON
     threshold: float | None = None  # fixed T, or None for the 90% rule
@@ -101,12 +109,15 @@ class PreparationStats:
     sources: dict[str, int] = field(default_factory=dict)
     #: the randomized-response ε the Self-ID answers were privatised with
     epsilon: float | None = None
+    #: Self-ID rows whose id is not in the members file (dropped)
+    self_id_not_among_members: int = 0
 
     def counts(self) -> dict[str, float]:
         """Flat counts for the audit result (`--json` "preparation"; never member data)."""
         out = {"members_read": self.members_in, "dropped_opt_out": self.dropped_opt_out,
                "dropped_non_us": self.dropped_non_us, "dropped_excluded_state": self.dropped_excluded_state,
                "self_id_used": self.self_id_used, "self_id_not_among_kept": self.self_id_dropped,
+               "self_id_not_among_members": self.self_id_not_among_members,
                "clipped_rows": self.clipped_rows, "threshold": self.threshold}
         if self.epsilon is not None:
             out["epsilon"] = self.epsilon
@@ -218,7 +229,10 @@ def read_members(path: str | Path, opt_out_column: str = "opt_out",
     """A members file (CSV or Parquet; `common.tables` rules) as text columns, not yet
     validated (`prepare` validates, naming the file). ``columns``: the column mapping
     (our name -> the file's, `common.tables.parse_column_mapping`)."""
-    return read_members_table(path, opt_out_column, columns).to_pandas()
+    table = read_members_table(path, opt_out_column, columns)
+    frame = table.to_pandas()
+    frame.attrs["file_columns"] = file_columns(table)
+    return frame
 
 
 def read_members_table(path: str | Path, opt_out_column: str = "opt_out",
@@ -229,7 +243,8 @@ def read_members_table(path: str | Path, opt_out_column: str = "opt_out",
     country`` and the opt-out column."""
     lower = opt_out_column.strip().lower()
     optional = tuple(dict.fromkeys((*MEMBER_OPTIONAL, lower)))
-    table = read_text_table(path, MEMBER_REQUIRED, optional, columns)
+    table = read_text_table(path, MEMBER_REQUIRED, [c for c in optional if c not in SETTING_COLUMNS], columns,
+                            lenient=SETTING_COLUMNS)
     if opt_out_column != lower and lower in table.column_names:
         table = table.rename_columns([opt_out_column if c == lower else c for c in table.column_names])
     return table
@@ -254,20 +269,32 @@ def self_id_categories(df: pd.DataFrame, label: str = "self-id") -> np.ndarray:
     return cats
 
 
-def member_positions(self_ids: pa.Array, member_ids: pa.Array, label: str = "self-id") -> np.ndarray:
-    """Row of each Self-ID id among ``member_ids`` (both cleaned); an id not among them is
-    an `InputError`."""
+def member_positions(self_ids: pa.Array, member_ids: pa.Array, label: str = "self-id",
+                     members_label: str = "members") -> np.ndarray:
+    """Row of each Self-ID id among ``member_ids`` (both cleaned), -1 for an id not among
+    them (dropped and counted by `prepare`). No id at all among them is an `InputError`:
+    the wrong file, or ids in another column or form."""
     pos = pc.index_in(self_ids, value_set=member_ids).fill_null(-1)
     pos = pos.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    if (pos < 0).any():
-        raise InputError("member id is not among the members", file=label, column="member_id",
-                         row=first_row(pos < 0))
+    if len(pos) and (pos < 0).all():
+        raise InputError(f"no member id is among the members of {members_label}: is it the survey of these "
+                         "members, with their ids in the same form?",
+                         file=label, column="member_id")
     return pos
 
 
 # --------------------------------------------------------------------------------------
 # Preparation
 # --------------------------------------------------------------------------------------
+def needed_column(column: str, setting: str, file_columns, label: str, parameter: str) -> MissingColumn:
+    """The error for a members column a setting needs that the file lacks: the closest
+    column found, and how to map it."""
+    hint = did_you_mean(column, file_columns)
+    return MissingColumn(f"{setting} needs a '{column}' column, which the members file does not have{hint}; "
+                         f"map the file's column with the column mapping ({_HOW})", column,
+                         file=label, parameter=parameter)
+
+
 def drop_out_of_scope(members: pd.DataFrame, config: PreparationConfig,
                       label: str = "members") -> tuple[np.ndarray, dict[str, int]]:
     """Step 1: boolean mask of members kept, and counts of each reason for dropping."""
@@ -298,7 +325,7 @@ def drop_out_of_scope(members: pd.DataFrame, config: PreparationConfig,
 def prepare(members: pd.DataFrame, self_id: pd.DataFrame | None = None,
             config: PreparationConfig | None = None, *,
             labels: tuple[str, str] = ("members", "self-id")) -> pd.DataFrame:
-    """SPEC.md section 2, steps 1–4: returns ``member_id`` (str) + six race columns
+    """Design §2.1-§2.4: returns ``member_id`` (str) + six race columns
     (or the group mapping's columns), one row per kept member, input order.
 
     Both tables are validated here (errors name ``labels``: the members' and the
@@ -317,7 +344,7 @@ def prepare(members: pd.DataFrame, self_id: pd.DataFrame | None = None,
         self_id_ids = _ids(self_id["member_id"], self_id_label)
         check_member_ids(self_id_ids, self_id_label)
         cats_all = self_id_categories(self_id, self_id_label)
-        pos_all = member_positions(self_id_ids, member_ids, self_id_label)
+        pos_all = member_positions(self_id_ids, member_ids, self_id_label, members_label)
 
     keep, counts = drop_out_of_scope(members, cfg, members_label)
     kept = members.loc[keep]
@@ -328,10 +355,10 @@ def prepare(members: pd.DataFrame, self_id: pd.DataFrame | None = None,
 
     # Step 2: BISG / BIFSG.
     if cfg.geo == "tract" and "tract" not in kept.columns:
-        raise InputError("geo 'tract' needs a 'tract' column in the members", parameter="geo")
+        raise needed_column("tract", "geo 'tract'", members.attrs.get("file_columns", ()), members_label, "geo")
     if cfg.first_names and "first_name" not in kept.columns:
-        raise InputError("first names are requested but the members have no 'first_name' column",
-                         parameter="first_names")
+        raise needed_column("first_name", "first names (BIFSG)", members.attrs.get("file_columns", ()),
+                            members_label, "first_names")
     res = bisg_mod.bisg(kept["surname"], zips=kept["zip"],
                         tracts=kept["tract"] if cfg.geo == "tract" else None,
                         first_names=kept["first_name"] if cfg.first_names else None, geo=cfg.geo)
@@ -339,12 +366,14 @@ def prepare(members: pd.DataFrame, self_id: pd.DataFrame | None = None,
     threshold = cfg.threshold if cfg.threshold is not None else clipping.threshold_from_rule(probs)
 
     # Step 3: Self-ID rows, privatised, replace BISG rows.
-    used = dropped_sid = 0
+    used = dropped_sid = not_members = 0
     if self_id is not None and cats_all is not None and pos_all is not None and len(self_id):
         kept_row = np.cumsum(keep) - 1  # member row -> row among the kept members
-        present = keep[pos_all]
-        pos = np.where(present, kept_row[pos_all], -1)
-        dropped_sid = int((~present).sum())
+        among = pos_all >= 0
+        not_members = int((~among).sum())
+        present = among & keep[np.where(among, pos_all, 0)]
+        pos = np.where(present, kept_row[np.where(among, pos_all, 0)], -1)
+        dropped_sid = int((among & ~present).sum())
         if present.any():
             probs = probs.copy()
             probs[pos[present]] = randomized_response.privatize_one_hot(cats_all[present], rng, cfg.epsilon)
@@ -363,9 +392,10 @@ def prepare(members: pd.DataFrame, self_id: pd.DataFrame | None = None,
         members_in=len(members), dropped_opt_out=counts["opt_out"], dropped_non_us=counts["non_us"],
         dropped_excluded_state=counts["excluded_state"], self_id_used=used, self_id_dropped=dropped_sid,
         threshold=float(threshold), clipped_rows=int(before.sum()),
-        sources={s: int(c) for s, c in zip(bisg_mod.SOURCES, src)}, epsilon=float(cfg.epsilon))
+        sources={s: int(c) for s, c in zip(bisg_mod.SOURCES, src)}, epsilon=float(cfg.epsilon),
+        self_id_not_among_members=not_members)
     if cfg.group_mapping is not None:
         out.attrs["group_mapping"] = str(cfg.group_mapping)
-    log.info("prepared %d of %d members (T=%.4f, %d Self-ID rows, %d clipped)",
-             len(out), len(members), threshold, used, int(before.sum()))
+    log.info("prepared %d of %d members (T=%.4f, %d Self-ID rows, %d of people not among the members, "
+             "%d clipped)", len(out), len(members), threshold, used, not_members, int(before.sum()))
     return out

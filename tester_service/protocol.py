@@ -1,11 +1,11 @@
-"""The Tester's (P1's) side of one audit session, free of I/O (SPEC.md section 3).
+"""The Tester's (P1's) side of one audit session, free of I/O (design §3).
 
 `TesterSession` is a small state machine over `PeerMessage`s, in the style of h11:
 `start()` yields the first messages, `receive(msg)` consumes one peer message and
 returns the messages to send back, `result` holds the report once done. No sockets,
 no threads, no files: the gRPC layer (`tester_service.server`) only moves messages.
 
-Steps (SPEC 3): 1 keys and salt share; 2 send (Com.Enc_sk1(RO(id)), Sym.Enc(race_p))
+Steps (design §3): 1 keys and salt share; 2 send (Com.Enc_sk1(RO(id)), Sym.Enc(race_p))
 and drop the plaintext table; 3 receive the shuffled, doubly encrypted rows; 4 receive
 P2's rows: each row's member ids Com.Enc_sk2(RO(id)) (two for pair metrics), its
 HE.Enc(values) and, where the metric has them, a resampling bucket and a plaintext
@@ -16,7 +16,7 @@ send; 7 receive P2's result (P2 learns it) or the decrypted masked values (only 
 learns it) and unmask. The metric (`common.metrics`) decides the rows, weights, cells
 and verdict; a metric without HE (probabilistic count) ends after step 5, at P1.
 MQOS-AUC exact adds a round trip between 6 and 7: P2 squares additively masked sums.
-Release controls (SPEC 8, `tester_service.release`) act at the end of step 5 (the
+Release controls (design §8, `tester_service.release`) act at the end of step 5 (the
 intersection's size, members repeated across rows) and in step 6 (cells below the
 effective size withheld, Gaussian noise added under encryption, the budget charged
 just before anything leaves).
@@ -41,7 +41,8 @@ from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.logs import new_audit_id
 from common.masking import AdditiveMask, RatioMask
 from common.metrics import correcting_metrics, get_metric
-from common.metrics.base import Layout, composite_items, sensitivity_rows
+from common.metrics.base import SECOND_MOMENTS, Layout, composite_items, sensitivity_rows
+from common.correction import finish_corrected
 from common.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, AuditReport, finish, small_for_verdict
 from common.session import PhaseClock, chunk_ticks, expect_phase
 from common.symmetric import RowSealer, sealed_width
@@ -151,7 +152,7 @@ class TesterSession:
         and whatever either raises ends the session (the servicer uses this to stop an
         audit whose operator went away, or when it shuts down). `preparation`: the
         counts of the Tester's demographic preparation (no member-level data), passed
-        through to the result. `release`: the release controls (SPEC 8; default: the
+        through to the result. `release`: the release controls (design §8; default: the
         secure defaults of `tester_service.release`); `charge(rho)` spends this audit's
         privacy budget just before anything is released (it raises to refuse, and returns
         the budget left). `max_received_bytes`: the most the Test-Client may send in this
@@ -177,6 +178,8 @@ class TesterSession:
         #: how the groups were coarsened from the six races ("" for none), for the result
         self._group_mapping = group_mapping
         self.release = release if release is not None else ReleasePolicy()
+        if self._moments_form() and self.metric.moment_squares:  # rows carry f² too (`common.moments`)
+            self.params[SECOND_MOMENTS] = True
         self._charge = charge
         self._release_info: dict[str, Any] = {}
         self._multiplicity = 1
@@ -270,7 +273,8 @@ class TesterSession:
             probability_bits=encoding.PROBABILITY_BITS, result_recipient=self.spec.result_recipient,
             sealed_width=sealed_width(len(self.groups)), metric_params=self.spec.params,
             buckets=self._n_buckets, correction=self.spec.correction, audit_id=self.audit_id,
-            value_bounds=self.metric.value_bounds(self.spec.metric_option, self.params)))]
+            value_bounds=self.metric.value_bounds(self.spec.metric_option, self.params),
+            second_moments=bool(self.params.get(SECOND_MOMENTS))))]
 
     def receive(self, msg: pb.PeerMessage) -> Iterable[pb.PeerMessage]:
         """Consume one message from the Test-Client; returns the messages to send back.
@@ -391,7 +395,7 @@ class TesterSession:
         while self._pending:
             self._join(*self._pending.popleft())
         # step 5: the join is complete; every id (and the unmatched rows) is deleted, and
-        # the commutative key is no longer needed (SPEC 7: keys deleted as soon as possible)
+        # the commutative key is no longer needed (design §7: keys deleted as soon as possible)
         self._com_key = None
         self.n_matched = sum(len(a) for a in self._matched_at)
         self._lap("client_encrypt_and_join")
@@ -405,7 +409,7 @@ class TesterSession:
         return self._aggregate()
 
     def _check_intersection(self) -> None:
-        """Release controls on the intersection (SPEC 8): enough distinct members, and each
+        """Release controls on the intersection (design §8): enough distinct members, and each
         in no more rows than the metric allows; the counts are then dropped."""
         points = np.concatenate(self._matched_points)
         self._matched_points = []
@@ -515,11 +519,13 @@ class TesterSession:
                                  self.params, self._info)
         if self.spec.correction != "none" or self._moments_form():
             # M's items, which are also the second moments of the interval (`common.moments`)
-            self._plan, self._correction = correction.extend(self._plan, self.groups)
+            self._plan, self._correction = correction.extend(
+                self._plan, self.groups,
+                **metric.moment_shape(self.spec.metric_option, self.params, self._info, self._layout))
             weights = list(weights) + correction.pair_weights(q[0])
             assert len(weights) == len(self.groups) + 1 + len(correction.pairs(len(self.groups)))
-            if self.spec.correction != "none" and not self._moments_form():
-                self._check_identifiable(q[0])
+            if self.spec.correction != "none" and not self.release.noisy:
+                self._check_identifiable(q[0])  # with noise: decided on the released M (`_finish_corrected`)
         del q
         self._suppress_small(weights, strata)
         self._lap("open_probabilities")
@@ -619,19 +625,23 @@ class TesterSession:
                         c = c * part[item.weight][item.ciphertext] % n2
                 col.append(c)
             columns.append(col)
-        # Release noise (SPEC 8): the estimate is the sum of the noiseless units plus its own
+        # Release noise (design §8): the estimate is the sum of the noiseless units plus its own
         # noise (σ₀); every replicate is formed from units that each carry noise (σ_b): with
         # noise, the units are disjoint random groups and each replicate is one of them.
         comps = metric.components(self.spec.metric_option, self.params, self._info)
         beta = metric.sensitivity_components(self.spec.metric_option, self.params, self._info)
+        squares = metric.moment_components(self.spec.metric_option, self.params)
         if self._moments_form():  # σ₀ on the group items, σ_m on the pair items (`ReleasePolicy.moment_sigmas`)
-            sigma0, sigma_m = self.release.moment_sigmas(beta)
+            sigma0, sigma_m = self.release.moment_sigmas(beta, squares=squares)
             sigma_b = 0.0
             item_sigma = [sigma_m if i >= self._correction.first_item else sigma0 for i in range(len(plan_items))]
         else:
             sigma0, sigma_b = self.release.sigmas(beta * (correction.SENSITIVITY_FACTOR if self._correction else 1))
             item_sigma = [sigma0] * len(plan_items)
         scales = [self._slot_scales(plan_items[i], weights, comps) for i in direct]
+        if squares:  # a group item's squares belong to the second moments: σ_m, not σ₀
+            scales = [self._square_scales(plan_items[i], scale, len(comps) - squares, sigma_m / sigma0)
+                      if i < self._correction.first_item else scale for i, scale in zip(direct, scales)]
         del weights
         point = []
         for d, col in enumerate(columns):
@@ -688,15 +698,14 @@ class TesterSession:
         yield from self._send_items(items, self._replicates())
 
     def _check_identifiable(self, q: np.ndarray) -> None:
-        """The groups whose identifying size (`common.correction`), measured on our own
-        probabilities over the joined rows, is below the minimum: their corrected values
-        are withheld. With release noise the sizes are noised first, as the effective
-        sizes that decide suppression are."""
+        """Without release noise: the groups whose identifying size (`common.correction`),
+        measured on our own probabilities over the joined rows, is below the minimum:
+        their corrected values are withheld. With noise nothing of the sort is released:
+        both parties decide it on the released, noised M (`correction.finish_corrected`),
+        since an identifying size's sensitivity to one member has no useful bound (an
+        ill-conditioned M amplifies one row)."""
         p = q / float(1 << encoding.PROBABILITY_BITS)
         sizes = correction.identifying_sizes(correction.plain_matrix(p))
-        if self.release.noisy:
-            sigma = self.release.threshold_sigma() * self._multiplicity
-            sizes = sizes + np.array([gaussian(sigma) for _ in sizes])
         self._unidentifiable = [g for g, size in zip(self.groups, sizes) if not size >= correction.MIN_IDENTIFYING_SIZE]
 
     # ------------------------------------------------------------------ release controls
@@ -758,6 +767,17 @@ class TesterSession:
         if isinstance(weights[item.weight], (int, tuple)):
             return [0] * self._layout.slots
         return self.metric.slot_sensitivity(item, self._layout, components, self._sensitivity_rows)
+
+    def _square_scales(self, item, scales: list, first_square: int, factor: float) -> list:
+        """`scales` of a group item with the slots of the squared components (those from
+        `first_square` on, `Metric.moment_squares`) times `factor` = σ_m/σ₀: they are
+        released at the second moments' noise (`ReleasePolicy.moment_sigmas`)."""
+        out = list(scales)
+        for c in range(first_square, self._layout.n_components):
+            ct, slot = self._layout.position(c)
+            if ct == item.ciphertext:
+                out[slot] = out[slot] * factor
+        return out
 
     def _add_noise(self, ciphertext: int, scales: list[int], sigma: float) -> int:
         if sigma <= 0 or not any(scales):
@@ -938,9 +958,9 @@ class TesterSession:
                                                 plain_rows=replicates + 1 if noisy else 0, noise_sd=self._noise_sd,
                                                 pseudo_values=pseudo),
                                self._suppressed)
-        corrected = None if self._correction is None else self._correction.finish(
-            slots, plan, self._suppressed, self._unidentifiable, pseudo_values=pseudo,
-            bounds=moments.estimate_bounds(self.metric, self.spec.metric_option, self.params))
+        corrected = None if self._correction is None else finish_corrected(
+            self._correction, slots, plan, self._suppressed, self._unidentifiable, self._noise_sd if noisy else (),
+            pseudo_values=pseudo, bounds=moments.estimate_bounds(self.metric, self.spec.metric_option, self.params))
         report = finish(self.metric, plan, values, option=self.spec.metric_option, confidence=self.spec.confidence,
                         interval=self._interval(),
                         tau=self.spec.tau, params=self.params, info=self._info, replicates=replicates,

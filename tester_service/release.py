@@ -1,9 +1,9 @@
-"""Release controls: what the Tester lets out of an audit (SPEC.md section 8).
+"""Release controls: what the Tester lets out of an audit (design §8).
 
 The cryptography hides every input, but the Test-Client chooses its own "model
 outputs": with one member as the only false positive among decoys, or two audits
 that differ in one member, the released per-group ratios would give away that
-member's probability vector (`papers/fairness-queries-leak-attributes.txt`). The
+member's probability vector (Hamman, Chen and Dutta 2023; design §8.1, §10). The
 Tester therefore releases nothing but
 
 * audits whose intersection holds at least `min_intersection` distinct members;
@@ -38,13 +38,16 @@ comes from one of two further releases. An audit makes three releases:
 
 1. the estimate (σ₀);
 2. for the interval, either
-   (a) *second moments* (`moment_sigmas`, metrics with `Metric.moment_interval`: ERO):
-   the pair items ``S^f_ab = Σ p_a·p_b·f``, ``S^d_ab = Σ p_a·p_b·d`` for a ≤ b
-   (`common.moments`; their d slots are also the correction's M). Sensitivity: the
-   weights p_a·p_b form the matrix p·pᵀ, and ||p·pᵀ − p'·p'ᵀ||_F ≤ (||p|| + ||p'||)·
-   ||p − p'|| ≤ 2·||Δp||, so slot c moves by at most 2·√2·m·bound_c over all pairs:
-   PAIR_FACTOR = 4 times the group items' squared sensitivity, and C components with
-   σ_m cost 4·C/σ_m². The finishing party draws the interval's replicates from these
+   (a) *second moments* (`moment_sigmas`, metrics with `Metric.moment_interval`: ERO,
+   output): the pair items ``S^f_ab = Σ p_a·p_b·f``, ``S^d_ab = Σ p_a·p_b·d`` for a ≤ b
+   (`common.moments`; their d slots are also the correction's M), and for the output
+   metric ``S^ff_ab = Σ p_a·p_b·f²`` from the squares its rows carry under this form
+   (`Metric.moment_squares`; the group items' f² slots, where they share a ciphertext,
+   are released at σ_m too). Sensitivity: the weights p_a·p_b form the matrix p·pᵀ,
+   and ||p·pᵀ − p'·p'ᵀ||_F ≤ (||p|| + ||p'||)·||p − p'|| ≤ 2·||Δp||, so slot c moves by
+   at most 2·√2·m·bound_c over all pairs: PAIR_FACTOR = 4 times the group items'
+   squared sensitivity, and C components and S squares with σ_m cost
+   (4·(C + S) + S)/σ_m². The finishing party draws the interval's replicates from these
    (post-processing, no further cost); or
    (b) the same cells over G = 10 disjoint *random groups* of the rows (`sigmas`'
    σ_b; every other bootstrap metric and MQOS-AUC exact): a member's at most m rows
@@ -58,10 +61,10 @@ Their shares of the audit's ρ: (a) 0.8 / 0.1 / 0.1 (`MOMENT_SHARE`), (b) 0.7 / 
 noise: M is the d slots of the pair items, so the weighted estimate keeps its σ₀ and
 the correction costs nothing more; under form (b) M's items join the estimate's
 release, whose C components then count 5·C (`common.correction.SENSITIVITY_FACTOR`).
-Under (a) which groups are identifiable is decided on the released M
-(`common.correction.CorrectionPlan.released_identifiability`, post-processing); under
-(b) and without noise on the Tester's own probabilities, with the threshold share's
-noise. Repeated audits add their ρ
+Under noise, which groups the correction can identify is decided on the released M
+in both forms (`common.correction.finish_corrected`): the Tester releases no
+identifying sizes of its own (one member can move them without a useful bound).
+Without noise the Tester decides it on its own probabilities. Repeated audits add their ρ
 (composition); the accountant keeps the sum per Test-Client
 identity, across dataset names, and refuses an audit that would exceed the budget. A
 local audit (`ppre audit --local`, `ppre.audit_local`), whose user holds both
@@ -81,7 +84,7 @@ from pathlib import Path
 
 from common.errors import InputError, PPREError
 
-#: defaults (see README "Threat model and release controls" for how they were chosen)
+#: defaults (docs/threat-model.md, "Why these defaults", says how they were chosen)
 DEFAULT_MIN_INTERSECTION = 100
 DEFAULT_MIN_EFFECTIVE_SIZE = 30.0
 DEFAULT_RHO_PER_AUDIT = 0.2
@@ -177,19 +180,22 @@ class ReleasePolicy:
                              f"(sigma {max(sigmas):.3g} > {MAX_SIGMA:g}); use a larger rho", parameter="noise rho")
         return sigmas
 
-    def moment_sigmas(self, n_components: int) -> tuple[float, float]:
+    def moment_sigmas(self, n_components: float, *, squares: int = 0) -> tuple[float, float]:
         """(σ₀, σ_m): the noise multipliers of the estimate's group items and of the second
         moments' pair items (`common.moments`), in units of one member's largest
         contribution to a group item. The pair items' sensitivity is 2× the group items'
         (PAIR_FACTOR = 4 on the square), so C components cost C/σ₀² + 4·C/σ_m²; their
-        shares are 1 − `moment_share` − `threshold_share` and `moment_share`. The
-        estimate's σ₀ is the same with and without the correction: M is these same
-        pair items (their d slots), released for the interval anyway."""
+        shares are 1 − `moment_share` − `threshold_share` and `moment_share`. `squares`:
+        components the rows carry for the second moments alone (`Metric.moment_squares`:
+        f²), in the pair items (4 each) and, at σ_m too, in the group items (1 each):
+        the second moments cost (4·(C + S) + S)/σ_m². The estimate's σ₀ is the same
+        with and without the correction: M is these same pair items (their d slots),
+        released for the interval anyway."""
         if not self.noisy:
             return 0.0, 0.0
         c = max(1, n_components)
         sigmas = (math.sqrt(c / (self.rho * (1.0 - self.moment_share - self.threshold_share))),
-                  math.sqrt(PAIR_FACTOR * c / (self.rho * self.moment_share)))
+                  math.sqrt((PAIR_FACTOR * (c + squares) + squares) / (self.rho * self.moment_share)))
         if max(sigmas) > MAX_SIGMA:
             raise InputError(f"rho {self.rho:g} would need noise beyond the slots' headroom "
                              f"(sigma {max(sigmas):.3g} > {MAX_SIGMA:g}); use a larger rho", parameter="noise rho")

@@ -64,7 +64,7 @@ class TesterConfig:
     sessions: list = field(default_factory=list)  # live sessions, for tests of teardown
     #: the hash-chained record of every audit request and its outcome (`--audit-log`)
     audit_log: AuditLog | None = None
-    #: release controls (SPEC 8): thresholds, noise, budget (`tester_service.release`)
+    #: release controls (design §8): thresholds, noise, budget (`tester_service.release`)
     release: ReleasePolicy = field(default_factory=ReleasePolicy)
     #: ρ spent per Test-Client identity; None: an in-memory one over `release.budget`
     accountant: PrivacyAccountant | None = None
@@ -118,7 +118,7 @@ class TesterConfig:
     @classmethod
     def from_members(cls, client_address: str, members: str | Path, self_id: str | Path | None,
                      preparation: PreparationConfig, columns=None, **kw) -> "TesterConfig":
-        """SPEC section 2: BISG, privatised Self-ID and clipping, run inside each audit."""
+        """Design §2: BISG, privatised Self-ID and clipping, run inside each audit."""
         return cls(client_address, lambda: prepare_from_files(members, self_id, preparation, columns), **kw)
 
 

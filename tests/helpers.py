@@ -42,7 +42,7 @@ def make_inputs(n_tester: int, n_client: int, overlap: int, *, seed: int = 0, on
 
 
 def plain_ratio(probabilities: np.ndarray, f: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """The plaintext weighted formula mu[j] = Σ p_ij f_i / Σ p_ij d_i (SPEC.md section 5)."""
+    """The plaintext weighted formula mu[j] = Σ p_ij f_i / Σ p_ij d_i (design §5)."""
     p = np.asarray(probabilities, dtype=np.float64)
     num = p.T @ np.asarray(f, dtype=np.float64)
     den = p.T @ np.asarray(d, dtype=np.float64)
@@ -69,9 +69,10 @@ def run_sessions(tester: TesterSession, client: ClientSession, tap=None):
 
 
 def local_audit(tester_df, client_df, *, spec: AuditSpec | None = None, tap=None, n_buckets: int = 128,
-                release: ReleasePolicy | None = None):
+                release: ReleasePolicy | None = None, modulus_bits: int | None = None):
     """Both sessions in one process; `release` defaults to no release controls (exact
-    results, for comparisons with plaintext twins)."""
+    results, for comparisons with plaintext twins); `modulus_bits`: the Paillier key's
+    size (default the tests' small TEST_BITS)."""
     spec = spec or AuditSpec(metric="ero", client_dataset="d", bootstrap=50, seed=1)
 
     def loader(name, metric):
@@ -80,9 +81,10 @@ def local_audit(tester_df, client_df, *, spec: AuditSpec | None = None, tap=None
         frame["member_id"] = frame["member_id"].astype(str)
         return frame
 
-    tester = TesterSession(spec, tester_df, min_modulus_bits=TEST_BITS, n_buckets=n_buckets,
+    bits = modulus_bits or TEST_BITS
+    tester = TesterSession(spec, tester_df, min_modulus_bits=bits, n_buckets=n_buckets,
                            release=release if release is not None else ReleasePolicy.off())
-    client = ClientSession(loader, modulus_bits=TEST_BITS, allow_insecure=True)
+    client = ClientSession(loader, modulus_bits=bits, allow_insecure=True)
     try:
         return run_sessions(tester, client, tap), tester, client
     finally:
@@ -92,7 +94,7 @@ def local_audit(tester_df, client_df, *, spec: AuditSpec | None = None, tap=None
 
 def apply_ratio_mask(mask, num: int, den: int) -> tuple[int, int]:
     """What the Tester's homomorphic `RatioMask` masking computes, on plaintexts:
-    (r*Num + e_num, r*Den + e_den) (SPEC.md section 4, masking)."""
+    (r*Num + e_num, r*Den + e_den) (design §4.7)."""
     return mask.r * num + mask.e_num, mask.r * den + mask.e_den
 
 

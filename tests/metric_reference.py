@@ -1,5 +1,5 @@
-"""Plaintext reference computations the tests compare the services against (SPEC.md
-section 5; paper eqs. (10)-(19)); the definitions are in the docstring of
+"""Plaintext reference computations the tests compare the services against (design
+§5; paper eqs. (10)-(19)); the definitions are in the docstring of
 `common.metrics.scoring`, whose production helpers these reuse.
 
 POT: `pot_curves` (eq. (12)), `dti` (eq. (11)). Exact MQOS-AUC: `auc_from_aggregates`,

@@ -1,6 +1,6 @@
-"""Bad input files at every reader (README "Inputs"; `common.tables` rules).
+"""Bad input files at every reader (docs/inputs.md; `common.tables` rules).
 
-Every Tester input (members and Self-ID files, SPEC.md section 2; the prepared
+Every Tester input (members and Self-ID files, design §2; the prepared
 probability table) and the Test-Client's dataset, as CSV and as Parquet: malformed
 files, wrong encodings, NaN and infinite values, duplicate and empty ids, missing
 columns, 0-byte files, files changed while they are read and files over the size
@@ -174,9 +174,9 @@ TABLE_CASES = [
      lambda k: (k.column, None), "appears more than once in the header"),
     ("no rows", lambda k, f: f.iloc[:0], lambda k: (None, None), "has no data rows"),
     ("duplicate id", _set(3, _id, lambda f, r: f.loc[0, "member_id"]), lambda k: ("member_id", 3),
-     "duplicate member id (the same as row 1)"),
+     "duplicate member id (the same as data row 1)"),
     ("duplicate id after whitespace rule", _set(3, _id, lambda f, r: "  " + f.loc[1, "member_id"] + "\t"),
-     lambda k: ("member_id", 3), "duplicate member id (the same as row 2)"),
+     lambda k: ("member_id", 3), "duplicate member id (the same as data row 2)"),
     ("empty id", _set(2, _id, "   "), lambda k: ("member_id", 2), "empty member id"),
     ("missing id", _set(2, _id, None), lambda k: ("member_id", 2), "empty member id"),
 ]
@@ -234,7 +234,7 @@ def test_nan_and_infinite_values(tmp_path, kind_name, fmt, column, value, row, t
 
 def test_nan_text_is_a_name_and_a_missing_float_zip_is_blank(tmp_path):
     # "NaN" is a real surname, not a missing value; a missing ZIP in a float column is a
-    # member without a ZIP (SPEC.md 2.2 fallback), not an error.
+    # member without a ZIP (design §2.2 fallback), not an error.
     frame = members_frame().assign(surname=["NaN", "Null", "NA", "None", "Lopez", "Kim"])
     frame["zip"] = [60614.0, 601.0, np.nan, 20001.0, 90012.0, np.nan]
     path = tmp_path / "m.parquet"
@@ -546,7 +546,7 @@ def test_end_to_end_spaced_ids_join_and_bad_files_are_reported(tmp_path, capsys)
     assert ppre_main(_audit_args(members, bad_client)) == 2
     out = json.loads(capsys.readouterr().out)
     assert out["error"]["code"] == "bad_input"
-    assert f"file {bad_client}, row 4: is not valid UTF-8 text (line 5)" in out["error"]["message"]
+    assert f"file {bad_client}, data row 4: is not valid UTF-8 text (line 5)" in out["error"]["message"]
     assert snapshot(tmp_path) == before
 
     # The Tester's members file has a duplicate id (after the whitespace rule): refused
@@ -558,7 +558,7 @@ def test_end_to_end_spaced_ids_join_and_bad_files_are_reported(tmp_path, capsys)
     before = snapshot(tmp_path)
     assert ppre_main(_audit_args(bad_members, ero)) == 2
     captured = capsys.readouterr()
-    assert (f"file {bad_members}, column 'member_id', row 10: duplicate member id (the same as row 3)"
-            in captured.err)
+    assert (f"file {bad_members}, column 'member_id', data row 10: duplicate member id (the same as data row 3)"
+            in captured.err + captured.out)  # with --json: the error object on stdout
     assert frame.loc[2, "member_id"].strip() not in captured.err + captured.out
     assert snapshot(tmp_path) == before

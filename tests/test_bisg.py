@@ -1,4 +1,4 @@
-"""BISG / BIFSG against the Census tables read directly (SPEC.md section 2.2)."""
+"""BISG / BIFSG against the Census tables read directly (design §2.2)."""
 from __future__ import annotations
 
 import importlib.resources

@@ -1,4 +1,4 @@
-"""Probabilistic clipping (SPEC.md section 2.4)."""
+"""Probabilistic clipping (design §2.4)."""
 from __future__ import annotations
 
 import importlib.util
@@ -49,7 +49,7 @@ def test_bad_threshold(bad):
 
 
 def test_rule():
-    """The 90th-percentile rule (SPEC.md 2.4): T is the value under which 90% of the rows'
+    """The 90th-percentile rule (design §2.4): T is the value under which 90% of the rows'
     largest probabilities fall, clamped into [RULE_MIN, RULE_MAX]; clipping at that T
     leaves those 90% of rows untouched and lowers the other 10% below T."""
     maxes = np.linspace(0.3, 0.95, 1001)

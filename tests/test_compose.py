@@ -32,11 +32,13 @@ loopback or on the test's own namespaces. Processes, namespaces, links, iptables
 /etc/netns entries are removed in fixture finalizers, also on failure.
 
 Where `docker info` answers and Compose is installed, the same file also runs on the real
-engine (skipped otherwise, with the reason printed): the image is built from the
-Dockerfile (build arguments from PPRE_TEST_DOCKER_BASE_IMAGE / PPRE_TEST_DOCKER_WHEELS,
-which CI's .ci/docker-setup provides), `compose up -d` starts it under a unique project
-name with the test's data and free published loopback ports, and the operator audits
-from the host. Then containers fail mid-audit: `docker kill` of the Test-Client, a
+engine (skipped otherwise, with the reason printed): the image is built by `compose build`
+from the file's own `build:` block, with the build variables of the test's environment as
+docs/deployment.md documents them (PPRE_BASE_IMAGE, PPRE_WHEELS, PPRE_INDEX_URL: set by
+`. build/offline.env` after scripts/offline-build, which CI's .ci/docker-setup runs; unset,
+the base image is pulled), `compose up -d` starts it under a unique project name with the
+test's data and free host ports on the declared (loopback) address, and the operator
+audits from the host. Then containers fail mid-audit: `docker kill` of the Test-Client, a
 SIGKILL of the Tester's process (its restart policy must bring it back by itself), and
 `docker pause` of the Test-Client (alive, connected, silent: the Tester's peer timeout,
 set to DOCKER_PEER_TIMEOUT_S, must end the audit); each time the operator must get an
@@ -80,7 +82,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 
-#: The Tester's probability columns (SPEC.md section 1; common.races.RACES).
+#: The Tester's probability columns (common.races.RACES).
 RACE_COLUMNS = ("white", "black", "api", "aian", "multiple", "hispanic")
 DATASET = "claims"
 N_EACH_SIDE = 300
@@ -113,6 +115,29 @@ def interpolate(value: str, env: dict[str, str] | None = None) -> str:
     `env` (default: the children's environment, which has no PPRE_ variable: the defaults)."""
     env = child_env() if env is None else env
     return _VARIABLE.sub(lambda m: env.get(m.group(1)) or (m.group(2) or ""), value)
+
+
+def published_addresses(service: dict, env: dict[str, str] | None = None) -> list[str]:
+    """Host address of each `ports:` entry after interpolation ("" where the entry names none:
+    Docker then publishes on every interface)."""
+    out = []
+    for entry in service.get("ports", []):
+        if isinstance(entry, dict):
+            out.append(interpolate(str(entry.get("host_ip", "")), env))
+        else:
+            parts = interpolate(str(entry), env).split("/")[0].rsplit(":", 2)
+            out.append(parts[0].strip("[]") if len(parts) == 3 else "")
+    return out
+
+
+def build_variables(compose: dict) -> dict[str, str]:
+    """{build argument: the variable its value reads}, from the shared `build:` block."""
+    out = {}
+    for arg, value in compose["services"]["tester"]["build"]["args"].items():
+        match = _VARIABLE.fullmatch(str(value))
+        assert match, f"build arg {arg}: {value!r} should be ${{VARIABLE:-default}}"
+        out[arg] = match.group(1)
+    return out
 
 
 def container_ports(service: dict) -> list[int]:
@@ -719,9 +744,11 @@ class DockerStack:
     certs: Path | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
-    def run(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 300,
+            check: bool = True) -> subprocess.CompletedProcess:
+        """`compose ARGS` on the test's project; `env`: variables the file reads (build args)."""
         argv = self.compose_cmd + ["-p", self.project, "-f", str(self.compose_file), *args]
-        proc = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(argv, env=child_env(env), capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"`{' '.join(argv)}` failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
                                  f"{proc.stderr[-3000:]}\n{self.logs()}")
@@ -836,9 +863,10 @@ def docker_stack(request, tmp_path_factory):
     and take it all down again (containers, network, the image's tag) afterwards.
 
     The engine is whatever `docker` reaches (CI's .ci/docker-setup starts one and stops it
-    when .ci/run exits); PPRE_TEST_DOCKER_BASE_IMAGE and PPRE_TEST_DOCKER_WHEELS pass the
-    Dockerfile's BASE_IMAGE and WHEELS build arguments, for engines that cannot pull an
-    image or builds that cannot reach a package index."""
+    when .ci/run exits). The image is built as docs/deployment.md tells users to build it:
+    `compose build` of the file's `build:` block, whose arguments come from the build
+    variables in this process's environment (after `. build/offline.env`, the offline
+    route's base image and wheels; none set, the online route)."""
     reason = docker_unavailable()
     if reason:
         _announce(request, f"docker compose variant skipped: {reason}")
@@ -850,9 +878,9 @@ def docker_stack(request, tmp_path_factory):
     project = f"ppretest{os.getpid()}x{random.SystemRandom().randrange(16 ** 6):06x}"
     image = f"ppre-test:{project}"
 
-    # The compose file as written, less `build:` (the image is built once, below) and with the
-    # test's data, ports and peer timeout; everything else (healthchecks, depends_on, init,
-    # restart) as declared.
+    # The compose file as written, its build context the repository and its image the test's
+    # tag, with the test's data, host ports and peer timeout; everything else (build args,
+    # published address, healthchecks, depends_on, init, restart) as declared.
     # Named volumes (the certificates) become bind mounts too, so the operator on the host
     # reads its certificate; the image's user (uid 10001) must be able to write there.
     derived = copy.deepcopy(compose)
@@ -864,7 +892,7 @@ def docker_stack(request, tmp_path_factory):
                 mounts[target].chmod(0o777)
     ports: dict[tuple[str, int], int] = {}
     for name, svc in services(derived).items():
-        svc.pop("build", None)
+        svc["build"] = {**svc["build"], "context": str(ROOT), "dockerfile": str(DOCKERFILE)}
         svc["image"] = image
         declared = [str(v) for v in svc.get("volumes", [])]
         svc["volumes"] = [f"{mounts[target]}:{target}" + (":ro" if entry.endswith(":ro") else "")
@@ -876,26 +904,25 @@ def docker_stack(request, tmp_path_factory):
         if "PPRE_PRIVACY_BUDGET" in svc["environment"]:  # these tests run more audits than it allows
             svc["environment"]["PPRE_PRIVACY_BUDGET"] = "100"
         svc["ports"] = []
-        for port in container_ports(services(compose)[name]):
-            ports[(name, port)] = free_loopback_port()
-            svc["ports"].append(f"127.0.0.1:{ports[(name, port)]}:{port}")
+        for entry, port in zip(services(compose)[name]["ports"], container_ports(services(compose)[name])):
+            ports[(name, port)] = free_loopback_port()      # the declared address, a free host port
+            parts = str(entry).split("/")[0].rsplit(":", 2)
+            address = f"{parts[0]}:" if len(parts) == 3 else ""
+            svc["ports"].append(f"{address}{ports[(name, port)]}:{port}")
     compose_file = workdir / "docker-compose.yml"
     compose_file.write_text(yaml.safe_dump(derived, sort_keys=False))
     stack = DockerStack(compose_cmd=compose_cmd, project=project, compose_file=compose_file, image=image,
                         certs=mounts[certs_target(compose)],
                         compose=compose, ports=ports)
 
-    build_args = []
-    for arg, var in (("BASE_IMAGE", "PPRE_TEST_DOCKER_BASE_IMAGE"), ("WHEELS", "PPRE_TEST_DOCKER_WHEELS")):
-        if os.environ.get(var):
-            build_args += ["--build-arg", f"{arg}={os.environ[var]}"]
+    build_env = {var: os.environ[var] for var in build_variables(compose).values() if os.environ.get(var)}
+    route = "offline" if build_env.get("PPRE_WHEELS") else "online"
     server = _docker("version", "--format", "{{.Server.Version}}").stdout.strip()
     _announce(request, f"docker compose variant: engine {server}, `{' '.join(compose_cmd)}`, project {project}, "
-                       f"build args {build_args or 'none'}, ports {ports}")
+                       f"{route} build ({build_env or 'no build variables'}), ports {ports}")
     try:
         with _timed(stack.timings, "build"):
-            _docker("build", "-q", "-t", image, "-f", str(DOCKERFILE), *build_args, str(ROOT),
-                    timeout=BUILD_TIMEOUT_S)
+            stack.run("build", env=build_env, timeout=BUILD_TIMEOUT_S)
         with _timed(stack.timings, "up"):
             stack.up()
         yield stack
@@ -913,6 +940,10 @@ def test_docker_compose_up_runs_an_audit(docker_stack):
         rc, result, stderr = docker_stack.audit()
     assert rc == 0, (result, stderr, docker_stack.logs())
     check_result(result, DOCKER_N_OVERLAP)
+    # published on the host's loopback only, as the compose file declares by default
+    for (name, port), host_port in docker_stack.ports.items():
+        bindings = _docker("port", docker_stack.container(name), f"{port}/tcp").stdout.split()
+        assert bindings == [f"127.0.0.1:{host_port}"], (name, port, bindings)
     rc, result, stderr = docker_stack.audit("no_such_dataset")
     assert rc == 2 and set(result) == {"error"} and "no_such_dataset" in json.dumps(result), (rc, result, stderr)
     docker_stack.wait_healthy(timeout=5)
@@ -978,6 +1009,81 @@ def test_docker_client_frozen_mid_audit(request, docker_stack):
     rc, result, stderr = docker_stack.audit()
     assert rc == 0, (result, stderr, docker_stack.logs())
     check_result(result, DOCKER_N_OVERLAP)
+
+
+# --------------------------------------------------------------------------- building and publishing
+
+OFFLINE_BUILD = ROOT / "scripts" / "offline-build"
+
+
+def test_compose_publishes_both_services_on_loopback_unless_told_otherwise():
+    compose = load_compose()
+    published = {name: svc for name, svc in compose["services"].items() if svc.get("ports")}
+    assert set(published) == {"tester", "client"}, sorted(published)
+    for name, svc in published.items():
+        n = len(svc["ports"])
+        assert published_addresses(svc, {}) == ["127.0.0.1"] * n, (name, svc["ports"])
+        # docs/deployment.md, "Exposing the ports": one variable moves both
+        assert published_addresses(svc, {"PPRE_PUBLISH_ADDRESS": "0.0.0.0"}) == ["0.0.0.0"] * n, name
+        assert published_addresses(svc, {"PPRE_PUBLISH_ADDRESS": "192.0.2.7"}) == ["192.0.2.7"] * n, name
+
+
+def test_compose_build_args_default_to_the_online_build_and_read_the_offline_variables():
+    compose = load_compose()
+    builds = [svc.get("build") for svc in compose["services"].values()]
+    assert all(build == builds[0] for build in builds), "every service (dask profile too): one build"
+    build = builds[0]
+    assert isinstance(build, dict) and build["context"] == ".", build
+    # Each argument is one of the Dockerfile's, and with no variable set it is that ARG's
+    # default: `docker compose up -d --build` online builds exactly what `docker build .` does.
+    defaults = dict(re.findall(r"^ARG (\w+)=(.*)$", DOCKERFILE.read_text(), re.M))
+    assert set(build["args"]) == set(defaults), (sorted(build["args"]), sorted(defaults))
+    for arg, value in build["args"].items():
+        assert interpolate(str(value), {}) == defaults[arg], (arg, value, defaults[arg])
+    variables = build_variables(compose)
+    assert variables == {"BASE_IMAGE": "PPRE_BASE_IMAGE", "WHEELS": "PPRE_WHEELS", "INDEX_URL": "PPRE_INDEX_URL"}
+    # The offline route: the env file scripts/offline-build writes sets the base image and
+    # the wheels, and the wheels' folder is one .dockerignore lets into the build context.
+    script = OFFLINE_BUILD.read_text()
+    assert set(re.findall(r"^export (\w+)=", script, re.M)) == {variables["BASE_IMAGE"], variables["WHEELS"]}
+    wheels = re.search(r"^WHEELS=(\S+)", script, re.M).group(1)
+    ignore = (ROOT / ".dockerignore").read_text().split()
+    assert "build" in ignore and f"!{wheels}" in ignore, f"{wheels} must be in the build context"
+
+
+def _compose_config(env: dict[str, str]) -> dict:
+    cmd = _docker_compose_cmd()
+    if cmd is None:
+        pytest.skip("neither `docker compose` nor `docker-compose` works here")
+    proc = subprocess.run(cmd + ["-f", str(COMPOSE_FILE), "config"], env=child_env(env), capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return yaml.safe_load(proc.stdout)["services"]
+
+
+def test_compose_resolves_the_published_address_and_build_args_as_documented():
+    """Compose itself (no engine needed) reads the variables docs/deployment.md names."""
+    default = _compose_config({})
+    offline = _compose_config({"PPRE_BASE_IMAGE": "ppre-base:bookworm", "PPRE_WHEELS": "build/wheels",
+                               "PPRE_PUBLISH_ADDRESS": "0.0.0.0"})
+    for name in ("tester", "client"):
+        assert published_addresses(default[name]) == ["127.0.0.1"], default[name]["ports"]
+        assert published_addresses(offline[name]) == ["0.0.0.0"], offline[name]["ports"]
+        assert default[name]["build"]["args"] == {"BASE_IMAGE": "python:3.11-slim", "WHEELS": "", "INDEX_URL": ""}
+        assert offline[name]["build"]["args"] == {"BASE_IMAGE": "ppre-base:bookworm", "WHEELS": "build/wheels",
+                                                  "INDEX_URL": ""}
+
+
+def test_offline_build_refuses_clearly_without_an_engine(tmp_path):
+    """scripts/offline-build names what is missing and where the guide is (no engine here)."""
+    env = {**child_env(), "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    proc = subprocess.run(["bash", str(OFFLINE_BUILD)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    assert "docs/deployment.md" in proc.stderr, proc.stderr
+    assert "docker info" in proc.stderr or "no 'docker' command" in proc.stderr, proc.stderr
+    proc = subprocess.run(["bash", str(OFFLINE_BUILD), "--no-such-flag"], env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 2 and "--no-such-flag" in proc.stderr and "usage:" in proc.stderr, proc.stderr
 
 
 # --------------------------------------------------------------------------- no drift from the CLI

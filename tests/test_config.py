@@ -168,15 +168,13 @@ def test_settings_read_off_the_parsers():
     assert "| `peer_timeout` | `--peer-timeout` | `PPRE_PEER_TIMEOUT` | `600` | both |" in table
 
 
-def test_readme_settings_table_matches_the_parsers():
-    """README's settings table is `ppre tester config-table`'s output (once the
-    configuration section is in the README)."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_configuration_page_settings_table_matches_the_parsers():
+    """docs/configuration.md's settings table is `ppre tester config-table`'s output."""
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     start, end = "<!-- settings-table -->", "<!-- /settings-table -->"
-    if start not in readme:
-        pytest.skip("README has no settings table yet (the section is in /tmp/readme_config.md)")
-    shown = readme.split(start, 1)[1].split(end, 1)[0].strip()
-    assert shown == cfg.settings_table(), "regenerate it: ppre tester config-table"
+    assert start in page and end in page, "docs/configuration.md lost its settings table markers"
+    shown = page.split(start, 1)[1].split(end, 1)[0].strip()
+    assert shown == cfg.settings_table(), "regenerate it: ppre tester config-table > the block in docs/configuration.md"
 
 
 def test_config_table_command(capsys):

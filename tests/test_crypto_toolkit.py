@@ -1,4 +1,4 @@
-"""The HE toolkit and primitives of SPEC.md sections 3-4."""
+"""The HE toolkit and primitives of design §3-§4."""
 from __future__ import annotations
 
 import hashlib
@@ -41,7 +41,7 @@ def test_commutative_encryption_commutes_and_hashes_onto_the_curve():
 
 def test_random_oracle_and_salt_are_fixed_functions():
     """Known answers for RO(id) = hash_to_curve(SHA-256(salt || id)) and the salt derivation
-    (SPEC 3.1). Both parties must compute the same function, whatever version each runs:
+    (design §3.1). Both parties must compute the same function, whatever version each runs:
     a silent change would make every later PSI match nothing. The ids include ones whose
     first candidates are rejected (0 to 3 retries), so the rejection loop is pinned too."""
     salt = commutative.session_salt(hashlib.sha256(b"tester share").digest(),
@@ -113,7 +113,7 @@ def test_paillier_round_trip_and_homomorphism(key):
 
 
 def test_a_malformed_public_key_from_the_client_is_refused(key):
-    """P1 checks P2's Paillier key before using it (SPEC 3.4): an even, square or prime
+    """P1 checks P2's Paillier key before using it (design §3.4): an even, square or prime
     modulus, and a randomizer base h that is 1 (P1's rerandomisation would do nothing)
     or not a unit of Z_{n^2}, are refused."""
     pub = key.public
@@ -129,7 +129,7 @@ def test_a_malformed_public_key_from_the_client_is_refused(key):
 
 
 def test_fixed_base_table_computes_the_power():
-    """The DJN randomizer h^alpha comes from a fixed-base table (SPEC 3.6 rerandomisation):
+    """The DJN randomizer h^alpha comes from a fixed-base table (design §3.6 rerandomisation):
     a wrong table still yields n-th residues, so decryption would never notice; compare
     it with plain modular exponentiation across every window position instead."""
     m = (1 << 127) - 1
@@ -260,7 +260,7 @@ def _convergents(a: int, b: int):
 
 
 def test_continued_fraction_attack_recovers_cells_from_a_small_noise_mask_but_not_from_ours():
-    """SPEC 4 masking / the issue's point 6: with noise far below r, the masked ratio is
+    """Design §4.7, masking: with noise far below r, the masked ratio is
     within 1/(2 Den^2) of Num/Den, so Num/Den (in lowest terms, often Num and Den
     themselves) is one of its convergents. Cells with Den ~ 2^40 fixed-point units (a
     few hundred members' weight): the old 16-bit-noise mask gives most of them away;

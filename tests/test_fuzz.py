@@ -79,7 +79,7 @@ def _loader(frame: pd.DataFrame):
     return load
 
 
-#: release noise on (SPEC 8), without the size thresholds these small tables would fail
+#: release noise on (design §8), without the size thresholds these small tables would fail
 NOISY = ReleasePolicy(min_intersection=1, min_effective_size=0.0)
 
 

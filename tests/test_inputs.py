@@ -33,8 +33,8 @@ def test_member_ids_stay_strings(tmp_path):
     (b"", r"is empty \(0 bytes\)"),
     (b"member_id,white\n1,1\n", "column 'black'"),
     (b"member_id,white,black,api,aian,multiple,hispanic\n", "has no data rows"),
-    (b"member_id,white,black,api,aian,multiple,hispanic\n1,x,0,0,0,0,1\n", "column 'white', row 1: not a number"),
-    (b"member_id,white,black,api,aian,multiple,hispanic\n,1,0,0,0,0,0\n", "row 1: empty member id"),
+    (b"member_id,white,black,api,aian,multiple,hispanic\n1,x,0,0,0,0,1\n", "column 'white', data row 1: not a number"),
+    (b"member_id,white,black,api,aian,multiple,hispanic\n,1,0,0,0,0,0\n", "data row 1: empty member id"),
     (b"member_id,white,black,api,aian,multiple,hispanic\n\xff\xfe,1,0,0,0,0,0\n", "UTF-8"),
 ])
 def test_bad_probability_files(tmp_path, content, match):

@@ -4,7 +4,7 @@ implementation that nobody here wrote (fairlearn, scikit-learn, pandas, numpy, o
 direct Monte Carlo simulation).
 
 The Tester's probabilities are hard one-hot groups unless said otherwise, so the
-weighted estimators of SPEC.md section 5 reduce to the textbook per-group statistics.
+weighted estimators of design §5 reduce to the textbook per-group statistics.
 The Tester's and the Test-Client's member sets overlap only partly, so the oracles are
 computed on the intersection (the PSI join is exercised as well). Both finishing paths
 are used: the Test-Client learns the result (`result_recipient="client"`, ratio masks)

@@ -1,4 +1,4 @@
-"""Score metrics in plaintext (SPEC.md section 5; paper eqs. (10)-(19)): POT, exact and
+"""Score metrics in plaintext (design §5; paper eqs. (10)-(19)): POT, exact and
 sampled MQOS-AUC, the random-groups interval, the probabilistic count."""
 from __future__ import annotations
 

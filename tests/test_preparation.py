@@ -1,4 +1,4 @@
-"""Tester preparation (SPEC.md section 2) and its input readers; group mappings (section 1)."""
+"""Tester preparation (design §2) and its input readers; group mappings (design §1.3)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -54,7 +54,7 @@ def prepare_files(members: Path, self_id: Path | None = None, config: Preparatio
 
 
 def rule_value(probs: np.ndarray) -> float:
-    """SPEC.md 2.4's default T, computed here without `common.clipping`: the value under
+    """Design §2.4's default T, computed here without `common.clipping`: the value under
     which 90% of the rows' largest probabilities fall (numpy's default linear quantile),
     kept within [0.5, 0.99]."""
     top = np.sort(probs.max(axis=1))
@@ -127,7 +127,7 @@ def test_rule_threshold_and_config_errors():
     assert err(PreparationConfig, threshold=1.0).parameter == "T"
     assert err(PreparationConfig, geo="county").parameter == "geo"
     e = err(prepare, MEMBERS, None, PreparationConfig(geo="tract"))
-    assert e.parameter == "geo" and "needs a 'tract' column in the members" in str(e)
+    assert e.parameter == "geo" and "needs a 'tract' column" in str(e)
     e = err(prepare, MEMBERS, None, PreparationConfig(excluded_states=("IL",)))
     assert e.parameter == "excluded_states" and "members have no 'state' column" in str(e)
     # In-memory tables (not read from a file) are checked for their columns too.
@@ -136,7 +136,7 @@ def test_rule_threshold_and_config_errors():
     e = err(prepare, MEMBERS, pd.DataFrame({"member_id": ["007"]}), PreparationConfig(), labels=("m", "s.csv"))
     assert (e.file, e.column) == ("s.csv", "race") and str(e).endswith("required column is missing")
     e = err(prepare, MEMBERS, None, PreparationConfig(first_names=True))
-    assert e.parameter == "first_names" and "members have no 'first_name' column" in str(e)
+    assert e.parameter == "first_names" and "needs a 'first_name' column" in str(e)
     e = err(prepare, MEMBERS.assign(opt_out="yes"), None, PreparationConfig(), labels=("m.csv", "s"))
     assert str(e) == "file m.csv: no members are left after dropping opted-out, non-US and excluded-state rows"
     # Ids of a type that is not text are refused in tables handed over in memory, too.
@@ -150,7 +150,7 @@ def test_rule_threshold_and_config_errors():
 @pytest.mark.parametrize("epsilon, low, high", [(0.1, 0.10, 0.28), (2.0, 0.47, 0.70), (50, 1.0, 1.0)])
 def test_self_id_rows_are_privatised_with_the_configured_epsilon(epsilon, low, high):
     # k-ary randomized response keeps the reported race with probability e^ε/(e^ε+5)
-    # (SPEC.md 2.3): 0.18 for ε=0.1, 0.60 for ε=2, 1 for ε=50; clipping keeps the top race.
+    # (design §2.3): 0.18 for ε=0.1, 0.60 for ε=2, 1 for ε=50; clipping keeps the top race.
     n = 600
     members = pd.DataFrame({"member_id": [f"{i:04d}" for i in range(n)],
                             "surname": list(MIXED["surname"]) * (n // len(MIXED)), "zip": ["60614"] * n})
@@ -207,7 +207,7 @@ def test_self_id_goes_to_its_own_member_when_members_were_dropped():
 
 
 def test_rule_threshold_uses_the_bisg_rows_only():
-    # SPEC.md 2.4: T is the 90% value of the BISG rows' largest probabilities. Self-ID rows
+    # design §2.4: T is the 90% value of the BISG rows' largest probabilities. Self-ID rows
     # (near one-hot with a large epsilon) must not move it, however many there are.
     sid = pd.DataFrame({"member_id": list(MIXED["member_id"]), "race": ["api"] * len(MIXED)})
     out = prepare(MIXED, sid, PreparationConfig(seed=0, epsilon=50))
@@ -217,10 +217,14 @@ def test_rule_threshold_uses_the_bisg_rows_only():
     assert out.attrs["preparation"].self_id_used == len(MEMBERS)
 
 
-def test_prepare_rejects_unknown_self_id():
-    sid = pd.DataFrame({"member_id": ["007", "999"], "race": ["white", "white"]})
-    e = err(prepare, MEMBERS, sid, PreparationConfig(seed=0))
-    assert e.row == 2 and "999" not in str(e)
+def test_self_id_rows_of_people_not_among_the_members_are_counted_and_dropped():
+    sid = pd.DataFrame({"member_id": ["007", "999", "998"], "race": ["white", "white", "black"]})
+    stats = prepare(MEMBERS, sid, PreparationConfig(seed=0)).attrs["preparation"]
+    assert (stats.self_id_used, stats.self_id_not_among_members) == (1, 2)
+    assert stats.counts()["self_id_not_among_members"] == 2.0
+    none = pd.DataFrame({"member_id": ["999"], "race": ["white"]})
+    e = err(prepare, MEMBERS, none, PreparationConfig(seed=0))
+    assert "no member id is among the members" in str(e) and "999" not in str(e)
 
 
 # --- readers -------------------------------------------------------------------------
@@ -265,7 +269,7 @@ def test_bad_rows_are_named(tmp_path):
     m = MEMBERS.copy()
     m.loc[4, "member_id"] = "007"
     e = err(load_members, write_csv(tmp_path / "c.csv", m))
-    assert (e.column, e.row) == ("member_id", 5) and "the same as row 1" in str(e) and "007" not in str(e)
+    assert (e.column, e.row) == ("member_id", 5) and "the same as data row 1" in str(e) and "007" not in str(e)
     m = MEMBERS.copy()
     m.loc[1, "member_id"] = ""
     e = err(load_members, write_csv(tmp_path / "d.csv", m))
@@ -273,11 +277,11 @@ def test_bad_rows_are_named(tmp_path):
     m = MEMBERS.assign(opt_out=["", "", "maybe", "", "", ""])
     path = write_csv(tmp_path / "e.csv", m)
     e = err(load_members, path)
-    assert str(e) == f"file {path}, column 'opt_out', row 3: must be blank, 0/1, true/false or yes/no"
+    assert str(e) == f"file {path}, column 'opt_out', data row 3: must be blank, 0/1, true/false or yes/no"
     # The same check on the Arrow table that `ppre bisg` validates (no pandas).
     table = read_members_table(path)
     e = err(validate_members, table, str(path))
-    assert str(e) == f"file {path}, column 'opt_out', row 3: must be blank, 0/1, true/false or yes/no"
+    assert str(e) == f"file {path}, column 'opt_out', data row 3: must be blank, 0/1, true/false or yes/no"
     validate_members(read_members_table(write_csv(tmp_path / "e2.csv", MEMBERS.assign(opt_out=["1", "no"] * 3))),
                      "e2.csv")
     raw = "member_id,surname,zip\n1,Smith,60614\n2,Garc\xeda,00601\n".encode("latin-1")
@@ -304,14 +308,14 @@ def test_self_id_file(tmp_path):
     assert prepare_files(members, ok).attrs["preparation"].self_id_used == 2
     bad_race = pd.DataFrame({"member_id": ["007", "008"], "race": ["white", "Martian-ish"]})
     e = err(prepare_files, members, write_csv(tmp_path / "s2.csv", bad_race))
-    assert str(e) == (f"file {tmp_path / 's2.csv'}, column 'race', row 2: unknown race label; "
+    assert str(e) == (f"file {tmp_path / 's2.csv'}, column 'race', data row 2: unknown race label; "
                       "expected one of white, black, api, aian, multiple, hispanic")
     unknown = pd.DataFrame({"member_id": ["007", "555"], "race": ["white", "black"]})
-    e = err(prepare_files, members, write_csv(tmp_path / "s3.csv", unknown))
-    assert str(e) == f"file {tmp_path / 's3.csv'}, column 'member_id', row 2: member id is not among the members"
+    stats = prepare_files(members, write_csv(tmp_path / "s3.csv", unknown)).attrs["preparation"]
+    assert (stats.self_id_used, stats.self_id_not_among_members) == (1, 1)
     dup = pd.DataFrame({"member_id": ["007", "007"], "race": ["white", "black"]})
     e = err(prepare_files, members, write_csv(tmp_path / "s4.csv", dup))
-    assert (e.column, e.row) == ("member_id", 2) and "the same as row 1" in str(e)
+    assert (e.column, e.row) == ("member_id", 2) and "the same as data row 1" in str(e)
     e = err(read_self_id, write_csv(tmp_path / "s5.csv", pd.DataFrame({"member_id": ["1"], "rase": ["white"]})))
     assert e.column == "race" and "found 'rase': misspelt?" in str(e)
 

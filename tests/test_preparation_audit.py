@@ -1,4 +1,4 @@
-"""Issue 3 wired into the audit: the Tester prepares BISG probabilities inside each audit."""
+"""Design §2 wired into the audit: the Tester prepares BISG probabilities inside each audit."""
 from __future__ import annotations
 
 import json
@@ -66,7 +66,7 @@ def test_group_mapping_coarsens_the_audit(files, capsys):
                                           (("--group-mapping", "hsm=black+nobody"), "group mapping")])
 def test_bad_preparation_parameters_are_named(files, capsys, extra, match):
     assert ppre_main(_audit(files, *extra)) == 2
-    assert match in capsys.readouterr().err
+    assert match in json.loads(capsys.readouterr().out)["error"]["message"]  # --json: the one JSON object
 
 
 def test_tester_serve_needs_exactly_one_input(capsys):

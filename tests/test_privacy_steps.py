@@ -1,6 +1,6 @@
 """Privacy steps whose absence would leave every audit result unchanged.
 
-Each test here fails when one privacy step of SPEC.md sections 3, 4 and 7 is left
+Each test here fails when one privacy step of design §3, §4 and §7 is left
 out, although the audit's numbers stay correct without it: full-length one-time pads,
 a jointly chosen random-oracle salt, P2's shuffle, P2's own rows in random order, P1
 dropping its plaintext table, M draws per bootstrap replicate, rerandomised replicates,
@@ -33,9 +33,9 @@ def _chunks(messages, table):
     return [m.chunk for m in messages if m.HasField("chunk") and m.chunk.table == table]
 
 
-# ---------------------------------------------------------------- one-time pads (SPEC 3.7)
+# ---------------------------------------------------------------- one-time pads (design §3.7)
 def test_additive_pads_carry_the_statistical_bits():
-    """Only-P1 variant (SPEC 3.7): a pad must be `STATISTICAL_BITS` longer than the values
+    """Only-P1 variant (design §3.7): a pad must be `STATISTICAL_BITS` longer than the values
     it hides, or the padded value P2 decrypts tells it the value's magnitude (a pad of
     the values' own length hides nothing about a value near the bound)."""
     bound_bits = 20
@@ -49,7 +49,7 @@ def test_additive_pads_carry_the_statistical_bits():
 
 
 def test_padded_values_seen_by_the_client_are_statistically_hidden():
-    """What P2 decrypts in the only-P1 variant (SPEC 3.7): every Num and Den slot is
+    """What P2 decrypts in the only-P1 variant (design §3.7): every Num and Den slot is
     padded far beyond the largest value an aggregate can take, so P2's plaintexts say
     nothing about the aggregates (statistical distance 2^-64)."""
     tester, client = make_inputs(40, 40, 40, seed=4)
@@ -74,7 +74,7 @@ def test_padded_values_seen_by_the_client_are_statistically_hidden():
 
 
 def test_ratio_mask_factors_are_log_uniform_and_full_entropy():
-    """P2-learns variant (SPEC 4, masking): r has a log-uniform bit length in
+    """P2-learns variant (design §4.7): r has a log-uniform bit length in
     [R_MIN_BITS, R_MAX_BITS] with its top bit set and every lower bit random. A factor
     drawn from a small set (say powers of two) would let P2 try each r and strip the
     mask; one longer than R_MAX_BITS would break the slot plan (`max_bits`). The noise
@@ -98,7 +98,7 @@ def test_ratio_mask_factors_are_log_uniform_and_full_entropy():
 
 
 def test_ratio_mask_bound_covers_every_masked_value():
-    """The slot plan (SPEC 4): `RatioMask.max_bits(v)` bounds r*X + e for any X < 2^v, so
+    """The slot plan (design §4.4): `RatioMask.max_bits(v)` bounds r*X + e for any X < 2^v, so
     the overflow check made before any HE work cannot be passed by a masked value."""
     for value_bits in (1, 40, 200):
         x = (1 << value_bits) - 1
@@ -109,10 +109,10 @@ def test_ratio_mask_bound_covers_every_masked_value():
         assert largest.bit_length() <= RatioMask.max_bits(value_bits)
 
 
-# ---------------------------------------------------------------- the random-oracle salt (SPEC 3.1)
+# ---------------------------------------------------------------- the random-oracle salt (design §3.1)
 def test_session_salt_depends_on_both_shares():
     """RO(id) = hash_to_curve(SHA-256(salt || id)) with a salt that neither party chooses
-    alone (SPEC 3.1): a Tester that could fix the salt could precompute RO over any list
+    alone (design §3.1): a Tester that could fix the salt could precompute RO over any list
     of ids and reuse it across sessions; so could a Test-Client."""
     t, c = secrets.token_bytes(32), secrets.token_bytes(32)
     salt = commutative.session_salt(t, c)
@@ -127,7 +127,7 @@ def test_session_salt_depends_on_both_shares():
 
 def test_same_hello_gives_each_client_session_its_own_random_oracle():
     """Replaying one Hello (one Tester share) to two Test-Client sessions still gives two
-    unrelated random oracles: the Client's share enters the salt (SPEC 3.1)."""
+    unrelated random oracles: the Client's share enters the salt (design §3.1)."""
     tester_df, client_df = make_inputs(10, 10, 10)
     t = exact_session(AuditSpec(metric="ero", client_dataset="d"), tester_df, min_modulus_bits=TEST_BITS)
     [hello] = t.start()
@@ -139,9 +139,9 @@ def test_same_hello_gives_each_client_session_its_own_random_oracle():
     assert commutative.hash_ids(c1._salt, ["m000001"]) != commutative.hash_ids(c2._salt, ["m000001"])
 
 
-# ---------------------------------------------------------------- P2's shuffle (SPEC 3.3)
+# ---------------------------------------------------------------- P2's shuffle (design §3.3)
 def test_client_shuffles_the_doubly_encrypted_rows():
-    """Step 3 (SPEC 3.3): P2 returns P1's rows doubly encrypted and *shuffled*. Without the
+    """Step 3 (design §3.3): P2 returns P1's rows doubly encrypted and *shuffled*. Without the
     shuffle, P1 links each doubly encrypted id to the row it sent at the same position,
     so the join would tell P1 exactly which of its members P2 holds (and their outputs).
     The sealed blobs pass through P2 unchanged, so they reveal the permutation."""
@@ -168,7 +168,7 @@ def test_client_shuffles_the_doubly_encrypted_rows():
     assert np.bincount(steps).max() < n // 10
 
 
-# ---------------------------------------------------------------- P1 drops its table (SPEC 3.2, 7)
+# ---------------------------------------------------------------- P1 drops its table (design §3.2, §7)
 def _reachable(root) -> list:
     """Every object reachable from `root` through attributes, containers and closures
     (modules, classes and function globals excluded)."""
@@ -221,7 +221,7 @@ def _plaintext_held(session, ids: list[str], probs: np.ndarray) -> list[str]:
 
 
 def test_tester_drops_its_plaintext_table_as_soon_as_it_is_sent():
-    """Step 2 (SPEC 3.2, 7): once P1 has sent its encrypted rows it no longer holds any
+    """Step 2 (design §3.2, §7): once P1 has sent its encrypted rows it no longer holds any
     member id or probability in the clear; checked right after the HelloAck is
     processed, long before `close()`, over everything reachable from the session."""
     tester_df, client_df = make_inputs(40, 40, 30, seed=7)
@@ -241,9 +241,9 @@ def test_tester_drops_its_plaintext_table_as_soon_as_it_is_sent():
     c.close()
 
 
-# ---------------------------------------------------------------- bootstrap draws (SPEC 4)
+# ---------------------------------------------------------------- bootstrap draws (design §4.8)
 def test_each_replicate_draws_exactly_m_buckets():
-    """Random-bucket bootstrap (SPEC 4): each replicate draws M buckets with replacement,
+    """Random-bucket bootstrap (design §4.8): each replicate draws M buckets with replacement,
     like the row bootstrap draws n rows. Fewer draws shrink every replicate's Num and Den
     and understate the spread of the ratio."""
     rng = np.random.default_rng(0)
@@ -255,7 +255,7 @@ def test_each_replicate_draws_exactly_m_buckets():
         assert np.abs(counts.mean(axis=0) - 1).max() < 0.15  # every bucket equally likely
 
 
-# ---------------------------------------------------------------- rerandomisation (SPEC 3.6)
+# ---------------------------------------------------------------- rerandomisation (design §3.6)
 @pytest.fixture(scope="module")
 def key() -> paillier.PrivateKey:
     return paillier.generate_keypair(TEST_BITS, allow_insecure=True)
@@ -263,7 +263,7 @@ def key() -> paillier.PrivateKey:
 
 @pytest.mark.parametrize("variant", ["ratio", "additive"])
 def test_replicates_are_rerandomised_before_they_leave_the_tester(key, variant):
-    """Step 6 (SPEC 3.6): every replicate ciphertext is rerandomised. Without it a
+    """Step 6 (design §3.6): every replicate ciphertext is rerandomised. Without it a
     replicate is a deterministic function of P2's own ciphertexts, the counts and the
     mask: P2, who knows the randomness of the ciphertexts it made, could test guesses of
     P1's weights and masks against it. The sent ciphertext must differ from that
@@ -302,7 +302,7 @@ def test_replicates_are_rerandomised_before_they_leave_the_tester(key, variant):
 
 @pytest.mark.parametrize("recipient", ["client", "tester"])
 def test_identical_replicates_leave_the_tester_as_distinct_ciphertexts(monkeypatch, recipient):
-    """The same property end to end (SPEC 3.6): with one bucket every replicate has the
+    """The same property end to end (design §3.6): with one bucket every replicate has the
     same count, and with the mask pinned every replicate of a group encrypts the same
     plaintext; the ciphertexts on the wire must all differ all the same."""
     fixed_ratio = RatioMask.draw()
@@ -337,7 +337,7 @@ def test_a_weak_randomizer_base_from_the_test_client_does_not_switch_rerandomisa
     """A Test-Client that announces h = n^2 - 1 (order 2: h^alpha takes two values) in its
     HelloAck: were the Tester to rerandomise with that h, replicates that encrypt the same
     plaintext would leave it as at most two distinct ciphertexts, so equal ones would be
-    recognisable. The Tester rerandomises with a base of its own (SPEC 3.6)."""
+    recognisable. The Tester rerandomises with a base of its own (design §3.6)."""
     fixed_ratio = RatioMask.draw()
     monkeypatch.setattr(RatioMask, "draw", classmethod(lambda cls: fixed_ratio))
     tester, client = make_inputs(30, 30, 25, seed=8)

@@ -1,4 +1,4 @@
-"""The two-party protocol of SPEC.md section 3, in one process (sans-I/O)."""
+"""The two-party protocol of design §3, in one process (sans-I/O)."""
 from __future__ import annotations
 
 import base64
@@ -114,7 +114,7 @@ def _clamped(scalar: bytes) -> bytes:
 
 
 def test_no_plaintext_or_key_in_any_message(monkeypatch):
-    """SPEC 3 and 7: no member id, probability or key crosses the wire. Every message of an
+    """Design §3 and §7: no member id, probability or key crosses the wire. Every message of an
     audit is recorded and searched for both parties' member ids, the Tester's
     probabilities, the Tester's X25519 scalar and AES-256 key, and the Test-Client's
     X25519 scalar and Paillier p, q, lambda and phi, in several encodings."""

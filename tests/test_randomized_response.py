@@ -1,4 +1,4 @@
-"""k-ary randomized response (SPEC.md section 2.3)."""
+"""k-ary randomized response (design §2.3)."""
 from __future__ import annotations
 
 import itertools
@@ -69,7 +69,7 @@ def test_bad_categories():
 
 @pytest.mark.parametrize("epsilon, k", [(1.0, 2), (4.5, 6), (2.0, 3)])
 def test_flip_rate_depends_on_the_number_of_categories(epsilon, k):
-    """SPEC 2.3: a member keeps their category with e^eps/(e^eps+k-1), so the flip rate
+    """Design §2.3: a member keeps their category with e^eps/(e^eps+k-1), so the flip rate
     is (k-1)/(e^eps+k-1) (5.26% at eps = 4.5, k = 6)."""
     assert rr.flip_rate(epsilon, k) == pytest.approx((k - 1) / (math.exp(epsilon) + k - 1))
     assert rr.flip_rate(epsilon, k) == pytest.approx(1.0 - rr.transition_matrix(epsilon, k)[0, 0])

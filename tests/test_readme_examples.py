@@ -1,15 +1,19 @@
-"""The README's metric examples run as documented (README.md, section "Metrics").
+"""The README's examples run as documented: the metric examples (README.md, section
+"Metrics") and the first audit on one's own files (section "A first audit on your own
+files").
 
 Every ``ppre`` command in the ```sh blocks of the Metrics section is collected: one
 ``ppre synth`` and one or more ``ppre audit`` per metric. The fast test checks that they
 cover every metric of the catalog and parse; the slow ones run the synth command in a
 fresh folder, then each audit command there (as a new user would, a process each), and
-check that it prints exactly one JSON object with the keys the README documents for that
-metric (section "The result").
+check that it prints exactly one JSON object with the keys docs/metrics/README.md
+documents for that metric (section "JSON fields (all metrics)"; a fast test checks that
+the page names them all).
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -57,6 +61,17 @@ def readme_commands() -> list[list[str]]:
             if line.strip().startswith("ppre "):
                 commands.append(shlex.split(line))
     return commands
+
+
+def test_the_json_keys_are_documented():
+    """Every key these tests expect of a result is named on the page that documents them."""
+    page = (README.parent / "docs" / "metrics" / "README.md").read_text(encoding="utf-8")
+    start = page.index("### JSON fields (all metrics)")
+    section = page[start:page.index("\n### ", start + 1)]
+    keys = (BASE_KEYS | set().union(*EXTRA_KEYS.values()) | GROUP_KEYS | CELL_KEYS | CURVE_KEYS | POOL_KEYS
+            | DIFF_KEYS | VERDICT_KEYS | COMPARED_KEYS | {"group_mapping"})
+    missing = sorted(k for k in keys if not re.search(rf"\b{k}\b", section))
+    assert not missing, f"docs/metrics/README.md does not document: {missing}"
 
 
 def _option(argv: list[str], name: str, default: str | None = None) -> str | None:
@@ -189,3 +204,64 @@ def test_readme_example_runs(argv, synth_dir):
         assert "left out of the verdict" in verdict["message"] and "conclusive with" in verdict["message"]
     else:
         assert set(verdict["compared"]) == COMPARED_KEYS
+
+
+# --------------------------------------------------------------------------- the first audit on one's own files
+
+def readme_first_audit() -> list[list[str]]:
+    """The ``ppre`` commands of the README's first-audit block (section "A first audit
+    on your own files": the ```bash block that runs ``ppre audit --local``)."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index("\n## A first audit on your own files\n")
+    section = text[start:text.index("\n## ", start + 1)]
+    (block,) = [b for b in re.findall(r"^```bash\n(.*?)^```", section, flags=re.S | re.M) if "ppre audit --local" in b]
+    return [shlex.split(line) for line in block.replace("\\\n", " ").splitlines() if line.strip().startswith("ppre ")]
+
+
+def _exports(synth: Path, out: Path) -> None:
+    """`ppre synth`'s files as a user's exports: the README's column names, a "First
+    Name" column the audit does not read, and a survey answer of someone the members
+    export dropped."""
+    import pandas as pd
+
+    members = pd.read_csv(synth / "members.csv", dtype=str)
+    members.rename(columns={"member_id": "Customer Key", "surname": "Last Name", "first_name": "First Name"}) \
+        .to_csv(out / "crm.csv", index=False)
+    survey = pd.read_csv(synth / "self_id.csv", dtype=str)
+    survey = pd.concat([survey, pd.DataFrame({"member_id": ["not-a-member"], "race": ["white"]})])
+    survey.rename(columns={"member_id": "Customer Key"}).to_csv(out / "survey.csv", index=False)
+    outputs = pd.read_csv(synth / "client" / "ero.csv", dtype=str)
+    outputs.rename(columns={"member_id": "Member ID", "y_pred": "prediction"}).to_csv(out / "model_outputs.csv",
+                                                                                     index=False)
+
+
+def test_readme_first_audit_parses():
+    from ppre.cli import build_parser
+    commands = readme_first_audit()
+    assert [c[1] for c in commands] == ["tester", "client", "audit", "runs"]
+    parser = build_parser()
+    for argv in commands:
+        parser.parse_args(argv[1:])
+
+
+@pytest.mark.slow
+def test_readme_first_audit_runs_on_renamed_exports(tmp_path):
+    """The README's first audit, command by command, on exports whose columns have the
+    README's names: the checks say all is well, the audit writes its report (under the
+    default release controls), and the run is listed."""
+    done = _ppre(["ppre", "synth", "--members", "2000", "--seed", "3", "--out", "synth"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    _exports(tmp_path / "synth", tmp_path)
+    env_home = {"XDG_DATA_HOME": str(tmp_path / "xdg")}
+    outputs = []
+    for argv in readme_first_audit():
+        done = subprocess.run([sys.executable, "-m", "ppre.cli", *argv[1:]], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=600, env={**os.environ, **env_home})
+        assert done.returncode == 0, (argv, done.stdout[-2000:], done.stderr[-2000:])
+        outputs.append(done.stdout)
+    assert "all is well" in outputs[0] and "all is well" in outputs[1]
+    assert (tmp_path / "report" / "report.html").exists() and (tmp_path / "report" / "report.json").exists()
+    report = json.loads((tmp_path / "report" / "report.json").read_text(encoding="utf-8"))
+    assert report["release"]["controls"] is True and report["n_matched"] == 2000
+    assert report["preparation"]["self_id_not_among_members"] == 1
+    assert len(outputs[3].strip().splitlines()) == 2  # the header and the one run

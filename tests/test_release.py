@@ -1,4 +1,4 @@
-"""The Tester's release controls (SPEC.md section 8; tester_service/release.py).
+"""The Tester's release controls (design §8; tester_service/release.py).
 
 Each control is shown to act: the audit it should refuse is refused with a reason that
 names the control, the cell it should withhold never reaches the Test-Client, the noise

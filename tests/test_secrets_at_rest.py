@@ -1,4 +1,4 @@
-"""Keys never at rest (SPEC.md section 7): no key, mask or member-level value in logs
+"""Keys never at rest (design §7): no key, mask or member-level value in logs
 (DEBUG included), exception messages, tracebacks, repr/str of key objects or sessions,
 temporary files or pickles; Paillier decryption on worker processes gets a narrow task
 (`PrivateKey.decrypt_task()`: p and h_p), never the private key.

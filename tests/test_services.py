@@ -125,7 +125,7 @@ def test_bad_inputs_reach_the_operator_and_services_stay_healthy(inputs, tmp_pat
     cases.append(("tester", write("sum.csv", bad), "ero", "row 5", "sum to 1"))
     bad = tester.copy()
     bad.loc[2, "white"] = -0.1
-    cases.append(("tester", write("neg.csv", bad), "ero", "column 'white', row 3", "negative"))
+    cases.append(("tester", write("neg.csv", bad), "ero", "column 'white', data row 3", "negative"))
     cases.append(("tester", write("misspelt.csv", tester.rename(columns={"hispanic": "hispnic"})), "ero",
                   "column 'hispanic'", "misspelt"))
     bad = tester.copy()
@@ -135,7 +135,7 @@ def test_bad_inputs_reach_the_operator_and_services_stay_healthy(inputs, tmp_pat
     bad = client.copy()
     bad.loc[9, "y_pred"] = 2
     write("labels.csv", bad)
-    cases.append(("client", tp, "labels", "column 'y_pred', row 10", "0 or 1"))
+    cases.append(("client", tp, "labels", "column 'y_pred', data row 10", "0 or 1"))
     write("nolabel.csv", client.drop(columns=["y_true"]))
     cases.append(("client", tp, "nolabel", "column 'y_true'", "missing"))
     bad = client.copy()
@@ -229,7 +229,8 @@ def test_cli_reports_bad_input_with_exit_code_2(inputs, capsys):
     _, _, tp, cp = inputs
     code = ppre_main(["audit", "--local", "--metric", "ero", "--tester-probabilities", str(tp) + ".nope",
                       "--client-data", str(cp), "--json"])
-    assert code == 2 and "file not found" in capsys.readouterr().err
+    captured = capsys.readouterr()  # --json: the error is the one JSON object on stdout, stderr stays empty
+    assert code == 2 and "file not found" in json.loads(captured.out)["error"]["message"] and captured.err == ""
 
 
 def _start_service_processes(tp, cp, cwd, env, flags: list[str], output):
@@ -263,7 +264,7 @@ def test_services_as_processes_write_no_files_and_log_no_member_data(inputs, tmp
             time.sleep(0.3)
         event = run_audit(f"127.0.0.1:{ports[0]}", _request(bootstrap=20))
         assert event.WhichOneof("event") == "result", event
-        # no core dumps (SPEC 7): the services and the worker processes they started
+        # no core dumps (design §7): the services and the worker processes they started
         pids = [tester_p.pid, client_p.pid]
         pids += [int(c) for pid in pids for task in Path(f"/proc/{pid}/task").iterdir()
                  for c in _children(task)]

@@ -215,12 +215,12 @@ def test_cli_audit_and_health_with_tls_dir(inputs, tmp_path, capsys, monkeypatch
         assert json.loads(capsys.readouterr().out)["error"]["code"] == "unavailable"
         # no certificates: refused before dialling
         assert ppre_main(audit) == 2
-        err = capsys.readouterr().err
+        err = json.loads(capsys.readouterr().out)["error"]["message"]  # --json: the error is the JSON object
         assert "no TLS certificates" in err and "--insecure" in err
         health = ["health", f"127.0.0.1:{client_port}", "--tls-dir", str(certs)]
         assert ppre_main(health + ["--tls-role", "client"]) == 0
         assert ppre_main(health) == 0  # the operator's certificate will do for health
-        assert ppre_main(["health", f"127.0.0.1:{client_port}", "--insecure", "--timeout", "1"]) == 1
+        assert ppre_main(["health", f"127.0.0.1:{client_port}", "--insecure", "--timeout", "1"]) == 4  # TLS failed
     finally:
         tester_grpc.stop(0).wait(5)
         client_server.stop(0).wait(5)

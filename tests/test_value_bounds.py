@@ -1,5 +1,5 @@
-"""Declared value bounds and the sensitivities the release noise is sized from (SPEC.md
-section 8; each metric module's docstring derives its own).
+"""Declared value bounds and the sensitivities the release noise is sized from (design
+§8; each metric module's docstring derives its own).
 
 A. For output, POT, MQOS-NDCG, LOT (raw and idcg) and ERO: on small adversarial data
    (values at and beyond their bounds, members in many rows and strata), every member's
@@ -23,7 +23,7 @@ from client_service.protocol import ClientSession
 from common import encoding
 from common.errors import InputError, ProtocolError
 from common.metrics import get_metric
-from common.metrics.base import composite_items, sensitivity_rows
+from common.metrics.base import SECOND_MOMENTS, composite_items, sensitivity_rows
 from proto import ppre_pb2 as pb
 from tester_service.protocol import AuditSpec, TesterSession
 from tests.helpers import TEST_BITS, local_audit
@@ -70,13 +70,17 @@ def _member_codes(rows):
     return codes.reshape(len(rows.ids), -1).T
 
 
-def assert_sensitivity_holds(name, frame, option="", params=None, seed=0):
+def assert_sensitivity_holds(name, frame, option="", params=None, seed=0, second_moments=False):
     """Replace each member's vector by each one-hot vector: per slot |Δ| ≤ s·||Δp||₂ and
-    over the release Σ_c (Δ_c / s_c)² ≤ β·||Δp||₂² (`tester_service.release`)."""
+    over the release Σ_c (Δ_c / s_c)² ≤ β·||Δp||₂² (`tester_service.release`); with
+    `second_moments`, the squared components' slots (released at the second moments'
+    noise) over their own count S: Σ (Δ/s)² ≤ S·||Δp||₂²."""
     metric = get_metric(name)
     option = metric.check_option(option)
     metric = metric.for_option(option)
     params = metric.parse_params({k: str(v) for k, v in (params or {}).items()})
+    if second_moments:
+        params[SECOND_MOMENTS] = True
     rows = metric.client_rows(frame.copy(), FILE, option, params, np.random.default_rng(seed))
     members = sorted({str(m) for ids in rows.ids for m in ids})
     rng = np.random.default_rng(seed)
@@ -91,7 +95,11 @@ def assert_sensitivity_holds(name, frame, option="", params=None, seed=0):
     codes = _member_codes(rows)
     count = sensitivity_rows(codes, rows.strata if metric.strata_cells else None)
     beta = metric.sensitivity_components(option, params, rows.info)
+    squares = metric.moment_components(option, params)
+    assert squares == (1 if second_moments else 0)
     sens = {i: metric.slot_sensitivity(plan.items[i], layout, comps, count) for i in before}
+    moment_slot = {i: {s for s in range(layout.slots)
+                       if plan.items[i].ciphertext * layout.slots + s >= len(comps) - squares} for i in before}
     worst = 0.0
     for m in members:
         for j in range(len(GROUPS)):
@@ -103,7 +111,7 @@ def assert_sensitivity_holds(name, frame, option="", params=None, seed=0):
             if norm == 0:
                 continue
             after, *_ = _released(metric, rows, quantised(p), option, params)
-            energy = 0.0
+            energy = moment_energy = 0.0
             for i, slots in before.items():
                 for s, (x, y) in enumerate(zip(slots, after[i])):
                     if sens[i][s] == 0:
@@ -111,9 +119,13 @@ def assert_sensitivity_holds(name, frame, option="", params=None, seed=0):
                         continue
                     ratio = abs(y - x) / (sens[i][s] * norm)
                     assert ratio <= 1 + 1e-9, (name, m, j, i, s, ratio)
-                    energy += ((y - x) / sens[i][s]) ** 2
+                    if s in moment_slot[i]:
+                        moment_energy += ((y - x) / sens[i][s]) ** 2
+                    else:
+                        energy += ((y - x) / sens[i][s]) ** 2
             worst = max(worst, energy / (beta * norm * norm))
             assert energy <= beta * norm * norm * (1 + 1e-9), (name, m, j, energy, beta)
+            assert moment_energy <= squares * norm * norm * (1 + 1e-9), (name, m, j, moment_energy)
     assert worst > 0.2, "the search should come near the bound (adversarial data)"
     return worst
 
@@ -127,6 +139,8 @@ def test_output_sensitivity_holds_with_values_beyond_the_declared_range():
     outcome = [2.0, 5.0, 9.0, -3.0, 3.5, 5.0, 2.0, 4.9]  # two beyond [2, 5]: clipped
     frame = pd.DataFrame({"member_id": [f"m{i}" for i in range(len(outcome))], "outcome": outcome})
     assert_sensitivity_holds("output", frame, params={"outcome_range": "2:5"})
+    # under the second-moments release the rows carry (outcome − c)² too, its own bound
+    assert_sensitivity_holds("output", frame, params={"outcome_range": "2:5"}, second_moments=True)
 
 
 def test_pot_sensitivity_holds_with_overlapping_kernels():

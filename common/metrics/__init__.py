@@ -1,4 +1,4 @@
-"""The metric catalog (SPEC.md section 5): one module per metric, one registry.
+"""The metric catalog (design §5): one module per metric, one registry.
 
 A new metric is a new module with a `METRIC` object (a `common.metrics.base.Metric`)
 listed here; nothing else in the system names a metric.

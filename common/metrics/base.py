@@ -1,9 +1,9 @@
-"""What a metric declares (SPEC.md section 5): the unit of extension of the catalog.
+"""What a metric declares (design §5): the unit of extension of the catalog.
 
 Every metric of the catalog is, under encryption, a set of ratio cells
 `Num[c] / Den[c]` with `Num[c] = Σ_rows w_c(row)·v_num(row)`: the Test-Client turns
 its dataset into rows of values in plaintext (comparisons, sorting, IDCG, kernels:
-"pre-encryption comparison", SPEC 4), the Tester weights them with plaintext weights
+design §4.5), the Tester weights them with plaintext weights
 computed from the members' race probabilities, and both sides finish the decrypted
 cells the same way (fairlearn's MetricFrame idea: compute the cells once, then compare
 them). A metric module subclasses `Metric` and declares:
@@ -35,8 +35,13 @@ import pandas as pd
 
 from common.errors import EncodingOverflowError, InputError
 
-#: the fixed-point scale of one probability (SPEC 4): q_ij = round(2^32 p_ij), rows sum to 2^32
+#: the fixed-point scale of one probability (design §4.2): q_ij = round(2^32 p_ij), rows sum to 2^32
 PROBABILITY_BITS = 32
+#: the key in a metric's parsed parameters that says this audit's release gives its
+#: interval from second moments (`common.moments`): set by the Tester for a noisy
+#: release of a metric with `Metric.moment_squares`, and by the Test-Client from the
+#: Hello (`Hello.second_moments`); never a user's parameter
+SECOND_MOMENTS = "second_moments"
 #: room a slot keeps for the release controls' noise (at most 8 sd of σ ≤ 2^20 times a
 #: member's largest contribution, which `item_bits` already bounds)
 NOISE_HEADROOM_BITS = 24
@@ -96,7 +101,7 @@ def boolean(text: str) -> bool:
 
 
 # ----------------------------------------------------------------------------------
-# Declared value bounds (SPEC.md section 8: what the release noise is sized from)
+# Declared value bounds (design §8.3: what the release noise is sized from)
 # ----------------------------------------------------------------------------------
 #: what the Test-Client does with a value beyond its declared bound
 OUT_OF_RANGE_ACTIONS = ("clip", "refuse")
@@ -132,7 +137,7 @@ OUT_OF_RANGE_PARAM = Param("out_of_range", "a value outside its declared bound: 
 def bounded_column(values: np.ndarray, lo: float, hi: float, params: dict[str, Any], info: dict[str, Any], *,
                    file: str, column: str, bound: str) -> np.ndarray:
     """`values` inside [lo, hi], as the Test-Client must encode them before encryption
-    (the noise is sized from the bound, SPEC 8): clipped, counting the rows clipped in
+    (the noise is sized from the bound, design §8.3): clipped, counting the rows clipped in
     `info["rows_clipped"]`, or, with `out_of_range=refuse`, an InputError naming the
     first row outside and the parameter `bound` that declares it."""
     from common.tables import first_row
@@ -221,7 +226,7 @@ def bits(x: int) -> int:
 
 def choose_layout(item_bits: int, mask_bits: int, n_components: int, modulus_bits: int) -> Layout:
     """Slots wide enough for any masked cell value; as many per ciphertext as fit below a
-    third of the plaintext space modulo p (decryption works modulo p, SPEC 4 signed)."""
+    third of the plaintext space modulo p (decryption works modulo p, design §4.3)."""
     slot_bits = max(64, item_bits + mask_bits + 2)
     p_bits = modulus_bits // 2 - 2
     fit = p_bits // slot_bits
@@ -341,7 +346,7 @@ def composite_items(items: Sequence[Item], weights: Sequence[Any], *, strata: in
     encryption, the sum of their values): an item whose weight column is a sum of other
     columns ("overall"), and, for a metric with `strata` kept apart (`strata_cells`), a
     pooled item (stratum None) from its strata's items. They carry no noise of their own
-    (post-processing of the noised parts); every other item is noised (SPEC 8)."""
+    (post-processing of the noised parts); every other item is noised (design §8)."""
     position = {(it.weight, it.ciphertext, it.stratum): i for i, it in enumerate(items)}
     parts_of: dict[int, list[int]] = {}
     for i, it in enumerate(items):
@@ -414,10 +419,15 @@ class Metric:
     #: correction (`common.correction`) applies: M's items join the plan
     corrects = False
     #: under release noise the interval comes from released second moments
-    #: (`common.moments`) instead of random groups: only for per-group ratio cells whose
-    #: two components are 0/1 with num ≤ den, so that the pair items' sums are exactly
-    #: the second moments (f² = f, f·d = f, d² = d)
+    #: (`common.moments`) instead of random groups: for per-group ratio cells (f, d) whose
+    #: pair items' sums are the second moments, either because the components are 0/1
+    #: with f ≤ d (f² = f, f·d = f, d² = d: ERO), or because d = 1 and the rows carry f²
+    #: as one more component (`moment_squares`: the output metric)
     moment_interval = False
+    #: under the second-moments release the rows carry the square f² of the numerator's
+    #: component as a last component (`moment_components`), released in the pair items
+    #: and at the second moments' noise only (`tester_service.release`)
+    moment_squares = False
     #: the range every per-group value lies in (rates: (0, 1)), a constraint of the
     #: corrected estimator's solve (`common.correction.bounded_solve`); None: unbounded
     estimate_range: tuple[float, float] | None = None
@@ -471,12 +481,37 @@ class Metric:
         return {}
 
     def sensitivity_components(self, option: str, params: dict[str, Any], info: dict[str, Any]) -> float:
-        """β = the most Σ_c (v_c / bound_c)² any one row can reach: the release of C
-        components with noise σ·bound_c per slot is β/σ²-zCDP (`tester_service.release`),
-        so the noise multiplier is sized for β components. Default C (every component at
-        its bound at once); a metric whose components cannot all be at their bounds in
-        one row (POT's kernels at distant reference scores) proves a smaller β."""
-        return float(len(self.components(option, params, info)))
+        """β = the most Σ_c (v_c / bound_c)² any one row can reach over the estimate's
+        components: the release of C components with noise σ·bound_c per slot is
+        β/σ²-zCDP (`tester_service.release`), so the noise multiplier is sized for β
+        components. Default C (every component at its bound at once; the second
+        moments' own components, `moment_components`, are not the estimate's); a metric
+        whose components cannot all be at their bounds in one row (POT's kernels at
+        distant reference scores) proves a smaller β."""
+        comps = self.components(option, params, info)
+        return float(len(comps) - self.moment_components(option, params))
+
+    def moment_shape(self, option: str, params: dict[str, Any], info: dict[str, Any],
+                     layout: Layout) -> dict[str, Any]:
+        """`common.correction.extend`'s keywords for this metric's pair items: the
+        denominator component's fixed-point scale (`unit`), the width of the values'
+        range (`span`, for the noise threshold) and, with `moment_components`, where the
+        rows' f² sits (`square`: ciphertext, slot)."""
+        comps = self.components(option, params, info)
+        shape: dict[str, Any] = {"unit": float(1 << comps[1].scale_bits)}
+        declared = self.value_range(option, params)
+        if declared is not None:
+            shape["span"] = float(declared[1] - declared[0])
+        squares = self.moment_components(option, params)
+        if squares:
+            shape["square"] = layout.position(len(comps) - squares)
+        return shape
+
+    def moment_components(self, option: str, params: dict[str, Any]) -> int:
+        """How many of the last components exist for the second moments alone (the
+        squares of `moment_squares`, present when the release gives its interval from
+        second moments: `SECOND_MOMENTS` in the parameters)."""
+        return 1 if self.moment_squares and params.get(SECOND_MOMENTS) else 0
 
     def value_range(self, option: str, params: dict[str, Any]) -> tuple[float, float] | None:
         """The range of one row's value, which every group's (or curve point's) estimate
@@ -495,7 +530,7 @@ class Metric:
 
     def layout(self, option: str, params: dict[str, Any], info: dict[str, Any], *, n_rows: int, n_units: int,
                recipient: str, modulus_bits: int) -> Layout:
-        """The slot plan both parties derive (SPEC 4): from the metric, the Test-Client's row
+        """The slot plan both parties derive (design §4.4): from the metric, the Test-Client's row
         count, the resampling units, the mask the result recipient implies and the key."""
         from common.masking import mask_bits
         comps = self.components(option, params, info)

@@ -1,4 +1,4 @@
-"""ERO, false-positive burden (SPEC.md section 5; paper eq. 6).
+"""ERO, false-positive burden (design §5.2; paper eq. 6).
 
 Dataset: `member_id, y_true, y_pred` (labels 0/1). Per row f = 1(ŷ=1, y=0) and
 d = 1(y=0) (option `fpr`, the standard false-positive rate) or d = 1 (option

@@ -1,4 +1,4 @@
-"""LOT, the listwise outcome test (SPEC.md section 5; paper eqs. 7-8, section 5.2).
+"""LOT, the listwise outcome test (design §5.3; paper eqs. 7-8, section 5.2).
 
 Dataset: `query_id, member_id, rank, relevance` (ranks 1..n within a query; a member
 appears at most once per query, in any number of queries). The Test-Client forms, in
@@ -32,7 +32,7 @@ together and the Tester never sees a query id. Verdict: a cell significantly bel
   (`info["rows_clipped"]`, a count over its own rows before the join), or refuses
   (`out_of_range` refuse); then |ΔỸ| ≤ HI − LO.
 
-**Sensitivity** (`tester_service.release`; SPEC 8). A row's weight for cell (a, b) is
+**Sensitivity** (`tester_service.release`; design §8.3). A row's weight for cell (a, b) is
 p_ra·p_(r+1)b. Replacing one member's vector p by p' (||Δp||₂ ≤ √2) changes, for each
 row it is in, the cells (a, b) by Δp_a·p_(r+1)b·ΔỸ (or p_ra·Δp_b·ΔỸ): over all cells of
 that row's stratum an L2 change of at most ||Δp||₂·||p_other||₂·|ΔỸ| ≤ √2·bound

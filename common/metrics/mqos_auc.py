@@ -1,11 +1,11 @@
-"""MQOS-AUC, minimum quality of service by ROC AUC (SPEC.md section 5; paper appendix B.2).
+"""MQOS-AUC, minimum quality of service by ROC AUC (design §5.6; paper appendix B.2).
 
 Dataset: `member_id, y_true (0/1), score`. Both classes must be present. Cells: each
 group and overall (the global AUC). Verdict: a group significantly below overall
 (rule "below_overall"; flagged when AUC_global − AUC[j] > τ). Two algorithms
 (`--metric-option`):
 
-* `exact` (default; B.2.1 in the linear form of SPEC 5, "Decision"). The paper's
+* `exact` (default; B.2.1 in the linear form of design §5.6). The paper's
   trapezoid multiplies two encrypted quantities, which additive HE cannot. Instead,
   with w(i,l) = 1 if s_i > s_l, ½ if tied, 0 otherwise: A_j(i) = Σ_{l≠i} w(i,l)·p_lj
   (plaintext, at the Tester, from the score order), L_j = Σ p_ij·A_j(i)·y_i,
@@ -18,7 +18,7 @@ group and overall (the global AUC). Verdict: a group significantly below overall
   wider than T_j, the Test-Client returns Enc((T_j + r)²), the Tester removes
   2rT_j + r² under encryption.
 
-  **Released form** (what the release noise is added to, SPEC 8). Per cell two
+  **Released form** (what the release noise is added to, design §8.3). Per cell two
   normalised, centred sums: V_j = (U_j − T_j·N_j/2) / S_j and D_j = T_j·N_j / S_j, and
   AUC_j = ½ + V_j/D_j (`Cell.offset` ½). Under encryption V_j·S_j = L_j − T_j·S_j/2 + Q_j/2
   needs no square, D_j·S_j = T_j·S_j − T_j²; the Tester divides by its own plaintext

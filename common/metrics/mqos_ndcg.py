@@ -1,4 +1,4 @@
-"""MQOS-NDCG, minimum quality of service by NDCG (SPEC.md section 5; paper eq. 9).
+"""MQOS-NDCG, minimum quality of service by NDCG (design §5.4; paper eq. 9).
 
 Dataset: `query_id, member_id, rank, relevance`, where member_id is the viewer who
 issued the query (the same on every row of a query). The Test-Client computes each
@@ -19,7 +19,7 @@ other dataset facts). Per viewer it encodes f = Σ_q (NDCG(q) − 1/2) and d = n
 viewer's kept queries, so |f| ≤ n_v/2 ≤ K/2 and 0 ≤ d ≤ K; each cell adds 1/2 back
 (`Cell.offset`), the same query-weighted mean.
 
-**Sensitivity** (`tester_service.release`; SPEC 8). One viewer is one row (m = 1).
+**Sensitivity** (`tester_service.release`; design §8.3). One viewer is one row (m = 1).
 Replacing its probability vector (||Δp||₂ ≤ √2) moves group j's numerator by Δp_j·f and
 its denominator by Δp_j·d: over all groups at most √2·K/2 and √2·K, the components'
 bounds K/2 and K (`Metric.slot_sensitivity`, times the Tester's row count m). So the

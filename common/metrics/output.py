@@ -11,7 +11,7 @@ refuse). Per row it encodes, in fixed point (2^-24), f = outcome − c with the 
 centre c = (LO + HI)/2, and d = 1; each cell is c + Σ p_ij f / Σ p_ij (`Cell.offset`),
 the same mean, with |f| ≤ (HI − LO)/2.
 
-**Sensitivity** (`tester_service.release`; SPEC 8). Replacing one member's probability
+**Sensitivity** (`tester_service.release`; design §8.3). Replacing one member's probability
 vector p by p' (||p − p'||₂ ≤ √2) moves group j's numerator by (p'_j − p_j)·f per row
 the member is in, and its denominator by (p'_j − p_j)·1. Over all groups (the overall
 cell is their sum: post-processing) and the member's m rows (m: the Tester's count of
@@ -21,6 +21,15 @@ components' bounds (HI − LO)/2 and 1, which `Metric.slot_sensitivity` multipli
 Centring halves the numerator's sensitivity against encoding the outcome itself, and
 makes it independent of where the range lies (an outcome in [100, 101] costs what one
 in [0, 1] does).
+
+**Interval under release noise** (`common.moments`). With d = 1 the pair items of f
+and d give ``Σ p_a·p_b·f`` (= Σ p_a·p_b·f·d) and ``Σ p_a·p_b``; the third second moment,
+``Σ p_a·p_b·f²``, needs f² itself, so under a noisy release (`SECOND_MOMENTS`) every
+row carries a third component f² = (outcome − c)² (bound ((HI − LO)/2)², 2^-24 fixed
+point), aggregated by the pair items (and, in the group items, released at the second
+moments' noise; it is not part of the estimate: `Metric.moment_components`). Its
+sensitivity is that of any component: √2·m·((HI − LO)/2)² per slot over the groups,
+twice that over the pairs (`tester_service.release`).
 """
 from __future__ import annotations
 
@@ -56,6 +65,8 @@ def fixed_bound(value: float, scale_bits: int) -> int:
 class OutputMetric(Metric):
     name = "output"
     corrects = True
+    moment_interval = True
+    moment_squares = True
     description = "output metric: per-group mean of an outcome"
     params = (OUTCOME_RANGE_PARAM, OUT_OF_RANGE_PARAM)
     numeric_columns = ("outcome",)
@@ -70,8 +81,11 @@ class OutputMetric(Metric):
 
     def components(self, option, params, info):
         _, half = centred_bound(*self.value_range(option, params))
-        return (Component("outcome", SCALE_BITS, fixed_bound(half, SCALE_BITS)),
-                Component("one", SCALE_BITS, 1 << SCALE_BITS))
+        comps = (Component("outcome", SCALE_BITS, fixed_bound(half, SCALE_BITS)),
+                 Component("one", SCALE_BITS, 1 << SCALE_BITS))
+        if self.moment_components(option, params):
+            comps += (Component("outcome squared", SCALE_BITS, fixed_bound(half * half, SCALE_BITS)),)
+        return comps
 
     def client_rows(self, frame, file, option, params, rng):
         lo, hi = self.value_range(option, params)
@@ -79,8 +93,11 @@ class OutputMetric(Metric):
         y = bounded_column(finite_column(frame, "outcome", file), lo, hi, params, info, file=file,
                            column="outcome", bound="outcome_range")
         centre, _ = centred_bound(lo, hi)
-        return ClientRows(ids=(frame["member_id"].to_numpy(dtype=object),),
-                          values=np.column_stack([y - centre, np.ones_like(y)]), info=info)
+        columns = [y - centre, np.ones_like(y)]
+        if self.moment_components(option, params):
+            columns.append((y - centre) ** 2)
+        return ClientRows(ids=(frame["member_id"].to_numpy(dtype=object),), values=np.column_stack(columns),
+                          info=info)
 
     def check_info(self, info, strata_labels):
         if int(info.get("rows_clipped", 0)) < 0:

@@ -1,4 +1,4 @@
-"""POT, the pointwise outcome test (SPEC.md section 5; paper appendix B.1, eqs. 10-12).
+"""POT, the pointwise outcome test (design §5.5; paper appendix B.1, eqs. 10-12).
 
 Dataset: `member_id, score, outcome` (finite numbers). The
 Test-Client picks the reference scores s_1..s_Q (the deciles of its scores by default,
@@ -31,7 +31,7 @@ components instead of 2Q.
 A masked ciphertext holds several (Num, Den) cells of one group and one replicate, so
 they share the mask's factor: the Test-Client can read ratios between those cells'
 numerators (or denominators), i.e. how the group's kernel mass spreads over the
-reference scores (README, "What each party learns").
+reference scores (design §9.4).
 """
 from __future__ import annotations
 

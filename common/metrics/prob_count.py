@@ -1,4 +1,4 @@
-"""Probabilistic count, an inclusion measurement (paper appendix C.2, eq. 19; SPEC.md section 5).
+"""Probabilistic count, an inclusion measurement (paper appendix C.2, eq. 19; design §5.8).
 
 Dataset: `member_id[, pool]` (without a pool column every member is in one pool,
 "all"). Not linear, so no HE: the Test-Client sends only its members' encrypted ids

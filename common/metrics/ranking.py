@@ -1,4 +1,4 @@
-"""Ranked lists: the Test-Client's plaintext side of LOT and MQOS-NDCG (SPEC.md section 5;
+"""Ranked lists: the Test-Client's plaintext side of LOT and MQOS-NDCG (design §5.3, §5.4;
 paper sections 5.2-5.3, equations 7-9).
 
 Everything here runs at the Test-Client (P2) in plaintext, before encryption ("pre-
@@ -160,7 +160,7 @@ def ranked_lists(frame: pd.DataFrame, file: str, *, one_viewer_per_query: bool =
         other = mcode != mcode[first_pos[qcode]]
         if other.any():
             p = int(np.flatnonzero(other)[0])
-            raise InputError(f"a query must come from one viewer: this row's member differs from row "
+            raise InputError(f"a query must come from one viewer: this row's member differs from data row "
                              f"{first_pos[qcode[p]] + 1}, the first row of the same query",
                              file=file, column=ID_COLUMN, row=p + 1)
     else:
@@ -169,7 +169,7 @@ def ranked_lists(frame: pd.DataFrame, file: str, *, one_viewer_per_query: bool =
         if same.any():
             p = int(order[1:][same].min())  # the earliest row that repeats an earlier one
             earlier = _first((qcode == qcode[p]) & (mcode == mcode[p]))
-            raise InputError(f"the same member appears twice in one query (also at row {earlier}, "
+            raise InputError(f"the same member appears twice in one query (also at data row {earlier}, "
                              f"in the same query)", file=file, column=ID_COLUMN, row=p + 1)
 
     # Ranks above the query's size are capped at size + 1 (no overflow; they leave a gap).
@@ -181,7 +181,7 @@ def ranked_lists(frame: pd.DataFrame, file: str, *, one_viewer_per_query: bool =
     if dup.any():
         p = int(order[1:][dup].min())
         earlier = _first((qcode == qcode[p]) & (rank == rank[p]))
-        raise InputError(f"rank {int(rank[p])} appears twice in one query: row {earlier}, in the "
+        raise InputError(f"rank {int(rank[p])} appears twice in one query: data row {earlier}, in the "
                          f"same query, has the same rank", file=file, column=RANK_COLUMN, row=p + 1)
     expected = np.arange(n, dtype=np.int64) - starts[q_sorted] + 1
     gap = r_sorted != expected

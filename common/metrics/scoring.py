@@ -1,7 +1,7 @@
 """Score-based metrics in plaintext: POT, MQOS-AUC (exact and sampled), probabilistic count.
 
-Definitions: SPEC.md section 5 ("POT", "MQOS-AUC", "Probabilistic count") and the
-paper (papers/ppre-productionized-2026.txt), appendix B and C, equations (10)-(19).
+Definitions: design §5.5, §5.6 and §5.8 and the
+paper (design §10), appendix B and C, equations (10)-(19).
 Every function here is pure numpy on plaintext arrays; the encryption layer calls them
 to prepare the per-row values it encrypts (or the plaintext weights it multiplies). The
 plaintext reference forms the tests check the encrypted protocol against (POT curves,
@@ -17,7 +17,7 @@ POT (pointwise outcome test, eqs. (10)-(12))
     ratio. P2 computes the per-row columns (``kernel_components``), P1 weights them
     by p_ij. Summary (eq. (11)): DTI_ab = sum_q w_q (m_a(s_q) - m_b(s_q)).
 
-MQOS-AUC, exact (eqs. (13)-(16), in the linear form of SPEC.md section 5, "Decision")
+MQOS-AUC, exact (eqs. (13)-(16), in the linear form of design §5.6)
     With w(i, l) = 1 if s_i > s_l, 1/2 if tied, 0 otherwise,
     A_j(i) = sum_{l != i} w(i, l) p_lj (P1, in plaintext, from P2's score ranks),
     L_j = sum_i p_ij A_j(i) y_i,  T_j = sum_i p_ij y_i,  Q_j = sum_i p_ij^2 y_i,

@@ -80,7 +80,7 @@ def add_tls_arguments(s: argparse.ArgumentParser, role: str | None) -> None:
     from common.tls import ROLES
 
     env = os.environ.get
-    g = s.add_argument_group("mutual TLS (see README, 'Security: TLS and identities')")
+    g = s.add_argument_group("mutual TLS (see docs/configuration.md, 'Certificates and identities')")
     files = f"DIR/ca.pem, DIR/{role}.pem, DIR/{role}.key" if role else "DIR/ca.pem, DIR/ROLE.pem, DIR/ROLE.key"
     g.add_argument("--tls-dir", default=env("PPRE_TLS_DIR"), metavar="DIR",
                    help=f"certificates as `ppre certs init DIR` writes them: {files} (env PPRE_TLS_DIR)")

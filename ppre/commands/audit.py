@@ -11,12 +11,13 @@ metric's option with --metric-option, its parameters with --metric-param NAME=VA
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 
 from common.bootstrap import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES
-from common.errors import InputError
+from common.errors import InputError, PPREError
 from common.metrics import METRICS
 from common.results import DEFAULT_TAU
 from ppre.commands import add_executor_argument, add_log_arguments, add_tls_arguments, tls_identity
@@ -48,11 +49,23 @@ def metric_params(args: argparse.Namespace) -> dict[str, str]:
     return params
 
 
+def metric_name(text: str) -> str:
+    """`--metric`: a metric's name, in any case and with `_` for `-` (dataset files are
+    named mqos_auc.csv, the metric mqos-auc); a near miss gets a did-you-mean."""
+    from common.tables import did_you_mean
+    name = text.strip().lower().replace("_", "-")
+    if name in METRICS:
+        return name
+    raise argparse.ArgumentTypeError(f"unknown metric '{text}'{did_you_mean(text, METRICS)}; the metrics: "
+                                     f"{', '.join(METRICS)}")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("audit", help="run one audit through the Tester's RunAudit")
     s.add_argument("--tester", help="HOST:PORT of the Tester service")
     s.add_argument("--client-dataset", help="dataset name known to the Test-Client")
-    s.add_argument("--metric", required=True, choices=list(METRICS), help="metric to audit")
+    s.add_argument("--metric", required=True, choices=list(METRICS), type=metric_name, metavar="METRIC",
+                   help=f"metric to audit: {', '.join(METRICS)} ('_' for '-' is accepted)")
     s.add_argument("--metric-option", "--ero-form", dest="metric_option", default="",
                    help="; ".join(f"{m.name}: {m.option_help}" for m in METRICS.values() if m.option_help))
     s.add_argument("--metric-param", action="append", default=[], metavar="NAME=VALUE",
@@ -66,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--tau", type=float, default=DEFAULT_TAU, help="disparity threshold of the verdict")
     s.add_argument("--correction", choices=("none", "calibration"), default="none",
                    help="calibration: also report attenuation-corrected estimates M^-1 Num beside the "
-                        "weighted ones (ero, output, mqos-ndcg, pot; README, 'Corrected estimates')")
+                        "weighted ones (ero, output, mqos-ndcg, pot; docs/metrics/README.md)")
     s.add_argument("--result-recipient", choices=("client", "tester"), default="client",
                    help="who may learn the result: the Test-Client (default) or only the Tester")
     s.add_argument("--json", action="store_true", help="print exactly one JSON object")
@@ -128,9 +141,20 @@ def run(args: argparse.Namespace) -> int:
     from ppre.commands import setup_logging
 
     setup_logging(args, "local" if args.local else "operator")
+    with quiet_logs(args.json and not args.verbose):
+        return _run_reporting(args)
+
+
+def _run_reporting(args: argparse.Namespace) -> int:
     progress = _progress(args)
     try:
         return _run(args, progress)
+    except PPREError as exc:
+        if not args.json:
+            raise
+        progress.close()  # --json: the error is the one JSON object, as a refused audit's is
+        print(json.dumps({"error": {"code": exc.code, "message": str(exc)}}), flush=True)
+        return 2
     except KeyboardInterrupt:
         progress.close()
         if args.json:
@@ -140,6 +164,22 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         progress.close()
+
+
+@contextlib.contextmanager
+def quiet_logs(quiet: bool):
+    """`--json` without -v: no log line on stderr while the audit runs (the in-process
+    services of --local log a refusal as a WARNING), which then holds only the
+    `audit id:` and `run id:` lines; the outcome, an error included, is the JSON object
+    on stdout."""
+    import logging
+    before = logging.root.manager.disable
+    if quiet:
+        logging.disable(logging.ERROR)
+    try:
+        yield
+    finally:
+        logging.disable(before)
 
 
 #: the threads that run one audit's session in the Tester and in the Test-Client
@@ -160,6 +200,7 @@ def _drain(services, seconds: float = CANCEL_DRAIN_S) -> None:
 
 def _run(args: argparse.Namespace, progress) -> int:
     from client_service.datasets import DatasetRegistry
+    from common.tables import prefixed_mapping
     from ppre.local import local_services
     from tester_service.inputs import read_probability_table
     from tester_service.server import run_audit
@@ -177,8 +218,10 @@ def _run(args: argparse.Namespace, progress) -> int:
             from tester_service.server import prepare_from_files
             members, self_id, preparation = args.tester_members, args.self_id, preparation_config(args)
             load = lambda: prepare_from_files(members, self_id, preparation, columns)  # noqa: E731
+        load = in_context(load, prefixed_mapping("tester-"))
         load()  # fail fast, before any service starts
-        registry = DatasetRegistry(named={LOCAL_DATASET: args.client_data}, columns=client_columns(args, "client-"))
+        registry = DatasetRegistry(named={LOCAL_DATASET: args.client_data}, columns=client_columns(args, "client-"),
+                                   how=prefixed_mapping("client-"))
         request = build_request(args, LOCAL_DATASET)
         # mutual TLS with a development CA made in memory for this run (--insecure: plaintext)
         if args.insecure:
@@ -197,6 +240,7 @@ def _run(args: argparse.Namespace, progress) -> int:
                 except KeyboardInterrupt:  # the call is cancelled: let both sessions end cleanly
                     _drain(services)
                     raise
+                _drain(services)  # their last log lines are written before the logs are restored
         finally:
             executor.shutdown(wait=False)
     else:
@@ -209,9 +253,32 @@ def _run(args: argparse.Namespace, progress) -> int:
         tls = tls_identity(args)
         event = run_audit(args.tester, request, timeout=args.timeout, on_progress=progress, tls=tls,
                           server_name=args.tester_identity if tls is not None else None)
+        explain_wrong_service(event, args)
     progress.close()  # the live line ends before the result is printed
     return print_event(event, as_json=args.json, insecure=args.insecure,
                        report_dir=getattr(args, "report", None))
+
+
+def explain_wrong_service(event, args: argparse.Namespace) -> None:
+    """A refused TLS name check (`--tester` names another service's address): the error
+    says whose service answered there and what --tester needs (`common.tls.wrong_service`)."""
+    from common.tls import HOSTNAME_CHECK_FAILED, wrong_service
+    if event.WhichOneof("event") == "error" and HOSTNAME_CHECK_FAILED in event.error.message:
+        event.error.message = wrong_service(args.tester, args.tester_identity, "--tester", "the Tester",
+                                            "--tester-identity")
+
+
+def in_context(load, how):
+    """`load`, whose missing-column errors say how to map a column in `how`'s words
+    (`common.tables.MissingColumn`)."""
+    from common.tables import MissingColumn
+
+    def loaded():
+        try:
+            return load()
+        except MissingColumn as exc:
+            raise exc.in_context(how) from None
+    return loaded
 
 
 def local_release(args: argparse.Namespace):

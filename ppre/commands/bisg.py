@@ -1,4 +1,4 @@
-"""``ppre bisg``: BISG / BIFSG race probabilities for a members file (SPEC.md section 2.2).
+"""``ppre bisg``: BISG / BIFSG race probabilities for a members file (design §2.2).
 
 Reads ``member_id, surname, zip`` (optional ``first_name``, ``tract``) from CSV or
 Parquet (``--geo none`` leaves the geography out: BISF with ``--first-names``,
@@ -7,7 +7,7 @@ Parquet (``--geo none`` leaves the geography out: BISF with ``--first-names``,
 (`common.bisg.SOURCES`) as CSV, or Parquet when the output ends in ``.parquet``.
 The output is written to a temporary file next to it and renamed into place, so an
 error never leaves a half-written file. This is a diagnostic tool: an audit itself
-never writes probabilities to disk (SPEC.md section 2).
+never writes probabilities to disk (design §2).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("bisg", help="BISG race probabilities for a members file (SPEC 2.2)",
+    p = subparsers.add_parser("bisg", help="BISG race probabilities for a members file (docs/design.md §2.2)",
                               description=__doc__.splitlines()[0])
     p.add_argument("--input", required=True, help="members CSV/Parquet: member_id, surname, zip[, first_name, tract]")
     p.add_argument("--output", required=True, help="probabilities CSV (or .parquet)")

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from common.memory import protect_process
 
     setup_logging(args, "client")
-    protect_process()  # SPEC 7: a crash must not write keys or tables to disk (no core dumps)
+    protect_process()  # design §7: a crash must not write keys or tables to disk (no core dumps)
     from common.tls import parse_names
 
     tls = tls_identity(args)

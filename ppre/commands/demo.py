@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     print(verdict_against_truth(report, truth))
     print("\nThe weighted estimates (the paper's) pull small groups towards the overall rate: BISG"
           "\nspreads each member's weight over several groups (attenuation). The corrected ones undo"
-          "\nthe mixing when the probabilities are calibrated (README, 'Corrected estimates'), at the"
+          "\nthe mixing when the probabilities are calibrated (docs/metrics/README.md), at the"
           "\nprice of wider intervals; a group too mixed to tell apart is withheld.")
     print(f"total {report.phase_seconds.get('total', 0):.1f} s")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -22,6 +23,22 @@ def run(args: argparse.Namespace) -> int:
     from ppre.report import write_report
 
     record = get_run(args)
-    html, data = write_report(AuditReport.from_json(record.report_json), args.directory, run_id=record.run_id)
-    print(f"report: {html}  {data}", file=sys.stderr)
+    html, data = write_report(AuditReport.from_json(record.report_json), args.directory, run_id=record.run_id,
+                              generated=audit_time(record))
+    if getattr(args, "json", False):  # --json: exactly one JSON object on stdout
+        print(json.dumps({"run_id": record.run_id, "html": str(html), "json": str(data)}))
+    else:
+        print(f"report: {html}  {data}", file=sys.stderr)
     return 0
+
+
+def audit_time(record) -> "datetime.datetime | None":
+    """When the run's audit finished (its history record), the time its report is dated
+    at; None (render time) for a record without a readable time."""
+    import datetime
+    raw = (record.finished_at or record.started_at or "").strip()
+    try:
+        moment = datetime.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=datetime.timezone.utc)

@@ -78,10 +78,13 @@ def _stub(args: argparse.Namespace):
     return channel, pb_grpc.TesterStub(channel)
 
 
-def _remote_error(exc, address: str) -> RunsError:
+def _remote_error(exc, address: str, identity: str | None = None) -> RunsError:
     code = exc.code() if callable(getattr(exc, "code", None)) else None
     name = code.name.lower() if code is not None else "unavailable"
     details = exc.details() if callable(getattr(exc, "details", None)) else ""
+    from common.tls import HOSTNAME_CHECK_FAILED, wrong_service
+    if identity and HOSTNAME_CHECK_FAILED in (details or ""):
+        return RunsError(name, wrong_service(address, identity, "--tester", "the Tester", "--tester-identity"))
     if name == "unavailable":
         return RunsError(name, f"Tester at {address}: cannot be reached or went away ({details or 'no details'})")
     return RunsError(name, f"Tester at {address}: {details or name}")
@@ -108,7 +111,7 @@ def list_runs(args: argparse.Namespace):
                                                      since=args.since or "", until=args.until or "",
                                                      limit=args.limit or 0), timeout=args.timeout)
         except grpc.RpcError as exc:
-            raise _remote_error(exc, args.tester) from None
+            raise _remote_error(exc, args.tester, args.tester_identity) from None
     return [RunRecord.from_proto(summary) for summary in reply.runs]
 
 
@@ -128,7 +131,7 @@ def get_run(args: argparse.Namespace):
         try:
             return RunRecord.from_proto(stub.GetRun(pb.GetRunRequest(run_id=args.run_id), timeout=args.timeout))
         except grpc.RpcError as exc:
-            raise _remote_error(exc, args.tester) from None
+            raise _remote_error(exc, args.tester, args.tester_identity) from None
 
 
 # --------------------------------------------------------------------------- printing

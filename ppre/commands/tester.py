@@ -89,7 +89,7 @@ def run_validate_bisg(args: argparse.Namespace) -> int:
 
 
 def add_preparation_arguments(s: argparse.ArgumentParser, prefix: str = "") -> None:
-    """The Tester's demographic preparation options (SPEC section 2), shared with `ppre audit --local`."""
+    """The Tester's demographic preparation options (design §2), shared with `ppre audit --local`."""
     env = os.environ.get
     s.add_argument(f"--{prefix}self-id", dest="self_id", default=env("PPRE_TESTER_SELF_ID"),
                    help="Self-ID survey file (member_id, race) (env PPRE_TESTER_SELF_ID)")
@@ -110,7 +110,7 @@ def add_preparation_arguments(s: argparse.ArgumentParser, prefix: str = "") -> N
 
 
 def add_release_arguments(s: argparse.ArgumentParser, local: bool = False) -> None:
-    """The Tester's release controls (SPEC section 8; `tester_service.release`), shared
+    """The Tester's release controls (design §8; `tester_service.release`), shared
     with `ppre audit --local`. The defaults are the secure ones."""
     from tester_service import release as r
     env = os.environ.get
@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     from common.memory import protect_process
 
     setup_logging(args, "tester")
-    protect_process()  # SPEC 7: a crash must not write keys or tables to disk (no core dumps)
+    protect_process()  # design §7: a crash must not write keys or tables to disk (no core dumps)
     from tester_service.server import TesterConfig, serve
     if bool(args.probabilities) == bool(args.members):
         raise InputError("give exactly one of --probabilities (a prepared table) and --members",

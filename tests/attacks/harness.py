@@ -1,6 +1,6 @@
-"""Attack harness: a curious Test-Client against the real services (issue point 4).
+"""Attack harness: a curious Test-Client against the real services (design §8.1).
 
-The attacker (SPEC.md section 8; `papers/fairness-queries-leak-attributes.txt`) is a
+The attacker (design §8.1; Hamman, Chen and Dutta 2023) is a
 Test-Client and its operator. It knows its own users' member ids, surnames and ZIPs,
 so it can compute public BISG itself (`ppre bisg`); it chooses its dataset's outputs
 adversarially, runs as many audits as the Tester answers and reads the released report
