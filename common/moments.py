@@ -114,14 +114,6 @@ def moment_matrices(row, family, k: int) -> tuple[np.ndarray, np.ndarray]:
     return sf, sd
 
 
-def square_matrices(row, family, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(S^ff, S^f, S^d) of a family whose rows carry f² (d = 1: f·d = f), post-processed
-    into what they can be: S^ff ≥ 0 and S^d ≥ 0 entrywise (the weights and f² are)."""
-    sff = np.clip(pair_matrix(row, family, family.sq_slot, k, family.sq_items), 0.0, None)
-    sd = np.clip(pair_matrix(row, family, family.den_slot, k), 0.0, None)
-    return sff, pair_matrix(row, family, family.num_slot, k), sd
-
-
 def pooled_spread(plan, family, row, k: int) -> float:
     """σ², the outcome's spread around its mean over all joined rows (f² units), from the
     overall sums: ``Σ f²/n − (Σ f/n)²`` with Σ f² the overall item's f² slot where it
@@ -160,16 +152,11 @@ def aggregate_moments(row, family, k: int, num: np.ndarray, den: np.ndarray,
       and swamps a small group's Σ p²·f² (at 100,000 members aian's is about 64 against a
       noise sd of 102), whose intervals then swing from audit to audit and took the null
       flag rate to 9-11% (bench/RESULTS.md, "The output metric")."""
+    _, sd = moment_matrices(row, family, k)
     if family.sq_slot is None:
-        _, sd = moment_matrices(row, family, k)
         sf = binomial_moments(sd, num, den)
         return [[sf, sf], [sf, sd]]
-    sd = square_matrices(row, family, k)[2]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rate = num / den
-        pooled = float(np.nansum(num) / np.nansum(den)) if np.nansum(den) > 0 else 0.0
-    half = family.span / 2.0
-    rate = np.clip(np.where(np.isfinite(rate) & (den > 0), rate, pooled), -half, half)
+    rate = group_means(num, den, -family.span / 2.0, family.span / 2.0)
     mid = (rate[:, None] + rate[None, :]) / 2.0
     sf = sd * mid
     return [[sd * (spread + mid ** 2), sf], [sf, sd]]
@@ -179,9 +166,9 @@ def residual_moments(row, family, k: int, spread: float = 0.0) -> np.ndarray:
     """``V_ab = S^ff_ab − (S^f_ab)²/S^d_ab`` (module docstring): for 0/1 values with the
     released S^f (S^ff = S^f); for a real f with the pooled spread, ``S^d_ab·σ²``
     (`aggregate_moments`)."""
-    if family.sq_slot is not None:
-        return square_matrices(row, family, k)[2] * spread
     sf, sd = moment_matrices(row, family, k)
+    if family.sq_slot is not None:
+        return sd * spread
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(sd > 0, sf - sf ** 2 / np.where(sd > 0, sd, 1.0), 0.0)
 
@@ -237,11 +224,16 @@ def binomial_moments(sd: np.ndarray, num: np.ndarray, den: np.ndarray) -> np.nda
     of events make S^f_jj swing (it under-stated small groups' variance and took the
     null flag rate at 100,000 members to 7.5-8%, against 5.0-5.2% with these;
     bench/RESULTS.md)."""
+    rate = group_means(num, den, 0.0, 1.0)
+    return np.clip(sd * (rate[:, None] + rate[None, :]) / 2.0, 0.0, sd)
+
+
+def group_means(num: np.ndarray, den: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Num_j/Den_j per group (overall's where a group's is undefined), clipped to [lo, hi]."""
     with np.errstate(divide="ignore", invalid="ignore"):
         rate = num / den
         pooled = float(np.nansum(num) / np.nansum(den)) if np.nansum(den) > 0 else 0.0
-    rate = np.clip(np.where(np.isfinite(rate) & (den > 0), rate, pooled), 0.0, 1.0)
-    return np.clip(sd * (rate[:, None] + rate[None, :]) / 2.0, 0.0, sd)
+    return np.clip(np.where(np.isfinite(rate) & (den > 0), rate, pooled), lo, hi)
 
 
 def _ratios(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -292,7 +284,7 @@ def finish_release(plan, moments, row: Sequence[Sequence[int]], noise_sd: Sequen
     values = weighted_draws(plan, moments, row, estimate, noise_sd, replicates, rng, withheld)
     if not correct:
         return values, None
-    hidden, threshold = moments.released_identifiability(row, noise_sd, plan)
-    rows = corrected_rows(plan, moments, row, noise_sd, replicates, rng)
-    return values, moments.finish([s for r in rows for s in r], plan, withheld, hidden, bounds=bounds,
-                                  min_identifying_size=threshold)
+    from common.correction import finish_corrected
+    rows = corrected_rows(plan, moments, row, noise_sd, replicates, rng)  # row 0: the release as it is
+    return values, finish_corrected(moments, [s for r in rows for s in r], plan, withheld, (), noise_sd,
+                                    bounds=bounds)

@@ -525,7 +525,7 @@ class TesterSession:
             weights = list(weights) + correction.pair_weights(q[0])
             assert len(weights) == len(self.groups) + 1 + len(correction.pairs(len(self.groups)))
             if self.spec.correction != "none" and not self.release.noisy:
-                self._check_identifiable(q[0])  # with noise: decided on the released M (`_finish_corrected`)
+                self._check_identifiable(q[0])  # with noise: on the released M (`correction.finish_corrected`)
         del q
         self._suppress_small(weights, strata)
         self._lap("open_probabilities")
