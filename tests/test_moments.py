@@ -395,3 +395,20 @@ def test_random_group_releases_decide_identifiability_on_the_released_m():
         for g in GROUPS:
             values = [c.corrected_estimate for c in report.curves if c.group == g]
             assert all(v is None for v in values) if g in hidden else all(v is not None for v in values)
+
+
+def test_a_hello_whose_squares_were_dropped_on_the_way_ends_in_a_protocol_error():
+    """The Tester releases second moments with squares; a Test-Client that was not asked
+    for them (the Hello's flag cleared in transit) packs two components, not three: the
+    audit ends in a clean protocol error, never a result from mismatched slots."""
+    tester, client = make_inputs(800, 800, 800, seed=36)
+    rng = np.random.default_rng(2)
+    client = client.assign(outcome=rng.random(len(client)))[["member_id", "outcome"]]
+
+    def tap(direction, msg):
+        if msg.WhichOneof("body") == "hello":
+            msg.hello.second_moments = False
+
+    spec = AuditSpec(metric="output", client_dataset="d", bootstrap=20, seed=1)
+    with pytest.raises(ProtocolError):
+        local_audit(tester, client, spec=spec, tap=tap, release=ReleasePolicy(rho=1.0, budget=1.0))
