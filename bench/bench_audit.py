@@ -186,7 +186,8 @@ def main() -> int:
     procs = {}
     try:
         procs["client"] = subprocess.Popen(ppre + ["client", "serve", "--host", "127.0.0.1", "--port",
-                                                   str(client_port), "--dataset", f"ero={cp}", *tls, *executor],
+                                                   str(client_port), "--dataset", f"ero={cp}", *tls, *executor,
+                                                   *(["--accept-noiseless"] if args.no_release_controls else [])],
                                            env=env, cwd=ROOT)
         procs["tester"] = subprocess.Popen(ppre + ["tester", "serve", "--host", "127.0.0.1", "--port",
                                                    str(tester_port), "--client", f"127.0.0.1:{client_port}",

@@ -65,6 +65,9 @@ K = len(GROUPS)
 OUTCOME_MEAN, OUTCOME_SD, OUTCOME_RANGE, MODULUS_BITS = 1.0, 0.5, (-1.0, 3.0), 2048
 OUTPUT_PARAMS = {"outcome_range": OUTCOME_RANGE, "out_of_range": "clip", SECOND_MOMENTS: True}
 TAU = 0.05
+#: MQOS-NDCG's setting: each query's NDCG mean and sd, the parameters (K = 5, the default)
+NDCG_MEAN, NDCG_SD = 0.9, 0.1
+NDCG_PARAMS = {"max_queries_per_viewer": 5}
 
 
 def pool_cached(size: int = 300_000) -> np.ndarray:
@@ -170,36 +173,43 @@ def truths_output(pool: np.ndarray, gap: float, rng: np.random.Generator) -> tup
     return (big.T @ big @ means) / big.sum(axis=0), means
 
 
-def output_plan(n: int):
-    """(components, layout, plan, moments plan) of the output metric's second-moments release
-    with a 2048-bit key (4 slots: f, 1, f² and an empty one on one ciphertext)."""
-    comps = OUTPUT.components("default", OUTPUT_PARAMS, {})
-    layout = OUTPUT.layout("default", OUTPUT_PARAMS, {}, n_rows=n, n_units=n, recipient="client",
+def moments_plan(metric, params: dict, info: dict, n: int):
+    """(components, layout, plan, moments plan) of a second-moments release with a 2048-bit
+    key (one ciphertext: f, d and, where the rows carry it, the square)."""
+    comps = metric.components("default", params, info)
+    layout = metric.layout("default", params, info, n_rows=n, n_units=n, recipient="client",
                            modulus_bits=MODULUS_BITS)
-    assert layout.n_ciphertexts == 1 and layout.slots == 4, layout
-    plan = OUTPUT.plan(GROUPS, (), layout, "default", OUTPUT_PARAMS, {})
-    plan, pairs_plan = correction.extend(plan, GROUPS, **OUTPUT.moment_shape("default", OUTPUT_PARAMS, {}, layout))
+    assert layout.n_ciphertexts == 1 and layout.slots >= len(comps), layout
+    plan = metric.plan(GROUPS, (), layout, "default", params, info)
+    plan, pairs_plan = correction.extend(plan, GROUPS, **metric.moment_shape("default", params, info, layout))
     return comps, layout, plan, pairs_plan
 
 
 def release_output(p, y, policy: ReleasePolicy, rng: np.random.Generator):
-    """As `release`, for the output metric: group items (f, 1, f²) with σ₀ on f and 1 and
-    σ_m on f² (`TesterSession._square_scales`), overall their sum, pair items with σ_m on
-    every slot; each slot's sd the multiplier times its sensitivity (bound × 2^32)."""
-    n = len(y)
-    comps, layout, plan, pairs_plan = output_plan(n)
+    """The output metric's release: the rows (f, 1, f²), f = y − c (the range's centre)."""
     centre = (OUTCOME_RANGE[0] + OUTCOME_RANGE[1]) / 2.0
-    values = np.column_stack([c.quantize(v) for c, v in zip(comps, (y - centre, np.ones_like(y),
-                                                                    (y - centre) ** 2))]).astype(np.float64)
+    return release_moments(OUTPUT, OUTPUT_PARAMS, {}, p, (y - centre, np.ones_like(y), (y - centre) ** 2),
+                           policy, rng)
+
+
+def release_moments(metric, params: dict, info: dict, p, columns, policy: ReleasePolicy,
+                    rng: np.random.Generator):
+    """As `release`, for a metric with real-valued components: group items (f, d and the
+    square where the rows carry one) with σ₀ on f and d and σ_m on the square
+    (`TesterSession._square_scales`), overall their sum, pair items with σ_m on every slot;
+    each slot's sd the multiplier times its sensitivity (bound × 2^32)."""
+    n = len(columns[0])
+    comps, layout, plan, pairs_plan = moments_plan(metric, params, info, n)
+    values = np.column_stack([c.quantize(v) for c, v in zip(comps, columns)]).astype(np.float64)
     values = np.hstack([values, np.zeros((n, layout.slots - len(comps)))])
     q = encoding.quantize_probabilities(p, encoding.PROBABILITY_BITS)
     pw = np.column_stack(correction.pair_weights(q)).astype(np.float64)
     group = q.astype(np.float64).T @ values                             # (k, 4); float64 ~1e-16 rel.
     pair = pw.T @ values                                                # (pairs, 4)
-    sigma0, sigma_m = policy.moment_sigmas(OUTPUT.sensitivity_components("default", OUTPUT_PARAMS, {}),
-                                           squares=OUTPUT.moment_components("default", OUTPUT_PARAMS))
-    sens = np.array(OUTPUT.slot_sensitivity(Item(0, 0), layout, comps, 1), dtype=np.float64)
-    first_square = len(comps) - OUTPUT.moment_components("default", OUTPUT_PARAMS)
+    sigma0, sigma_m = policy.moment_sigmas(metric.sensitivity_components("default", params, info),
+                                           squares=metric.moment_components("default", params))
+    sens = np.array(metric.slot_sensitivity(Item(0, 0), layout, comps, 1), dtype=np.float64)
+    first_square = len(comps) - metric.moment_components("default", params)
     group_sd = np.where(np.arange(layout.slots) >= first_square, sigma_m, sigma0) * sens
     pair_sd = sigma_m * sens
     # the sums pass 2^63 (q·f² ~ 2^58 per row): Python ints, from float64 (ulp ≪ the noise's sd)
@@ -234,9 +244,48 @@ def one_output(pool, n, policy, bootstrap, rng, gap):
     return report, band_flag(values, small)
 
 
+def draw_ndcg(pool: np.ndarray, n: int, rng: np.random.Generator, gap: float):
+    """(p, f, d): n viewers' probabilities, NDCG sums around ½ and query counts (1 or 2, as
+    in `bench_null_groups`), each query's NDCG ~ Beta with mean `NDCG_MEAN` (− gap for
+    black viewers, their true race drawn as in `draw`) and sd about `NDCG_SD`."""
+    p = pool[rng.choice(len(pool), size=n, replace=False)]
+    race = (np.cumsum(p, axis=1) <= rng.random(n)[:, None] * p.sum(axis=1)[:, None]).sum(axis=1)
+    race = np.minimum(race, K - 1)
+    mean = NDCG_MEAN - gap * (race == GROUPS.index("black"))
+    d = 1 + (rng.random(n) < 0.5)
+    strength = mean * (1 - mean) / NDCG_SD ** 2 - 1
+    ndcg = rng.beta(np.repeat(mean * strength, 2).reshape(n, 2), np.repeat((1 - mean) * strength, 2).reshape(n, 2))
+    f = np.where(d == 2, ndcg.sum(axis=1), ndcg[:, 0]) - 0.5 * d
+    return p, f, d.astype(np.float64)
+
+
+def truths_ndcg(pool: np.ndarray, gap: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """As `truths_output` (d is independent of race, so the query weighting drops out)."""
+    means = np.full(K, NDCG_MEAN)
+    means[GROUPS.index("black")] = NDCG_MEAN - gap
+    big = pool[rng.choice(len(pool), size=2_000_000)]
+    return (big.T @ big @ means) / big.sum(axis=0), means
+
+
+def one_ndcg(pool, n, policy, bootstrap, rng, gap):
+    from common.metrics.mqos_ndcg import METRIC as NDCG, spread_facts
+    p, f, d = draw_ndcg(pool, n, rng, gap)
+    info = {"queries": int(d.sum()), "viewers": n, "zero_idcg_queries": 0, "queries_dropped": 0, "viewers_capped": 0,
+            **spread_facts(f, d)}
+    plan, pairs_plan, row, noise_sd, withheld, small = release_moments(NDCG, NDCG_PARAMS, info, p, (f, d),
+                                                                       policy, rng)
+    values, corrected = moments.finish_release(plan, pairs_plan, row, noise_sd, bootstrap, withheld=withheld,
+                                               correct=True, bounds=(0.0, 1.0))
+    report = finish(NDCG, plan, values, option="default", confidence=0.95, tau=TAU, params=NDCG_PARAMS,
+                    info=info, replicates=bootstrap, small_groups=small, interval="percentile",
+                    corrected=corrected, noisy=True)
+    return report, band_flag(values, small)
+
+
 #: per metric: (truths, one dataset's report and band flag)
 SETTINGS = {"ero": (truths, one),
-            "output": (truths_output, one_output)}
+            "output": (truths_output, one_output),
+            "mqos-ndcg": (truths_ndcg, one_ndcg)}
 
 
 def run(pool, n, datasets, bootstrap, seed, gap, policy, metric="ero"):
@@ -275,8 +324,7 @@ def main(argv=None) -> int:
     from bench_null import simulation_arguments
     pick = argparse.ArgumentParser(add_help=False)
     pick.add_argument("--metric", choices=sorted(SETTINGS), default="ero")
-    chosen, rest = pick.parse_known_args(argv)
-    args = simulation_arguments(__doc__, rest)
+    args = chosen = simulation_arguments(__doc__, argv, parents=[pick])
     policy = ReleasePolicy()
     pool = pool_cached()
     settings = [(int(s), 0.0) for s in args.sizes.split(",") if s]

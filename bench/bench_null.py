@@ -139,9 +139,10 @@ def summary(outcomes: list[Outcome]) -> dict:
             "black": sum(o.black_detected for o in outcomes) / n}
 
 
-def simulation_arguments(doc: str, argv=None) -> argparse.Namespace:
-    """The flags of the null-data simulations (this bench and bench_intervals.py)."""
-    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+def simulation_arguments(doc: str, argv=None, parents=()) -> argparse.Namespace:
+    """The flags of the null-data simulations (this bench and bench_intervals.py), with
+    those of `parents` (a bench's own flags, shown in its --help too)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0], parents=list(parents))
     ap.add_argument("--sizes", default="10000,100000")
     ap.add_argument("--datasets", type=int, default=400)
     ap.add_argument("--bootstrap", type=int, default=boot.DEFAULT_REPLICATES)

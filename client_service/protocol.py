@@ -40,6 +40,10 @@ PROTOCOL_VERSION = validation.PROTOCOL_VERSION
 
 #: (dataset name, metric) -> the dataset as read (its file label in frame.attrs["file"])
 DatasetLoader = Callable[[str, Metric], pd.DataFrame]
+#: the answer to an AggregatesHeader without release noise when the operator did not opt in
+NOISELESS_REFUSED = ("the Tester sent aggregates without release noise (its release controls are off); this "
+                     "Test-Client refuses them: its operator can accept them with `ppre client serve "
+                     "--accept-noiseless` (env PPRE_ACCEPT_NOISELESS=1)")
 #: own ids hashed and encrypted per step of step 4 (a checkpoint and a progress report each)
 ID_STEP_ROWS = 32_768
 
@@ -66,14 +70,20 @@ class ClientSession:
                  allow_insecure: bool = False, checkpoint: Callable[[], None] | None = None,
                  progress: Callable[[str, int, int], None] | None = None,
                  max_received_bytes: int = validation.DEFAULT_MAX_RECEIVED_BYTES,
-                 executor: parallel.Executor | None = None) -> None:
+                 executor: parallel.Executor | None = None, accept_noiseless: bool = True) -> None:
         """`checkpoint()` runs between chunks of the long steps (encryption, decryption);
         whatever it raises ends the session (the servicer stops work for a Tester that left,
         or when it shuts down). `progress(phase, done, total)` reports what the session is
         busy with (the servicer's heartbeats carry it to the Tester). `max_received_bytes`:
         the most the Tester may send in this session (`common.validation`). `executor`:
-        where the per-row work runs (the service's; default inline, `common.parallel`)."""
+        where the per-row work runs (the service's; default inline, `common.parallel`).
+        `accept_noiseless`: go on with aggregates that carry no release noise (the
+        Tester's controls off, design §8.6); the service passes its operator's choice,
+        `ClientConfig.accept_noiseless` (`ppre client serve --accept-noiseless`; default
+        there: refuse), and this sans-I/O default serves in-process use, where one user
+        holds both sides."""
         self._executor = executor or parallel.InlineExecutor()
+        self._accept_noiseless = accept_noiseless
         self._load_dataset = load_dataset
         self._checkpoint = checkpoint
         self._progress = progress or (lambda phase, done, total: None)
@@ -370,6 +380,8 @@ class ClientSession:
 
     # ---------------------------------------------------------------- step 7
     def _on_aggregates_header(self, header: pb.AggregatesHeader, plans) -> list[pb.PeerMessage]:
+        if not header.noise_sd and not self._accept_noiseless:
+            raise ProtocolError(NOISELESS_REFUSED)
         self._plan, self._correction = plans
         self._header = header
         self.phase = Phase.WAIT_AGGREGATES

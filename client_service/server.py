@@ -69,6 +69,9 @@ class ClientConfig:
     allowed_testers: tuple[str, ...] = (tls_.TESTER_IDENTITY,)
     #: where the sessions' per-row work runs (`--executor`; common.parallel); None: inline
     executor: parallel.Executor | None = None
+    #: finish audits whose aggregates carry no release noise (`--accept-noiseless`); by
+    #: default they are refused, so a Tester cannot switch its controls off silently
+    accept_noiseless: bool = False
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
@@ -105,7 +108,7 @@ class _Exchange:
         self.session = ClientSession(config.datasets.load, modulus_bits=config.modulus_bits,
                                      allow_insecure=config.allow_insecure, checkpoint=self.checkpoint,
                                      progress=self.progress, max_received_bytes=config.max_received_bytes,
-                                     executor=config.executor)
+                                     executor=config.executor, accept_noiseless=config.accept_noiseless)
         self.phases.watch(self.session.phase_seconds)  # one log line per lap of its PhaseClock
 
     def progress(self, phase: str, done: int = 0, total: int = 0) -> None:

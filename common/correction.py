@@ -236,6 +236,12 @@ class Family:
     unit: float = 1.0
     #: the width of the values' range, to which the noise threshold is relative (rates: 1)
     span: float = 1.0
+    #: ``Σ d²/Σ d`` of the rows, by which S^dd = Σ p_a·p_b·d² is read off S^d (1 where d is
+    #: 0/1 or 1; `common.moments.aggregate_moments`)
+    den_square: float = 1.0
+    #: the spread σ² per unit of d where the Test-Client states it from its own rows
+    #: (MQOS-NDCG), instead of reading it off released squares (`common.moments.pooled_spread`)
+    spread: float | None = None
 
 
 @dataclass(frozen=True)
@@ -377,14 +383,14 @@ def finish_corrected(plan_of_m: CorrectionPlan, item_slots, plan, suppressed_ite
 
 
 def extend(plan, groups: Sequence[str], *, square: tuple[int, int] | None = None, unit: float = 1.0,
-           span: float = 1.0):
+           span: float = 1.0, den_square: float = 1.0, spread: float | None = None):
     """The metric's `plan` with M's items appended, and where they are: for every distinct
     (ciphertext, stratum) of the per-group cells, one item per pair j ≤ r on weight column
     ``k + 1 + pair`` (`pair_weights`, after the k group columns and "overall" of
     `Metric.weights`, which every metric that corrects keeps; `Metric.corrects`: its
     per-group cells sit on weight column j for group j). `square`: the (ciphertext,
     slot) of the rows' f² (`Metric.moment_squares`), whose pair items join too where
-    they are on another ciphertext; `unit`, `span`: `Family`'s."""
+    they are on another ciphertext; `unit`, `span`, `den_square`, `spread`: `Family`'s."""
     from common.metrics.base import Item, Plan
     k = len(groups)
     first_weight = k + 1
@@ -414,6 +420,7 @@ def extend(plan, groups: Sequence[str], *, square: tuple[int, int] | None = None
         _, _, ciphertext, stratum, num_slot, den_slot, shift = key
         held = pair_items(ciphertext, stratum)
         squares = {} if square is None else {"sq_items": pair_items(square[0], stratum), "sq_slot": square[1]}
-        families.append(Family(tuple(cells), held, num_slot, den_slot, shift, unit=unit, span=span, **squares))
+        families.append(Family(tuple(cells), held, num_slot, den_slot, shift, unit=unit, span=span,
+                               den_square=den_square, spread=spread, **squares))
     return (Plan(plan.cells, tuple(items), plan.item_slots),
             CorrectionPlan(tuple(groups), tuple(families), len(plan.items)))

@@ -119,8 +119,11 @@ def pooled_spread(plan, family, row, k: int) -> float:
     overall sums: ``Σ f²/n − (Σ f/n)²`` with Σ f² the overall item's f² slot where it
     shares the group items' ciphertext, else the pair items' ``Σ_a≤b c_ab·S^ff_ab``
     (c = 1 on the diagonal, 2 off it: Σ_i f_i²·(Σ_a p_ia)² = Σ_i f_i²); clipped to
-    [0, (span/2)²], the most a value in the declared range can spread."""
+    [0, (span/2)²], the most a value in the declared range can spread. Where the
+    Test-Client states the spread from its own rows (`Family.spread`: MQOS-NDCG), that."""
     from common.correction import pairs
+    if family.spread is not None:
+        return float(family.spread)
     cell = next((c for c in plan.cells if c.group == "overall" and c.kind == "group"
                  and (c.num_slot, c.den_slot) == (family.num_slot, family.den_slot)), None)
     if cell is None or family.sq_slot is None:
@@ -147,19 +150,26 @@ def aggregate_moments(row, family, k: int, num: np.ndarray, den: np.ndarray,
     * a real f with d = 1 (the rows carry f²): ``S^f_ab = S^d_ab·R̄_ab`` and
       ``S^ff_ab = S^d_ab·(σ² + R̄_ab²)``, R̄_ab = (R_a + R_b)/2 and σ² the pooled spread
       (`pooled_spread`), so that ``Var(Num_a − R_a·Den_a) = σ²·S^d_aa``: the delta
-      method with one spread for every group. The released S^ff_ab themselves are
+      method with one spread for every group;
+    * a real f over a count d (MQOS-NDCG: a viewer's NDCG sum over its queries), with
+      the spread σ² per unit of d that the Test-Client states (`Family.spread`:
+      residuals of independent queries add up, E[e²|d] = σ²·d) and S^dd = κ·S^d
+      (κ = Σ d²/Σ d, `Family.den_square`), ``S^fd = R̄·S^dd`` and
+      ``S^ff = σ²·S^d + R̄²·S^dd``: again ``Var(Num_a − R_a·Den_a) = σ²·S^d_aa``, κ
+      entering only the covariances across groups, at second order. The released S^ff_ab themselves are
       not used for a group's own spread: their noise is sized for f²'s bound, (span/2)²,
       and swamps a small group's Σ p²·f² (at 100,000 members aian's is about 64 against a
       noise sd of 102), whose intervals then swing from audit to audit and took the null
       flag rate to 9-11% (bench/RESULTS.md, "The output metric")."""
     _, sd = moment_matrices(row, family, k)
-    if family.sq_slot is None:
+    if family.sq_slot is None and family.spread is None:
         sf = binomial_moments(sd, num, den)
         return [[sf, sf], [sf, sd]]
     rate = group_means(num, den, -family.span / 2.0, family.span / 2.0)
     mid = (rate[:, None] + rate[None, :]) / 2.0
-    sf = sd * mid
-    return [[sd * (spread + mid ** 2), sf], [sf, sd]]
+    sdd = sd * family.den_square
+    sf = sdd * mid
+    return [[sd * spread + sdd * mid ** 2, sf], [sf, sdd]]
 
 
 def residual_moments(row, family, k: int, spread: float = 0.0) -> np.ndarray:
@@ -167,7 +177,7 @@ def residual_moments(row, family, k: int, spread: float = 0.0) -> np.ndarray:
     released S^f (S^ff = S^f); for a real f with the pooled spread, ``S^d_ab·σ²``
     (`aggregate_moments`)."""
     sf, sd = moment_matrices(row, family, k)
-    if family.sq_slot is not None:
+    if family.sq_slot is not None or family.spread is not None:
         return sd * spread
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(sd > 0, sf - sf ** 2 / np.where(sd > 0, sd, 1.0), 0.0)

@@ -14,7 +14,9 @@ Tester prepares its probabilities (BISG + privatised Self-ID + clipping, design
 (design §3). DataFrames stay in memory: nothing of them is written to disk. The
 result is the `common.results.AuditReport` the CLI serialises (`to_json()` is the
 `ppre audit --json` object). A refused or failed audit raises `AuditFailed` with the
-error code and message the CLI would print.
+error code and message the CLI would print. The calling process is protected first
+(`common.memory.protect_process`: no core dump, not dumpable, for the rest of its life;
+design §7), as every process holding member data is.
 """
 from __future__ import annotations
 
@@ -82,6 +84,8 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
 
     from common.tables import parse_column_mapping
     from ppre.commands.audit import in_context
+    from common.memory import protect_process
+    protect_process()  # this process (the notebook's) now holds members' data: no core dump (design §7)
     metric = _metric(metric)
     tester_map = parse_column_mapping(items=tester_columns or {}, parameter="tester_columns")
     client_map = parse_column_mapping(items=client_columns or {}, parameter="client_columns")

@@ -670,6 +670,9 @@ def check_tester(args: argparse.Namespace) -> int:
             return "OFF (--no-release-controls): exact results, no noise, no thresholds, no budget"
         policy = ReleasePolicy(min_intersection=args.min_intersection, min_effective_size=args.min_effective_size,
                                rho=args.noise_rho, budget=args.privacy_budget)
+        from ppre.commands.tester import require_ledger
+        if not args.data_only:  # a service setting: noise on needs a ledger, or --ephemeral-budget said out loud
+            require_ledger(args, policy)
         PrivacyAccountant(policy.budget, args.privacy_ledger)  # reads the ledger, if any; writes nothing
         ledger = f"ledger {args.privacy_ledger}" if args.privacy_ledger else "ledger in memory"
         return (f"min intersection {policy.min_intersection}, min effective size {policy.min_effective_size:g}, "

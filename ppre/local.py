@@ -64,7 +64,8 @@ def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: Dat
                    release: ReleasePolicy | None = None,
                    accountant: PrivacyAccountant | None = None,
                    tls: bool = True, executor: Executor | None = None,
-                   history: RunHistory | str | Path | None = None) -> Iterator[LocalServices]:
+                   history: RunHistory | str | Path | None = None,
+                   accept_noiseless: bool = True) -> Iterator[LocalServices]:
     """`max_sessions`: the (Tester, Test-Client) session limits. `release`: the Tester's
     release controls (default: the secure defaults); `accountant`: where the Tester keeps
     the privacy budget it spends (default: in memory, for these services' lifetime).
@@ -72,14 +73,21 @@ def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: Dat
     (`allow_insecure` is about the Paillier modulus size, not the transport).
     `executor`: where both services' per-row work runs (one pool for the two; default
     inline, `common.parallel`); the caller owns it and shuts it down. `history`: the
-    Tester's run history (a path or a RunHistory; default none: nothing is kept)."""
+    Tester's run history (a path or a RunHistory; default none: nothing is kept).
+    `accept_noiseless`: the Test-Client finishes aggregates without release noise
+    (`ClientConfig.accept_noiseless`): on here, where one user holds both sides and chose
+    the Tester's controls too (`ppre client serve` refuses them by default).
+    This process is protected first (`common.memory.protect_process`: no core dump, not
+    dumpable), as each service's is."""
+    from common import memory
+    memory.protect_process()  # both parties' tables and keys in this one process: no core dump (design §7)
     settings = settings or LinkSettings.from_env()
     pki = DevCA.generate("PPRE local run CA") if tls else None
     tester_tls, client_tls, operator_tls = (pki.identity(role) if pki is not None else None
                                             for role in ("tester", "client", "operator"))
     client_config = ClientConfig(datasets, modulus_bits=modulus_bits, allow_insecure=allow_insecure,
                                  settings=settings, max_sessions=max_sessions[1], tls=client_tls,
-                                 executor=executor)
+                                 executor=executor, accept_noiseless=accept_noiseless)
     client_server, client_port, client_servicer = serve_client(client_config, 0, host="127.0.0.1",
                                                                interceptors=client_interceptors)
     client_address = f"127.0.0.1:{client_port}"

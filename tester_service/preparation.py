@@ -7,7 +7,9 @@ never stored).
    members in excluded states (`drop_out_of_scope`).
 2. BISG / BIFSG for the remaining members (`common.bisg`, design §2.2).
 3. Self-ID members: their reported race, one-hot and privatised by k-ary randomized
-   response (`common.randomized_response`, design §2.3), replaces their BISG row.
+   response (`common.randomized_response`, design §2.3), replaces their BISG row. Each
+   member's draw is fixed for the Tester's epoch (`process_epoch`): every audit of one
+   Tester process releases the same privatised answer, so audits cannot average it away.
    Self-ID rows of dropped members are dropped too (an opt-out wins), and so are rows
    of people who are not in the members file at all (a survey often covers people the
    members export left out): counted (``self_id_not_among_members``), not an error —
@@ -26,6 +28,7 @@ CSV file) but never member ids, names or race values.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
@@ -74,7 +77,10 @@ class PreparationConfig:
     first_names: bool = False  # BIFSG when the members have a first_name column
     group_mapping: GroupMapping | None = None
     opt_out_column: str = "opt_out"
+    #: seeds clipping; an int seeds randomized response too (`response_epoch`)
     seed: int | np.random.Generator | None = None
+    #: the randomized-response epoch; None: `response_epoch` decides
+    epoch: randomized_response.ResponseEpoch | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         randomized_response.keep_probability(self.epsilon)  # validates epsilon
@@ -88,10 +94,51 @@ class PreparationConfig:
             raise InputError("must be a GroupMapping", parameter="group mapping")
 
     def rng(self) -> np.random.Generator:
-        """The generator for randomized response and clipping."""
+        """The generator for clipping."""
         if isinstance(self.seed, np.random.Generator):
             return self.seed
         return np.random.default_rng(self.seed)
+
+    def response_epoch(self) -> randomized_response.ResponseEpoch:
+        """Where each member's randomized response comes from (design §2.3): ``epoch`` if
+        given; for an int ``seed`` a reproducible, not secret, epoch (tests, benchmarks);
+        else this process's epoch (`process_epoch`)."""
+        if self.epoch is not None:
+            return self.epoch
+        if self.seed is not None and not isinstance(self.seed, np.random.Generator):
+            return randomized_response.ResponseEpoch.from_seed(self.seed)
+        return process_epoch()
+
+
+# --------------------------------------------------------------------------------------
+# The Tester's randomized-response epoch (design §2.3)
+# --------------------------------------------------------------------------------------
+_epoch_lock = threading.Lock()
+_epoch: randomized_response.ResponseEpoch | None = None
+
+
+def process_epoch() -> randomized_response.ResponseEpoch:
+    """This process's randomized-response epoch, made at its first use and kept in memory
+    only (design §2.3): a long-lived ``ppre tester serve`` draws each member's response
+    once for its whole life; a new process is a new epoch."""
+    global _epoch
+    with _epoch_lock:
+        if _epoch is None:
+            _epoch = randomized_response.ResponseEpoch.new()
+            log.info("randomized-response epoch %s started (one draw per Self-ID member until it is rotated)",
+                     _epoch.fingerprint)
+        return _epoch
+
+
+def rotate_epoch() -> randomized_response.ResponseEpoch:
+    """End this process's epoch and start a new one (design §2.3): every Self-ID member
+    gets a fresh, independent draw from the next audit on, which spends their ε once more.
+    Rotate deliberately (a new survey, a new key period), never per audit. The old secret
+    goes with its last reference (an audit still preparing finishes with it)."""
+    global _epoch
+    with _epoch_lock:
+        _epoch = None
+    return process_epoch()
 
 
 @dataclass(frozen=True)
@@ -322,6 +369,13 @@ def drop_out_of_scope(members: pd.DataFrame, config: PreparationConfig,
     return keep, counts
 
 
+def privatise_self_id(categories: np.ndarray, member_ids: list[str], config: PreparationConfig) -> np.ndarray:
+    """Step 3: the members' answers as one-hot rows after randomized response, each
+    member's draw fixed by the configuration's epoch (design §2.3)."""
+    return randomized_response.privatize_per_member_one_hot(categories, member_ids, config.response_epoch(),
+                                                            config.epsilon)
+
+
 def prepare(members: pd.DataFrame, self_id: pd.DataFrame | None = None,
             config: PreparationConfig | None = None, *,
             labels: tuple[str, str] = ("members", "self-id")) -> pd.DataFrame:
@@ -338,7 +392,7 @@ def prepare(members: pd.DataFrame, self_id: pd.DataFrame | None = None,
     _require(members, MEMBER_REQUIRED, members_label)
     member_ids = _ids(members["member_id"], members_label)  # the one id rule, whoever read the table
     validate_members(members, members_label, cfg.opt_out_column, ids=member_ids)
-    cats_all = pos_all = None
+    cats_all = pos_all = self_id_ids = None
     if self_id is not None:
         _require(self_id, SELF_ID_REQUIRED, self_id_label)
         self_id_ids = _ids(self_id["member_id"], self_id_label)
@@ -376,7 +430,8 @@ def prepare(members: pd.DataFrame, self_id: pd.DataFrame | None = None,
         dropped_sid = int((among & ~present).sum())
         if present.any():
             probs = probs.copy()
-            probs[pos[present]] = randomized_response.privatize_one_hot(cats_all[present], rng, cfg.epsilon)
+            probs[pos[present]] = privatise_self_id(cats_all[present],
+                                                    self_id_ids.filter(pa.array(present)).to_pylist(), cfg)
             used = int(present.sum())
 
     # Step 4: clipping.

@@ -48,7 +48,7 @@ from common.session import PhaseClock, chunk_ticks, expect_phase
 from common.symmetric import RowSealer, sealed_width
 from proto import ppre_pb2 as pb
 from tester_service import aggregation
-from tester_service.release import (RELEASE_GROUPS, REPORT_DELTA, ReleasePolicy, ReleaseRefused, gaussian,
+from tester_service.release import (RELEASE_GROUPS, REPORT_DELTA, IntersectionRefused, ReleasePolicy, gaussian,
                                     gaussian_slots, rho_to_epsilon)
 
 PROTOCOL_VERSION = 2
@@ -213,6 +213,10 @@ class TesterSession:
         self._matched_points: list[np.ndarray] = []
         self._matched_units: list[np.ndarray] = []
         self._matched_strata: list[np.ndarray] = []
+        #: every row of the Test-Client's table, matched or not: its members' doubly encrypted
+        #: points and its strata, from which the noise is sized (`_rows_per_member`)
+        self._row_points: list[np.ndarray] = []
+        self._row_strata: list[np.ndarray] = []
         self._reader: wire.TableReader | None = None
         #: chunks of the Test-Client's rows being doubly encrypted on the executor, in order
         self._pending: collections.deque = collections.deque()
@@ -249,6 +253,7 @@ class TesterSession:
         self._index = None
         self._matched_at = []
         self._matched_points = []
+        self._row_points, self._row_strata = [], []
         for future, *_ in self._pending:
             future.cancel()
         self._pending = collections.deque()
@@ -371,6 +376,9 @@ class TesterSession:
         at = np.minimum(np.searchsorted(keys, doubled), len(keys) - 1) if len(keys) else np.zeros(len(doubled), int)
         found = (keys[at] == doubled) if len(keys) else np.zeros(len(doubled), bool)
         kept = np.flatnonzero(found.reshape(n_rows, n_ids).all(axis=1))
+        self._row_points.append(doubled)
+        if strata is not None:
+            self._row_strata.append(strata)
         if not len(kept):
             return
         self._matched_at.append(at.reshape(n_rows, n_ids)[kept])
@@ -400,37 +408,47 @@ class TesterSession:
         self.n_matched = sum(len(a) for a in self._matched_at)
         self._lap("client_encrypt_and_join")
         self._progress("join", f"{self.n_matched} rows matched")
-        if self.n_matched == 0:
-            raise InputError("empty intersection: no member of the client dataset is among the Tester's members",
-                             parameter="client dataset")
-        self._check_intersection()
+        self._check_intersection()  # an empty intersection too: one refusal for both (design §8.2)
         if not self.metric.needs_he:
             return self._local_result()
         return self._aggregate()
 
     def _check_intersection(self) -> None:
-        """Release controls on the intersection (design §8): enough distinct members, and each
-        in no more rows than the metric allows; the counts are then dropped."""
-        points = np.concatenate(self._matched_points)
+        """Release controls on the intersection (design §8): each member in no more rows than
+        the metric allows (checked on all the Test-Client's rows: its own data), and enough
+        distinct members; the counts are then dropped. An intersection empty or too small
+        gets `IntersectionRefused`, whose text is the same whatever the size: the
+        Test-Client learns "refused", never a count (design §8.2)."""
+        points = np.concatenate(self._matched_points) if self._matched_points else np.empty(0, dtype="S1")
         self._matched_points = []
-        _, counts = np.unique(points, return_counts=True)
-        distinct = len(counts)
-        self._multiplicity = int(counts.max())
-        self._sensitivity_rows = self._rows_l2(points, counts) if self.metric.strata_cells else self._multiplicity
-        del counts, points
+        distinct = len(np.unique(points))
+        del points
+        self._multiplicity, self._sensitivity_rows = self._rows_per_member()
         if self.metric.unique_ids and self.metric.n_ids == 1 and self._multiplicity > 1:
             raise ProtocolError("a member appears in more than one row of a dataset whose member ids must be unique")
         if distinct < self.release.min_intersection:
-            raise ReleaseRefused(f"the intersection holds {distinct} distinct members; the Tester releases results "
-                                 f"only from {self.release.min_intersection} or more (--min-intersection)")
+            raise IntersectionRefused()
 
-    def _rows_l2(self, points: np.ndarray, counts: np.ndarray) -> float:
-        """The row count a metric whose cells are kept apart per stratum sizes its noise by
-        (`common.metrics.base.sensitivity_rows`), counted on the joined rows' points."""
-        if not self._matched_strata:
-            return float(counts.max())
-        _, member = np.unique(points, return_inverse=True)
-        return sensitivity_rows(member.reshape(-1, self.metric.n_ids), np.concatenate(self._matched_strata))
+    def _rows_per_member(self) -> tuple[int, float]:
+        """The most rows one member is in (m) and the row count the slots' noise is sized by
+        (`common.metrics.base.sensitivity_rows` for a metric whose cells are kept apart per
+        stratum; else m), counted over every row of the Test-Client's table, matched or not
+        (design §8.3): a function of the Test-Client's own data, so the noise scales it
+        receives say nothing of which of its members the Tester holds. Counted on the joined
+        rows alone, m would move when the member with the most rows joins or not."""
+        points = np.concatenate(self._row_points) if self._row_points else np.empty(0, dtype="S1")
+        self._row_points = []
+        if not len(points):
+            return 1, 1.0
+        _, member, counts = np.unique(points, return_inverse=True, return_counts=True)
+        multiplicity = int(counts.max())
+        if not self.metric.strata_cells:
+            return multiplicity, float(multiplicity)
+        if not self._row_strata:
+            return multiplicity, float(counts.max())
+        strata = np.concatenate(self._row_strata)
+        self._row_strata = []
+        return multiplicity, sensitivity_rows(member.reshape(-1, self.metric.n_ids), strata)
 
     # ------------------------------------------------------------------ step 5: open
     def _open(self) -> tuple[list[np.ndarray], np.ndarray | None, np.ndarray | None]:
@@ -494,8 +512,11 @@ class TesterSession:
             n_units = len(used)
             if groups_instead:
                 if n_units < RELEASE_GROUPS:
-                    raise ReleaseRefused(f"the joined rows hold {n_units} resampling units (queries); an interval "
-                                         f"under release noise needs {RELEASE_GROUPS} or more")
+                    # the count itself stays here: it moves with who joined (design §8)
+                    # and it counts as a refused audit (`PrivacyAccountant.refuse`): one yes/no answer
+                    raise IntersectionRefused(f"the joined rows fall in fewer than {RELEASE_GROUPS} resampling units "
+                                              f"(queries); an interval under release noise needs {RELEASE_GROUPS} "
+                                              f"or more")
                 units = (rng.permutation(n_units) % RELEASE_GROUPS)[units]
                 n_units = min(n_units, RELEASE_GROUPS)
         elif metric.resampling == "client_groups":
@@ -513,7 +534,7 @@ class TesterSession:
         # by the noised sizes only (`_suppress_small`), never by exact ones
         self._small_groups = [] if self.release.noisy else small_for_verdict(
             q[0], self.groups, metric.name, float(1 << encoding.PROBABILITY_BITS))
-        facts = metric.tester_facts(q, strata, units)
+        facts = metric.tester_facts(q, strata, units, row_bound=self._client_rows)
         weights = metric.weights(q, strata, units, self.groups, self.spec.metric_option, self.params)
         self._plan = metric.plan(self.groups, self._strata_labels, self._layout, self.spec.metric_option,
                                  self.params, self._info)

@@ -6,7 +6,11 @@ that differ in one member, the released per-group ratios would give away that
 member's probability vector (Hamman, Chen and Dutta 2023; design §8.1, §10). The
 Tester therefore releases nothing but
 
-* audits whose intersection holds at least `min_intersection` distinct members;
+* audits whose intersection holds at least `min_intersection` distinct members (an
+  empty or smaller one gets one fixed answer, `INTERSECTION_REFUSAL`, with no count,
+  and counts against the Test-Client identity: after `max_refusals` refusals every
+  audit of that identity is refused, since each refusal answers one yes/no question
+  about the Tester's members);
 * cells whose effective size, Σ p_ij over the joined rows that enter the cell (its
   group's or group pair's weights over its stratum), is at least `min_effective_size`;
   the size is compared with Gaussian noise on it (`threshold_sigma`), since an exact
@@ -89,6 +93,9 @@ DEFAULT_MIN_INTERSECTION = 100
 DEFAULT_MIN_EFFECTIVE_SIZE = 30.0
 DEFAULT_RHO_PER_AUDIT = 0.2
 DEFAULT_BUDGET = 0.4
+#: refused audits (an intersection empty or below the minimum) per Test-Client identity,
+#: after which every audit of that identity is refused (`PrivacyAccountant.check_refusals`)
+DEFAULT_MAX_REFUSALS = 3
 #: the shares of an audit's ρ spent on the interval's random groups and on the noisy
 #: effective sizes that decide suppression; the rest goes to the estimate
 REPLICATE_SHARE = 0.2
@@ -113,6 +120,9 @@ REPORT_DELTA = 1e-6
 SERVICE_SETTINGS = "--privacy-budget sets the budget, --privacy-ledger FILE keeps it in a file"
 LOCAL_SETTINGS = ("--privacy-budget sets the budget, --privacy-ledger FILE keeps it in another file; each pair "
                   "of input files has its own budget")
+#: how an operator allows an identity more refused audits, quoted by `RefusalLimitReached`
+REFUSAL_SETTINGS = ("--max-refusals sets the limit; removing the identity's entry under \"refusals\" in the "
+                    "--privacy-ledger file resets its count: docs/privacy-ledger.md, \"Refused audits\"")
 #: the identity of a local audit: this prefix and a digest of its inputs (`local_identity`)
 LOCAL_IDENTITY_PREFIX = "local inputs "
 
@@ -127,6 +137,27 @@ class BudgetExhausted(ReleaseRefused):
     code = "privacy_budget_exhausted"
 
 
+#: the one answer to an intersection that is empty or below the minimum (design §8.2):
+#: fixed text, no count, so that a refusal says nothing beyond "refused"
+INTERSECTION_REFUSAL = ("the audit is refused: the client dataset's intersection with the Tester's members is "
+                        "empty or below the Tester's minimum (--min-intersection); nothing was released")
+
+
+class IntersectionRefused(ReleaseRefused):
+    """An intersection empty or below the minimum: always `INTERSECTION_REFUSAL`, whatever
+    the size; each one counts against the Test-Client identity's refusals
+    (`PrivacyAccountant.refuse`)."""
+
+    def __init__(self, message: str = INTERSECTION_REFUSAL) -> None:
+        super().__init__(message)
+
+
+class RefusalLimitReached(ReleaseRefused):
+    """A Test-Client identity that has had `ReleasePolicy.max_refusals` audits refused."""
+
+    code = "refusal_limit_reached"
+
+
 @dataclass(frozen=True)
 class ReleasePolicy:
     """The Tester's release controls. `rho` = 0 adds no noise; `budget` = inf never refuses."""
@@ -138,8 +169,12 @@ class ReleasePolicy:
     replicate_share: float = REPLICATE_SHARE
     threshold_share: float = THRESHOLD_SHARE
     moment_share: float = MOMENT_SHARE
+    #: refused audits per Test-Client identity before every later one is refused (None: no limit)
+    max_refusals: int | None = DEFAULT_MAX_REFUSALS
 
     def __post_init__(self) -> None:
+        if self.max_refusals is not None and not (isinstance(self.max_refusals, int) and self.max_refusals >= 0):
+            raise InputError("must be a whole number >= 0", parameter="max refusals")
         if self.min_intersection < 1:
             raise InputError("must be at least 1", parameter="min intersection")
         if not (self.min_effective_size >= 0 and math.isfinite(self.min_effective_size)):
@@ -161,7 +196,7 @@ class ReleasePolicy:
     def off(cls) -> "ReleasePolicy":
         """No release control at all (`--no-release-controls`): for exact comparisons and
         for showing what the controls prevent. Empty cells are still suppressed."""
-        return cls(min_intersection=1, min_effective_size=0.0, rho=0.0, budget=math.inf)
+        return cls(min_intersection=1, min_effective_size=0.0, rho=0.0, budget=math.inf, max_refusals=None)
 
     @property
     def noisy(self) -> bool:
@@ -219,32 +254,36 @@ def rho_to_epsilon(rho: float, delta: float = REPORT_DELTA) -> float:
 
 
 class PrivacyAccountant:
-    """ρ spent per Test-Client identity, across audits and dataset names.
+    """ρ spent, and audits refused for their intersection, per Test-Client identity,
+    across audits and dataset names.
 
-    In memory, or kept in `ledger` (a JSON object identity -> ρ spent; no member-level
-    data), rewritten atomically after every charge so that a restart does not reset a
-    budget. Thread-safe: concurrent audits of one identity cannot overspend."""
+    In memory, or kept in `ledger` (a JSON object identity -> ρ spent, and once a
+    refusal is counted ``{"spent": {identity: ρ}, "refusals": {identity: count}}``; no
+    member-level data), rewritten atomically after every charge and every refusal so
+    that a restart resets neither. Thread-safe: concurrent audits of one identity cannot
+    overspend."""
 
     def __init__(self, budget: float, ledger: str | Path | None = None, *, identity: str | None = None,
-                 settings: str = SERVICE_SETTINGS) -> None:
+                 settings: str = SERVICE_SETTINGS, limit_refusals: bool | None = None) -> None:
         """`identity`: count every audit for this one identity, whatever the link says
         (`ppre audit --local`: one identity per pair of inputs, `local_identity`).
-        `settings`: how the user changes the budget and the ledger, for refusals."""
+        `settings`: how the user changes the budget and the ledger, for refusals.
+        `limit_refusals`: whether refused audits count against `ReleasePolicy.max_refusals`
+        (default: for a service, not for a local audit with its fixed `identity`, whose
+        user holds both datasets and would only be locked out of fixing an id column)."""
         self.budget = budget
         self._fixed = identity
+        self._limit_refusals = identity is None if limit_refusals is None else limit_refusals
         self._settings = settings
         self._path = Path(ledger) if ledger else None
         self._lock = threading.Lock()
         self._spent: dict[str, float] = {}
+        self._refusals: dict[str, int] = {}
         if self._path is not None and self._path.exists():
             try:
-                data = json.loads(self._path.read_text(encoding="utf-8"))
-                if not isinstance(data, dict) or not all(isinstance(v, (int, float)) and v >= 0
-                                                         for v in data.values()):
-                    raise ValueError("not an object of identity: spent rho")
+                self._spent, self._refusals = _read_ledger(self._path)
             except (OSError, ValueError) as exc:
                 raise InputError(f"cannot be read as a privacy ledger ({exc})", file=str(self._path)) from None
-            self._spent = {str(k): float(v) for k, v in data.items()}
 
     def spent(self, identity: str) -> float:
         identity = self._fixed or identity
@@ -272,6 +311,36 @@ class PrivacyAccountant:
             self._save()
             return self.budget - self._spent[identity]
 
+    def refusals(self, identity: str) -> int:
+        """How many of `identity`'s audits were refused for their intersection."""
+        identity = self._fixed or identity
+        with self._lock:
+            return self._refusals.get(identity, 0)
+
+    def check_refusals(self, identity: str, limit: int | None) -> None:
+        """Refuse every audit of an identity that has had `limit` audits refused for their
+        intersection (None: no limit): each refusal answers one yes/no question about the
+        Tester's members, so their number is bounded like the budget (design §8.2)."""
+        if limit is None or not self._limit_refusals:
+            return
+        count = self.refusals(identity)
+        if count >= limit:
+            raise RefusalLimitReached(
+                f"Test-Client '{self._fixed or identity}' has had {count} audits refused for their intersection "
+                f"(the limit is {limit}); no more audits are run for it. The count is kept {self.where()} "
+                f"({REFUSAL_SETTINGS})")
+
+    def refuse(self, identity: str) -> int:
+        """Count one refused audit for `identity` (kept like the spent ρ); returns the count
+        (0, counting nothing, where refusals are not limited)."""
+        identity = self._fixed or identity
+        if not self._limit_refusals:
+            return 0
+        with self._lock:
+            self._refusals[identity] = self._refusals.get(identity, 0) + 1
+            self._save()
+            return self._refusals[identity]
+
     @property
     def ledger(self) -> Path | None:
         return self._path
@@ -288,6 +357,13 @@ class PrivacyAccountant:
                 f"{max(0.0, left):g} of {self.budget:g} is left; the spent rho is kept {self.where()} "
                 f"({self._settings})")
 
+    def _ledger_object(self) -> dict:
+        """The ledger's JSON: identity -> ρ spent, as it always was, until a refusal is
+        counted; then ``{"spent": ..., "refusals": ...}``."""
+        if not self._refusals:
+            return dict(self._spent)
+        return {"spent": dict(self._spent), "refusals": dict(self._refusals)}
+
     def _save(self) -> None:
         if self._path is None:
             return
@@ -295,13 +371,31 @@ class PrivacyAccountant:
         fd, tmp = tempfile.mkstemp(dir=self._path.parent, prefix=".ledger-")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as out:
-                json.dump(self._spent, out, sort_keys=True)
+                json.dump(self._ledger_object(), out, sort_keys=True)
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, self._path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+def _read_ledger(path: Path) -> tuple[dict[str, float], dict[str, int]]:
+    """(spent ρ, refusals) per identity from a ledger file (`PrivacyAccountant`): a flat
+    object (identity -> ρ) has no refusals. Raises ValueError for anything else."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    if isinstance(data.get("spent"), dict):
+        spent, refusals = data["spent"], data.get("refusals", {})
+    else:
+        spent, refusals = data, {}
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in spent.values()):
+        raise ValueError("'spent' is not an object of identity: spent rho")
+    if not isinstance(refusals, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                 for v in refusals.values()):
+        raise ValueError("'refusals' is not an object of identity: refused audits")
+    return {str(k): float(v) for k, v in spent.items()}, {str(k): int(v) for k, v in refusals.items()}
 
 
 _RANDOM = None

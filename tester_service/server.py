@@ -34,12 +34,15 @@ from proto import ppre_pb2 as pb
 from proto import ppre_pb2_grpc as pb_grpc
 from tester_service.audit_log import AuditLog, AuditLogError, result_digest
 from tester_service.history import HistoryError, RunHistory, RunNotFound, utc_now
-from tester_service.release import PrivacyAccountant, ReleasePolicy
+from tester_service.release import IntersectionRefused, PrivacyAccountant, ReleasePolicy
 from tester_service.inputs import read_probability_table
 from tester_service.preparation import PreparationConfig, prepare, read_members, read_self_id
 from tester_service.protocol import AuditSpec, Phase, TesterSession
 
 log = logging.getLogger("ppre.tester")
+#: phases whose counts the Tester's heartbeats carry: its own table (whose size PSI discloses)
+#: and the Test-Client's rows as they arrive
+PEER_COUNTED_PHASES = frozenset({"psi_upload", "psi_shuffled", "join"})
 
 _DONE = object()
 #: the Test-Client's one RPC (proto/ppre.proto, service ppre.v1.Client)
@@ -118,7 +121,10 @@ class TesterConfig:
     @classmethod
     def from_members(cls, client_address: str, members: str | Path, self_id: str | Path | None,
                      preparation: PreparationConfig, columns=None, **kw) -> "TesterConfig":
-        """Design §2: BISG, privatised Self-ID and clipping, run inside each audit."""
+        """Design §2: BISG, privatised Self-ID and clipping, run inside each audit. The
+        Self-ID draws come from this process's randomized-response epoch, started here and
+        kept in memory for the service's life (design §2.3)."""
+        preparation.response_epoch()  # the epoch starts with the service, not at its first audit
         return cls(client_address, lambda: prepare_from_files(members, self_id, preparation, columns), **kw)
 
 
@@ -175,6 +181,8 @@ class _AuditRun:
         self.request = request
         self.who = who  # the operator: its certificate identity (mTLS), else its address
         self.n_matched = 0
+        #: the audit log's reason when the release controls refused the intersection ("": none)
+        self.refusal = ""
         self.events: "queue.Queue" = queue.Queue()  # AuditEvents, then _DONE
         self._cancelled = threading.Event()
         self._stop_error: PPREError | None = None
@@ -231,7 +239,9 @@ class _AuditRun:
         self._check()
         log.debug("audit progress: %s %d of %d", phase, done, total)  # counts only, never data
         self.phases.update(phase, done, total)
-        self.state.update(phase, done, total)
+        # the heartbeats carry counts only where the Test-Client knows them already (design
+        # §9.2): after the join, a count of chunks or groups of joined rows moves with who joined
+        self.state.update(phase, *((done, total) if phase in PEER_COUNTED_PHASES else (0, 0)))
         self._emit(phase, message or (f"{done} of {total}" if total else f"{done} so far"), done, total)
 
     def _peer_progress(self, beat: pb.Heartbeat) -> None:
@@ -256,7 +266,7 @@ class _AuditRun:
         try:
             final = self._audit()
             try:
-                self.log(final)
+                self.log(final, refusal=self.refusal)
             except AuditLogError as exc:  # an audit that cannot be recorded is not released
                 log.error("audit not recorded: %s", exc)
                 final = _error(exc.code, str(exc))
@@ -306,6 +316,17 @@ class _AuditRun:
         audit_log.append(audit_record(self.request, self.who, final, self.n_matched, refusal,
                                       client=self.config.client_identity))
 
+    def _count_refusal(self, exc: IntersectionRefused) -> None:
+        """A refused intersection counts against the Test-Client's identity (kept in the
+        ledger; `PrivacyAccountant.refuse`) and is recorded as a refusal in the audit log
+        (docs/privacy-ledger.md, "Refused audits")."""
+        try:
+            count = f"{self.config.accountant.refuse(self.config.client_identity)}"
+        except OSError as err:  # the refusal still goes out; the operator reads why it was not counted
+            log.error("refused audit not counted: the privacy ledger cannot be written (%s)", err.strerror)
+            count = "not counted: the privacy ledger cannot be written"
+        self.refusal = f"{exc.code}: {exc} (refused audits of this Test-Client: {count})"
+
     def _spec(self) -> AuditSpec:
         """The operator's request; absent fields get the defaults, present ones are checked
         (bootstrap 0 or tau 0 is refused, never replaced by a default)."""
@@ -339,6 +360,7 @@ class _AuditRun:
                                             rows=len(probabilities), groups=len(probabilities.columns) - 1,
                                             preparation=preparation.counts() if preparation is not None else None))
             identity = cfg.client_identity
+            cfg.accountant.check_refusals(identity, cfg.release.max_refusals)  # before any work, as the budget
             if cfg.release.noisy:  # refuse before any work an audit that could not be released
                 cfg.accountant.check(identity, cfg.release.rho)
             session = TesterSession(spec, probabilities, min_modulus_bits=cfg.min_modulus_bits,
@@ -390,6 +412,8 @@ class _AuditRun:
             return _error(exc.code, f"Test-Client: {exc}")
         except PPREError as exc:
             log.warning("audit failed: %s", type(exc).__name__)
+            if isinstance(exc, IntersectionRefused):
+                self._count_refusal(exc)
             if session is not None:
                 outbox.put_nowait(pb.PeerMessage(abort=pb.Abort(code=exc.code, message=str(exc))))
             who = f"Test-Client at {cfg.client_address}: " if isinstance(exc, PeerTimeoutError) else ""

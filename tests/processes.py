@@ -395,6 +395,8 @@ def make_tester(base: Path, dataset: Dataset, client_address: str, *, peer_timeo
             "--probabilities", str(dataset.probabilities)]
     if not release_controls:
         argv += ["--no-release-controls"]
+    elif "--privacy-ledger" not in (extra or []):
+        argv += ["--ephemeral-budget"]  # these tests' services live for one test
     if peer_timeout is not None:
         argv += ["--peer-timeout", str(peer_timeout)]
     if max_sessions is not None:
@@ -405,10 +407,15 @@ def make_tester(base: Path, dataset: Dataset, client_address: str, *, peer_timeo
 def make_client(base: Path, dataset: Dataset, *, peer_timeout: float | None = None,
                    max_sessions: int | None = None, env: dict[str, str] | None = None, host: str = "127.0.0.1",
                    port: int | None = None, prefix: list[str] | None = None,
-                   extra: list[str] | None = None, tls: bool = True) -> ServiceProcess:
-    """`tls`: mutual TLS with `dev_cert_dir()` (default), else --insecure."""
+                   extra: list[str] | None = None, tls: bool = True,
+                   accept_noiseless: bool = True) -> ServiceProcess:
+    """`tls`: mutual TLS with `dev_cert_dir()` (default), else --insecure.
+    `accept_noiseless`: `--accept-noiseless`, on by default since `make_tester` turns the
+    release controls off unless asked (the refusal is tested in tests/attacks/)."""
     port = port or free_loopback_port()
     argv = ["client", "serve", "--host", host, "--port", str(port), "--data-dir", str(dataset.client_dir)]
+    if accept_noiseless:
+        argv += ["--accept-noiseless"]
     if peer_timeout is not None:
         argv += ["--peer-timeout", str(peer_timeout)]
     if max_sessions is not None:

@@ -1,13 +1,16 @@
-"""The Tester's hash-chained audit log (tester_service.audit_log, `ppre log verify`)."""
+"""The Tester's keyed, chained audit log (tester_service.audit_log, `ppre log verify`, `ppre log
+head`); the older, unkeyed logs stay readable."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import pytest
 
 from client_service.datasets import DatasetRegistry
 from ppre.cli import main as ppre_main
+from ppre.commands.log import KEY_ENV
 from ppre.local import local_services
 from proto import ppre_pb2 as pb
 from tester_service.audit_log import GENESIS, AuditLog, AuditLogError, result_digest, verify
@@ -151,3 +154,125 @@ def test_refused_and_cancelled_requests_have_their_own_outcomes():
     assert refused["parameters"]["metric_params"] == {"same_group_pairs": "true"}
     assert refused["parameters"]["bootstrap"] is None  # absent: the default was to apply
     assert audit_record(request, "x", None, 0)["outcome"] == {"status": "cancelled"}
+
+
+# --------------------------------------------------------------------------- keyed and anchored
+from tester_service import audit_log as al  # noqa: E402
+
+
+def _keyed(tmp_path, n: int = 3):
+    log_path, key_path = tmp_path / "state" / "audit.log", tmp_path / "keys" / "audit-log.key"
+    log_path.parent.mkdir(exist_ok=True)
+    log = AuditLog.keyed(log_path, key_path)
+    entries = [log.append({"n": i}) for i in range(n)]
+    return log_path, key_path, entries
+
+
+def test_keyed_records_carry_a_mac_and_export_the_head(tmp_path):
+    log_path, key_path, entries = _keyed(tmp_path)
+    assert key_path.stat().st_mode & 0o777 == 0o600
+    key = al.load_key(key_path)
+    assert [e["seq"] for e in entries] == [1, 2, 3] and all("hash" not in e for e in entries)
+    assert entries[0]["prev"] == GENESIS and entries[1]["prev"] == entries[0]["mac"]
+    assert entries[2]["mac"] == al.record_mac(key, entries[1]["mac"], 3, entries[2]["time"], {"n": 2})
+    assert al.head_path(key_path).read_text().strip() == f"3:{entries[2]['mac']}"
+    result = verify(log_path, key, al.parse_head(str(al.head_path(key_path))))
+    assert result.ok and result.keyed and result.records == 3 and "head matches" in result.reason
+    # a restart reads the same key and goes on with the chain
+    assert AuditLog.keyed(log_path, key_path).append({"n": 3})["prev"] == entries[2]["mac"]
+    assert verify(log_path, key, al.parse_head(str(al.head_path(key_path)))).records == 4
+
+
+def test_a_keyed_log_does_not_verify_without_its_key_or_with_another(tmp_path):
+    log_path, key_path, _ = _keyed(tmp_path)
+    result = verify(log_path)
+    assert not result.ok and result.broken_line == 1 and "give the log's key" in result.reason
+    other = tmp_path / "other.key"
+    other.write_text("ab" * al.KEY_BYTES + "\n")
+    result = verify(log_path, al.load_key(other))
+    assert not result.ok and result.broken_line == 1 and "MAC does not match" in result.reason
+
+
+@pytest.mark.parametrize("where", ["same directory", "subdirectory"])
+def test_the_key_must_live_outside_the_logs_directory(tmp_path, where):
+    log_path = tmp_path / "audit.log"
+    key_path = tmp_path / "audit.key" if where == "same directory" else tmp_path / "keys" / "audit.key"
+    with pytest.raises(AuditLogError, match="lies in the log's directory.*--audit-log-key"):
+        AuditLog.keyed(log_path, key_path)
+    assert not key_path.exists()
+
+
+def test_a_lost_key_is_not_silently_replaced(tmp_path):
+    log_path, key_path, _ = _keyed(tmp_path)
+    key_path.unlink()
+    with pytest.raises(AuditLogError, match="holds records but its key .* is missing"):
+        AuditLog.keyed(log_path, key_path)
+    key_path.write_text("not hex\n")
+    with pytest.raises(AuditLogError, match="is not a key"):
+        AuditLog.keyed(log_path, key_path)
+
+
+def test_keyed_and_unkeyed_records_are_never_mixed(tmp_path):
+    plain = tmp_path / "state" / "plain.log"
+    plain.parent.mkdir()
+    AuditLog(plain).append({"n": 1})
+    with pytest.raises(AuditLogError, match="written without a key.*new file"):
+        AuditLog.keyed(plain, tmp_path / "keys" / "k.key")
+    log_path, key_path, _ = _keyed(tmp_path)
+    with pytest.raises(AuditLogError, match="is keyed: give its key"):
+        AuditLog(log_path).append({"n": 9})
+    other = tmp_path / "other" / "k.key"
+    with pytest.raises(AuditLogError, match="not made with this key"):
+        AuditLog(log_path, bytes(al.KEY_BYTES)).append({"n": 9})
+    assert verify(log_path, al.load_key(key_path)).records == 3 and not other.exists()
+
+
+def test_ppre_log_head_and_verify_expect_head(tmp_path, capsys):
+    log_path, key_path, entries = _keyed(tmp_path)
+    assert ppre_main(["log", "head", str(log_path), "--key", str(key_path)]) == 0
+    head = capsys.readouterr().out.strip()
+    assert head == f"3:{entries[2]['mac']}"
+    assert ppre_main(["log", "verify", str(log_path), "--key", str(key_path), "--expect-head", head]) == 0
+    assert "3 records, chain intact, every MAC checked; the exported head matches" in capsys.readouterr().out
+    # the key from the environment, as the service reads it; a head that is not one
+    os.environ[KEY_ENV] = str(key_path)
+    try:
+        assert ppre_main(["log", "verify", str(log_path), "--expect-head", "3:xyz"]) == 2
+        assert "is not a log head" in capsys.readouterr().err
+        al.head_path(key_path).unlink()  # no head beside the key: the tail is not anchored, and says so
+        assert ppre_main(["log", "verify", str(log_path), "--json"]) == 0
+        assert "tail not anchored" in json.loads(capsys.readouterr().out)["reason"]
+    finally:
+        del os.environ[KEY_ENV]
+
+
+def test_tester_serve_needs_a_key_for_its_audit_log(tmp_path, capsys):
+    tester, _, tp, _ = write_inputs(tmp_path, 20, 10, seed=3)
+    base = ["tester", "serve", "--port", "0", "--probabilities", str(tp), "--insecure", "--no-release-controls",
+            "--audit-log", str(tmp_path / "audit.log")]
+    assert ppre_main(base) == 2
+    err = capsys.readouterr().err
+    assert "--audit-log-key FILE" in err and "outside the log's directory" in err and "serving" not in err
+    assert ppre_main(base + ["--audit-log-key", str(tmp_path / "audit.key")]) == 2
+    assert "lies in the log's directory" in capsys.readouterr().err
+
+
+def test_a_keyed_log_through_the_services(tmp_path):
+    """The service appends keyed records (and the head) as the audit runs."""
+    _, _, tp, cp = write_inputs(tmp_path, 120, 90, seed=3)
+    log_path, key_path = tmp_path / "state" / "audit.log", tmp_path / "keys" / "audit.key"
+    log_path.parent.mkdir()
+    with local_services(lambda: read_probability_table(tp), DatasetRegistry(named={"ero": cp}),
+                        modulus_bits=TEST_BITS, allow_insecure=True, release=NO_RELEASE_CONTROLS) as svc:
+        svc.tester_config.audit_log = AuditLog.keyed(log_path, key_path)
+        bad = run_audit(svc.tester_address, pb.AuditRequest(metric="ero", client_dataset="nope", bootstrap=10))
+    assert bad.error.code == "bad_input"
+    result = verify(log_path, al.load_key(key_path), al.parse_head(str(al.head_path(key_path))))
+    assert result.ok and result.records == 1, result
+
+
+def test_the_head_is_exported_outside_the_logs_directory(tmp_path):
+    log_path = tmp_path / "state" / "audit.log"
+    log_path.parent.mkdir()
+    with pytest.raises(AuditLogError, match="head .* lies in the log's directory"):
+        AuditLog.keyed(log_path, tmp_path / "keys" / "k.key", head=tmp_path / "state" / "audit.head")

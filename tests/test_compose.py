@@ -1190,12 +1190,16 @@ def test_compose_file_matches_the_cli(monkeypatch):
         for key, value in env.items():
             if value.startswith("/"):
                 assert any(value == t or value.startswith(t.rstrip("/") + "/") for t in targets), (name, key)
-        # The one writable volume: the Tester's state (privacy ledger, audit log), which must
-        # outlive a restart; it holds no member-level data.
+        # The writable volumes: the Tester's state (privacy ledger, audit log), which must
+        # outlive a restart, and apart from it the audit log's key (and exported head); they
+        # hold no member-level data.
         state = {v.rsplit("/", 1)[0] for k, v in env.items() if k in ("PPRE_PRIVACY_LEDGER", "PPRE_AUDIT_LOG")}
         assert len(state) <= 1, f"{name}: the ledger and the audit log belong in one state volume"
+        keys = {v.rsplit("/", 1)[0] for k, v in env.items() if k == "PPRE_AUDIT_LOG_KEY_FILE"}
+        assert not ("PPRE_AUDIT_LOG" in env) or keys, f"{name}: an audit log needs PPRE_AUDIT_LOG_KEY_FILE"
+        assert not (keys & state), f"{name}: the audit log's key belongs outside the log's volume"
         for entry in svc.get("volumes", []):
-            writable = state and str(entry).split(":")[1] == next(iter(state))
+            writable = str(entry).split(":")[1] in state | keys
             assert str(entry).endswith(":ro") != bool(writable), f"{name}: volume {entry} should be read-only"
 
         # SIGTERM reaches the service (an init as PID 1 forwards it) and it has time to finish:

@@ -207,6 +207,7 @@ members = "members.csv"
 self_id = "self_id.csv"
 tls_dir = "certs"
 excluded_states = ["TX"]
+privacy_ledger = "ledger.json"
 [columns]
 member_id = "Member ID"
 """)

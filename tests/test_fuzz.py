@@ -466,7 +466,7 @@ def services(tmp_path_factory):
         mp.setattr(tester_server, "Outbox", MutatingOutbox)
         mp.setattr(client_server, "Outbox", ClientMutatingOutbox)
         client_config = ClientConfig(DatasetRegistry(named={"ero": cp}), modulus_bits=TEST_BITS,
-                                     allow_insecure=True, settings=settings_)
+                                     allow_insecure=True, settings=settings_, accept_noiseless=True)
         client, client_port, client_servicer = serve_client(client_config, 0, host="127.0.0.1")
         address = f"127.0.0.1:{client_port}"
         tester_config = tester_server.TesterConfig(address, lambda: read_probability_table(tp),

@@ -423,7 +423,7 @@ def test_ppre_runs_against_a_running_tester(inputs, tmp_path, capsys, monkeypatc
     assert ppre_main(["certs", "init", str(certs)]) == 0
     client_server, client_port, _ = serve_client(
         ClientConfig(DatasetRegistry(named={"ero": cp}), modulus_bits=TEST_BITS, allow_insecure=True,
-                     tls=TlsIdentity.from_dir(certs, "client")), 0, host="127.0.0.1")
+                     tls=TlsIdentity.from_dir(certs, "client"), accept_noiseless=True), 0, host="127.0.0.1")
     # `ppre tester serve --history FILE` / PPRE_TESTER_HISTORY reach TesterConfig.history
     from ppre.cli import build_parser
     base = ["tester", "serve", "--probabilities", str(tp)]

@@ -238,13 +238,20 @@ def output_release(p: np.ndarray, y: np.ndarray, lo: float, hi: float):
     """The noiseless released row of the output metric under the second-moments form (a
     plaintext twin of the Tester's `_aggregate`): group items (f, 1, f²), overall, pair
     items, in fixed point, with the plan and families both parties build."""
-    params = {"outcome_range": (lo, hi), SECOND_MOMENTS: True}
-    comps = OUTPUT.components("default", params, {})
-    layout = Layout(128, 4, len(comps))
-    plan = OUTPUT.plan(GROUPS, (), layout, "default", params, {})
-    plan, pairs_plan = correction.extend(plan, GROUPS, **OUTPUT.moment_shape("default", params, {}, layout))
     c = (lo + hi) / 2
-    values = np.column_stack([comp.quantize(v) for comp, v in zip(comps, (y - c, np.ones_like(y), (y - c) ** 2))])
+    params = {"outcome_range": (lo, hi), SECOND_MOMENTS: True}
+    return moments_release(OUTPUT, params, {}, p, (y - c, np.ones_like(y), (y - c) ** 2)) + (c,)
+
+
+def moments_release(metric, params: dict, info: dict, p: np.ndarray, columns):
+    """(plan, moments plan, row, noise sd) of a noiseless release of the second-moments
+    form (`columns`: the rows' components, a square among them where the metric has
+    `Metric.moment_squares`), with 4 slots per ciphertext."""
+    comps = metric.components("default", params, info)
+    layout = Layout(128, 4, len(comps))
+    plan = metric.plan(GROUPS, (), layout, "default", params, info)
+    plan, pairs_plan = correction.extend(plan, GROUPS, **metric.moment_shape("default", params, info, layout))
+    values = np.column_stack([comp.quantize(v) for comp, v in zip(comps, columns)])
     q = encoding.quantize_probabilities(p).astype(object)
     pw = np.column_stack(correction.pair_weights(encoding.quantize_probabilities(p))).astype(object)
     pad = [0] * (layout.slots - len(comps))
@@ -254,7 +261,7 @@ def output_release(p: np.ndarray, y: np.ndarray, lo: float, hi: float):
     pair = [[int(sum(int(a) * int(b) for a, b in zip(pw[:, m], values[:, s]))) for s in range(len(comps))] + pad
             for m in range(pw.shape[1])]
     row = group + [overall] + pair
-    return plan, pairs_plan, row, [0.0] * (2 * len(row) * layout.slots), c
+    return plan, pairs_plan, row, [0.0] * (2 * len(row) * layout.slots)
 
 
 def test_output_draws_have_the_delta_method_variance_with_the_pooled_spread():
@@ -314,6 +321,65 @@ def test_output_corrected_values_use_the_squares_residual_and_stay_in_range():
     assert finite.size and np.all((finite >= 0.0) & (finite <= 2.0))
     ok = [c for c in range(K) if np.isfinite(corrected.values[0, c])]
     assert ok and np.all(np.nanstd(corrected.values[1:, ok], axis=0) > 0)
+
+
+def test_ndcg_draws_have_the_delta_method_variance_with_one_spread_per_query():
+    """MQOS-NDCG (f a viewer's NDCG sum around ½ over its d queries): the Test-Client
+    states the spread per query σ² = Σ (f − c·d)²/Σ d of its own viewers (`spread_facts`),
+    and each group's draws have the delta-method variance σ²·Σ p²·d / Den², close to the
+    plug-in Σ p²·(f − R·d)² / Den² when queries spread alike."""
+    from common.metrics.mqos_ndcg import METRIC as NDCG, spread_facts
+    rng = np.random.default_rng(11)
+    n = 3000
+    p = rng.dirichlet(np.full(K, 0.4), size=n)
+    d = rng.integers(1, 4, n).astype(float)
+    ndcg = rng.beta(9.0, 1.0, size=(n, 3))
+    f = np.where(np.arange(3)[None, :] < d[:, None], ndcg - 0.5, 0.0).sum(axis=1)
+    info = {"queries": int(d.sum()), "viewers": n, **spread_facts(f, d)}
+    params = {"max_queries_per_viewer": 3}
+    plan, pairs_plan, row, noise_sd = moments_release(NDCG, params, info, p, (f, d))
+    family = pairs_plan.families[0]
+    assert family.sq_slot is None and family.den_square == pytest.approx((d * d).sum() / d.sum())
+    spread = moments.pooled_spread(plan, family, row, K)
+    assert spread == pytest.approx(((f - f.sum() / d.sum() * d) ** 2).sum() / d.sum(), rel=1e-6)
+    estimate = plan.cell_values(row, lambda a, b: None, plain_rows=1, noise_sd=noise_sd)[0]
+    draws = moments.weighted_draws(plan, pairs_plan, row, estimate, noise_sd, 20000, np.random.default_rng(3))
+    den = (p * d[:, None]).sum(axis=0)
+    r = (p * f[:, None]).sum(axis=0) / den
+    assert np.allclose(draws[0, :K] - 0.5, r, atol=1e-6)
+    delta = spread * (p * p * d[:, None]).sum(axis=0) / den ** 2
+    assert np.allclose(draws[1:, :K].var(axis=0), delta, rtol=0.05)
+    plug_in = ((p * (f[:, None] - r[None, :] * d[:, None])) ** 2).sum(axis=0) / den ** 2
+    assert np.allclose(draws[1:, :K].var(axis=0), plug_in, rtol=0.2)
+
+
+@pytest.mark.slow
+def test_ndcg_audit_under_the_controls_releases_second_moments():
+    """MQOS-NDCG under release noise: no squares travel, the header says "parametric",
+    and a large group's interval is near the noiseless bootstrap's."""
+    from tests.metric_data import random_ranked_lists
+    tester, _ = make_inputs(3000, 10, 0, seed=35)
+    lists = random_ranked_lists(4500, np.random.default_rng(1), min_len=3, max_len=6, viewers=3000)
+    seen = {}
+
+    def tap(direction, msg):
+        kind = msg.WhichOneof("body")
+        if kind == "hello":
+            seen["squares"] = msg.hello.second_moments
+        if kind == "aggregates_header":
+            seen["interval"] = msg.aggregates_header.interval
+
+    spec = AuditSpec(metric="mqos-ndcg", client_dataset="d", bootstrap=200, seed=1,
+                     params={"max_queries_per_viewer": "2"})
+    report, _, _ = local_audit(tester, lists, spec=spec, tap=tap, release=ReleasePolicy(rho=1.0, budget=1.0))
+    assert seen == {"squares": False, "interval": "parametric"}
+    assert report.release["interval_from"].startswith("second moments")
+    assert report.info["spread_per_query"] > 0 and report.info["queries_squared"] >= report.info["queries"]
+    plain, _, _ = local_audit(tester, lists, spec=spec)
+    for group in ("white", "overall"):
+        noisy, exact = report.group(group), plain.group(group)
+        assert noisy.ci_low < noisy.estimate < noisy.ci_high and abs(noisy.estimate - exact.estimate) < 0.02
+        assert (noisy.ci_high - noisy.ci_low) < 2.0 * (exact.ci_high - exact.ci_low)
 
 
 @pytest.mark.parametrize("modulus_bits", [None, pytest.param(2048, marks=pytest.mark.slow)])

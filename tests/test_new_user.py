@@ -53,7 +53,7 @@ def test_a_service_refuses_to_start_on_a_busy_port(role, busy_port, tmp_path):
         inputs = ["--dataset", f"ero={data}"]
     else:
         data.write_text(RACES_HEADER + "a,1,0,0,0,0,0\n")
-        inputs = ["--probabilities", str(data)]
+        inputs = ["--probabilities", str(data), "--ephemeral-budget"]
     out = ppre(role, "serve", "--insecure", "--executor", "inline", "--host", "127.0.0.1",
                "--port", str(busy_port), *inputs, timeout=30)
     assert out.returncode == 2, out.stdout + out.stderr

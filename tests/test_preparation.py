@@ -8,9 +8,10 @@ import pandas as pd
 import pytest
 
 from common import bisg as bisg_mod
-from common import clipping
+from common import clipping, randomized_response
 from common.errors import InputError
 from common.races import RACES, GroupMapping
+from tester_service import preparation
 from tester_service.preparation import (PreparationConfig, prepare, read_members, read_members_table,
                                         read_self_id, validate_members)
 
@@ -225,6 +226,64 @@ def test_self_id_rows_of_people_not_among_the_members_are_counted_and_dropped():
     none = pd.DataFrame({"member_id": ["999"], "race": ["white"]})
     e = err(prepare, MEMBERS, none, PreparationConfig(seed=0))
     assert "no member id is among the members" in str(e) and "999" not in str(e)
+
+
+# --- randomized response: one draw per member and epoch (design §2.3) -------------------
+def survey_files(tmp_path: Path, n: int = 600) -> tuple[Path, Path]:
+    """`n` members, every one in the Self-ID survey (reported 'api')."""
+    members = pd.DataFrame({"member_id": [f"{i:04d}" for i in range(n)],
+                            "surname": list(MIXED["surname"]) * (n // len(MIXED)), "zip": ["60614"] * n})
+    sid = pd.DataFrame({"member_id": members["member_id"], "race": ["api"] * n})
+    return write_csv(tmp_path / "members.csv", members), write_csv(tmp_path / "self_id.csv", sid)
+
+
+def released_answers(out: pd.DataFrame) -> np.ndarray:
+    """Each Self-ID row's privatised answer: the top category of its clipped row (T > 1/2
+    keeps the largest entry the largest, design §2.4)."""
+    return out[list(RACES)].to_numpy().argmax(axis=1)
+
+
+@pytest.fixture()
+def fresh_epoch(monkeypatch):
+    """This test's own process epoch (the process's is restored afterwards)."""
+    monkeypatch.setattr(preparation, "_epoch", None)
+
+
+def test_two_audits_of_one_tester_process_release_the_same_draw(tmp_path, fresh_epoch):
+    """Two audits of one Tester (`TesterConfig.from_members`: what `ppre tester serve`
+    runs per audit) give every Self-ID member the same privatised answer, with no seed;
+    clipping is drawn per audit. After `rotate_epoch` the draws are new and independent:
+    they agree only as often as two independent randomized responses (Σ_j M[i, j]²)."""
+    from tester_service.server import TesterConfig
+    members, self_id = survey_files(tmp_path)
+    config = TesterConfig.from_members("127.0.0.1:1", members, self_id, PreparationConfig(epsilon=1.0))
+    first, second = config.load_probabilities(), config.load_probabilities()
+    np.testing.assert_array_equal(released_answers(first), released_answers(second))
+    assert not np.allclose(first[list(RACES)].to_numpy(), second[list(RACES)].to_numpy())  # clipping is not
+    assert 0.2 < (released_answers(first) == RACES.index("api")).mean() < 0.5  # ε = 1 keeps 35%
+    old = preparation.process_epoch().fingerprint
+    assert preparation.rotate_epoch().fingerprint != old
+    rotated = released_answers(config.load_probabilities())
+    q = float((randomized_response.transition_matrix(1.0)[0] ** 2).sum())  # 0.21
+    agree = float((rotated == released_answers(first)).mean())
+    assert abs(agree - q) < 4 * np.sqrt(q * (1 - q) / len(rotated)), agree
+    np.testing.assert_array_equal(rotated, released_answers(config.load_probabilities()))
+
+
+def test_the_epoch_in_use_explicit_seeded_or_the_process_one(tmp_path, fresh_epoch):
+    members, self_id = survey_files(tmp_path, 300)
+    mine = randomized_response.ResponseEpoch.new()
+    answers = {name: released_answers(prepare_files(members, self_id, PreparationConfig(epsilon=1.0, **kw)))
+               for name, kw in {"explicit": dict(epoch=mine), "explicit again": dict(epoch=mine),
+                                "seed 7": dict(seed=7), "seed 7 again": dict(seed=7), "seed 8": dict(seed=8),
+                                "process": {}, "generator": dict(seed=np.random.default_rng(1))}.items()}
+    np.testing.assert_array_equal(answers["explicit"], answers["explicit again"])
+    np.testing.assert_array_equal(answers["seed 7"], answers["seed 7 again"])  # reproducible with a seed
+    np.testing.assert_array_equal(answers["process"], answers["generator"])  # a Generator seeds clipping only
+    for a, b in [("explicit", "seed 7"), ("seed 7", "seed 8"), ("explicit", "process")]:
+        assert (answers[a] != answers[b]).any(), (a, b)
+    assert PreparationConfig(epoch=mine).response_epoch() is mine
+    assert "epoch" not in repr(PreparationConfig(epoch=mine))
 
 
 # --- readers -------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from tests.helpers import plain_ratio
 from common.races import RACES
 from proto import ppre_pb2 as pb
 from tester_service.protocol import AuditSpec, Phase, TesterSession
+from tester_service.release import INTERSECTION_REFUSAL, IntersectionRefused
 from tests.helpers import TEST_BITS, exact_session, local_audit, make_inputs, run_sessions
 
 
@@ -278,10 +279,12 @@ def test_weak_paillier_key_from_the_client_is_refused():
         t.receive(ack)
 
 
-def test_empty_intersection_is_a_clear_input_error():
+def test_empty_intersection_is_refused_as_a_small_one():
+    """One answer for an empty and a too-small intersection, without a count (design §8.2)."""
     tester, client = make_inputs(30, 30, 0)
-    with pytest.raises(InputError, match="empty intersection"):
+    with pytest.raises(IntersectionRefused) as refused:
         local_audit(tester, client)
+    assert str(refused.value) == INTERSECTION_REFUSAL and refused.value.code == "release_refused"
 
 
 def test_tampered_result_is_refused():

@@ -73,3 +73,97 @@ def test_flip_rate_depends_on_the_number_of_categories(epsilon, k):
     is (k-1)/(e^eps+k-1) (5.26% at eps = 4.5, k = 6)."""
     assert rr.flip_rate(epsilon, k) == pytest.approx((k - 1) / (math.exp(epsilon) + k - 1))
     assert rr.flip_rate(epsilon, k) == pytest.approx(1.0 - rr.transition_matrix(epsilon, k)[0, 0])
+
+
+# --- one draw per member and epoch (design §2.3) -----------------------------------------
+def member_ids(n: int, prefix: str = "m") -> list[str]:
+    return [f"{prefix}{i:07d}" for i in range(n)]
+
+
+def agreement(epsilon: float, k: int = 6) -> float:
+    """Probability that two independent randomized responses to one answer agree."""
+    m = rr.transition_matrix(epsilon, k)[0]
+    return float((m ** 2).sum())
+
+
+@pytest.mark.parametrize("epsilon", [4.5, 1.0])
+def test_per_member_draws_follow_the_transition_matrix(epsilon):
+    """Over many members of one epoch, the output given each input is distributed as
+    `transition_matrix` (every cell within 4 standard errors): the same mechanism as
+    `privatize`, with the same flip probabilities."""
+    n = 120_000
+    cats = np.random.default_rng(3).integers(0, 6, n)
+    out = rr.privatize_per_member(cats, member_ids(n), rr.ResponseEpoch.new(), epsilon)
+    m = rr.transition_matrix(epsilon)
+    for i in range(6):
+        got = out[cats == i]
+        freq = np.bincount(got, minlength=6) / len(got)
+        se = np.sqrt(m[i] * (1 - m[i]) / len(got))
+        assert np.all(np.abs(freq - m[i]) < 4 * se), (i, freq, m[i])
+    p = rr.flip_rate(epsilon)
+    assert abs(float((out != cats).mean()) - p) < 4 * math.sqrt(p * (1 - p) / n)
+
+
+def test_one_epoch_gives_each_member_the_same_draw_and_a_new_epoch_an_independent_one():
+    n, eps = 40_000, 1.0
+    ids = member_ids(n)
+    cats = np.random.default_rng(4).integers(0, 6, n)
+    epoch = rr.ResponseEpoch.new()
+    first = rr.privatize_per_member(cats, ids, epoch, eps)
+    np.testing.assert_array_equal(first, rr.privatize_per_member(cats, ids, epoch, eps))
+    # the draw is the member's, not its position's: the same members in another order
+    order = np.random.default_rng(5).permutation(n)
+    np.testing.assert_array_equal(first[order],
+                                  rr.privatize_per_member(cats[order], [ids[j] for j in order], epoch, eps))
+    # another epoch: two independent draws agree with probability Σ_j M[i, j]² (0.21 at ε = 1)
+    other = rr.privatize_per_member(cats, ids, rr.ResponseEpoch.new(), eps)
+    q = agreement(eps)
+    assert abs(float((first == other).mean()) - q) < 4 * math.sqrt(q * (1 - q) / n)
+
+
+def test_a_changed_answer_gets_an_independent_draw():
+    """A member whose answer changes within the epoch is drawn afresh: the outputs' offsets
+    from the two answers agree only as often as two independent draws would (a shared
+    draw would always agree, giving away the difference between the answers)."""
+    n, eps = 40_000, 1.0
+    ids = member_ids(n)
+    before = np.random.default_rng(6).integers(0, 6, n)
+    after = (before + 1 + np.random.default_rng(7).integers(0, 5, n)) % 6
+    epoch = rr.ResponseEpoch.new()
+    o1, o2 = (rr.privatize_per_member(c, ids, epoch, eps) for c in (before, after))
+    same_offset = float((((o1 - before) % 6) == ((o2 - after) % 6)).mean())
+    q = agreement(eps)
+    assert abs(same_offset - q) < 4 * math.sqrt(q * (1 - q) / n)
+
+
+def test_another_epsilon_gets_an_independent_draw():
+    """Draws at two values of ε in one epoch are independent: shared uniforms would nest
+    the flips (whatever the larger ε moves, the smaller moves too), so two outputs that
+    differ would give the answer away (the larger ε's output would be it)."""
+    n, low, high = 40_000, 1.0, 2.0
+    ids, cats = member_ids(n), np.random.default_rng(8).integers(0, 6, n)
+    epoch = rr.ResponseEpoch.new()
+    o_low, o_high = (rr.privatize_per_member(cats, ids, epoch, e) for e in (low, high))
+    moved_high_differs = float(((o_low != o_high) & (o_high != cats)).mean())  # 0 with nested flips
+    q = rr.flip_rate(high) * (1 - rr.transition_matrix(low)[0, 1])
+    assert abs(moved_high_differs - q) < 4 * math.sqrt(q * (1 - q) / n)
+
+
+def test_epoch_secrets_and_seeds():
+    with pytest.raises(InputError) as exc:
+        rr.ResponseEpoch(b"short")
+    assert "32 bytes" in str(exc.value)
+    ids, cats = member_ids(2000), np.zeros(2000, dtype=np.int64)
+    a, b, c = (rr.ResponseEpoch.from_seed(s) for s in (1, 1, 2))
+    draws = [rr.privatize_per_member(cats, ids, epoch, 0.5) for epoch in (a, b, c)]
+    np.testing.assert_array_equal(draws[0], draws[1])  # a seeded epoch is reproducible
+    assert (draws[0] != draws[2]).any()
+    assert a.fingerprint == b.fingerprint != c.fingerprint
+    with pytest.raises(InputError) as exc:
+        rr.privatize_per_member(cats, ids[:5], a)
+    assert exc.value.parameter == "member_ids"
+    with pytest.raises(InputError):
+        rr.privatize_per_member(np.array([6]), ["x"], a)
+    assert rr.privatize_per_member(np.zeros(0, dtype=np.int64), [], a).shape == (0,)
+    oh = rr.privatize_per_member_one_hot(np.array([0, 5]), ["x", "y"], a)
+    assert oh.shape == (2, 6) and (oh.sum(axis=1) == 1).all()

@@ -34,13 +34,14 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from client_service import protocol as client_protocol
 from client_service.datasets import DatasetRegistry
-from common import commutative, paillier, parallel, symmetric
+from common import commutative, paillier, parallel, randomized_response, symmetric
 from common.errors import PPREError
 from common.masking import AdditiveMask, RatioMask
 from common.races import RACES
 from ppre.local import local_services
 from proto import ppre_pb2 as pb
 from tester_service.inputs import read_probability_table
+from tester_service.preparation import PreparationConfig
 from tester_service.protocol import AuditSpec, TesterSession
 from tester_service.release import ReleasePolicy
 from tester_service.server import run_audit
@@ -202,6 +203,69 @@ def test_key_objects_print_no_secret_and_refuse_pickling():
     # the salt is still the bytes both parties hash with
     assert len(salt) == 32 and salt == bytes(salt) and salt.hex() == bytes(salt).hex()
     assert commutative.hash_ids(salt, ["a"]) == commutative.hash_ids(bytes(salt), ["a"])
+
+
+def test_the_randomized_response_epoch_secret_prints_as_secret_and_refuses_pickling():
+    """The Tester's randomized-response secret (design §2.3) is a key object like the others."""
+    epoch = randomized_response.ResponseEpoch.new()
+    secret_text = _bytes_forms(bytes(epoch._secret))
+    shown = [repr(epoch), str(epoch), f"{epoch}", "%s %r" % (epoch, epoch), repr([epoch]),
+             repr(PreparationConfig(epoch=epoch))]
+    assert all("<secret>" in s for s in shown[:4]), shown
+    assert not [s for s in secret_text if any(s in text for text in shown)]
+    for how in (pickle.dumps, copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError):
+            how(epoch)
+    with pytest.raises(TypeError):
+        pickle.dumps(PreparationConfig(epoch=epoch))
+
+
+def test_no_randomized_response_secret_in_debug_logs_output_or_files(monkeypatch, tmp_path, caplog, capfd,
+                                                                     workers):
+    """A Tester preparing from members and a Self-ID survey (`TesterConfig.from_members`, as
+    `ppre tester serve` does), both services in this process at DEBUG, two finished audits
+    and a rotation: every epoch secret made is captured, and neither the logs, stdout/stderr
+    nor any file under the working directory/TMPDIR/HOME holds it in any form; the epochs'
+    fingerprints are logged (so the search looked at the lines that name them)."""
+    from ppre.synth import SynthConfig, synthesize
+    from tester_service import preparation
+    from tester_service.server import TesterConfig
+    caplog.set_level(logging.DEBUG)
+    made: list = []  # (secret, fingerprint) of every epoch, as it is made
+    new = randomized_response.ResponseEpoch.new
+
+    def recording_new(cls):
+        epoch = new()
+        made.append((bytes(epoch._secret), epoch.fingerprint))
+        return epoch
+    monkeypatch.setattr(randomized_response.ResponseEpoch, "new", classmethod(recording_new))
+    monkeypatch.setattr(preparation, "_epoch", None)  # this test's own process epoch
+    data = synthesize(SynthConfig(members=400, seed=17, self_id_share=0.5))
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    data.members.to_csv(inputs / "members.csv", index=False)
+    data.self_id.to_csv(inputs / "self_id.csv", index=False)
+    data.ero.to_csv(inputs / "ero.csv", index=False)
+    config = TesterConfig.from_members("unused", inputs / "members.csv", inputs / "self_id.csv",
+                                       PreparationConfig())
+    with local_services(config.load_probabilities, DatasetRegistry(named={"ero": inputs / "ero.csv"}),
+                        modulus_bits=TEST_BITS, allow_insecure=True, release=ReleasePolicy(budget=math.inf),
+                        executor=workers.executor) as svc:
+        for rotate in (False, True):
+            if rotate:
+                preparation.rotate_epoch()
+            event = _audit(svc.tester_address)
+            assert event.WhichOneof("event") == "result", event
+    assert len(made) == 2 and made[0][0] != made[1][0]
+    out, err = capfd.readouterr()
+    logs = caplog.text
+    needles = {f"epoch {i} #{j}": text for i, (secret, _) in enumerate(made)
+               for j, text in enumerate(_bytes_forms(secret))}
+    assert all(fingerprint in logs for _, fingerprint in made)
+    assert not _leaks(logs, needles)
+    assert not _leaks(out + err, needles)
+    assert [p for p in workers.run_dir.rglob("*")] == []
+    assert _leaks(f"x {made[0][0].hex()} y", needles)  # the search would see one
 
 
 def test_the_decryption_task_is_narrow_and_decrypts_like_the_key():
@@ -456,7 +520,9 @@ def test_services_as_processes_write_no_member_data_and_no_key_anywhere(tmp_path
     broken = client_df.copy()
     broken.loc[7, "y_true"] = 2
     broken.to_csv(dataset.client_dir / "broken.csv", index=False)
-    audit_log = tmp_path / "audit.log"
+    audit_log = tmp_path / "state" / "audit.log"
+    audit_log.parent.mkdir()
+    audit_log_key = tmp_path / "keys" / "audit-log.key"  # outside the log's directory
     env = {"PPRE_WORKERS": "2"}
     client = make_client(tmp_path, dataset, env=env)
     client.argv_tail = ["-v", *client.argv_tail]  # `ppre -v -v`: DEBUG
@@ -466,7 +532,8 @@ def test_services_as_processes_write_no_member_data_and_no_key_anywhere(tmp_path
         client.start()
         client.wait_healthy()
         tester = make_tester(tmp_path, dataset, client.address, env=env,
-                             extra=["--audit-log", str(audit_log), "--privacy-budget", "inf"])
+                             extra=["--audit-log", str(audit_log), "--audit-log-key", str(audit_log_key),
+                                    "--privacy-budget", "inf"])
         tester.argv_tail = ["-v", *tester.argv_tail]
         tester.start()
         tester.wait_healthy()
@@ -519,7 +586,7 @@ def test_services_as_processes_write_no_member_data_and_no_key_anywhere(tmp_path
     records = []
     for line in audit_log.read_text().splitlines():
         entry = json.loads(line)
-        entry.pop("hash"), entry.pop("prev")
+        entry.pop("mac"), entry.pop("prev")  # the log's own keyed chain
         entry["record"].get("outcome", {}).pop("result_sha256", None)
         records.append(json.dumps(entry))
     logs["audit log"] = "\n".join(records).encode()

@@ -21,6 +21,7 @@ from ppre.cli import main as ppre_main
 from ppre.local import local_services
 from proto import ppre_pb2 as pb
 from tester_service.inputs import read_probability_table
+from tester_service.release import INTERSECTION_REFUSAL
 from tester_service.server import run_audit
 from tests.helpers import NO_RELEASE_CONTROLS, TEST_BITS, free_loopback_port, wait_until, write_inputs
 
@@ -144,7 +145,6 @@ def test_bad_inputs_reach_the_operator_and_services_stay_healthy(inputs, tmp_pat
     cases.append(("client", tp, "dupclient", "row 6", "duplicate"))
     cases.append(("client", tp, "nosuchdataset", "unknown dataset 'nosuchdataset'", "client dataset"))
     write("disjoint.csv", client.assign(member_id=[f"zz{i}" for i in range(len(client))]))
-    cases.append(("client", tp, "disjoint", "empty intersection", ""))
 
     with ctx as svc:
         for side, prob_path, dataset, where, what in cases:
@@ -157,6 +157,8 @@ def test_bad_inputs_reach_the_operator_and_services_stay_healthy(inputs, tmp_pat
                 assert member not in event.error.message
             assert channels.check_health(svc.tester_address) and channels.check_health(svc.client_address)
             assert wait_until(lambda: svc.client_servicer.active_sessions == 0 and svc.tester_config.sessions == [])
+        event = run_audit(svc.tester_address, _request("disjoint"))  # refused, as a small intersection
+        assert (event.error.code, event.error.message) == ("release_refused", INTERSECTION_REFUSAL)
         event = run_audit(svc.tester_address, _request(metric="nonsense"))
         assert event.error.code == "bad_input" and "unknown metric 'nonsense'" in event.error.message
         holder["path"] = tp
@@ -244,7 +246,7 @@ def _start_service_processes(tp, cp, cwd, env, flags: list[str], output):
                                        "--dataset", f"ero={cp}", *serve_tls(f"127.0.0.1:{ports[1]}", "client")],
                                 cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT)
     tester_p = subprocess.Popen(cmd + ["tester", "serve", "--host", "127.0.0.1", "--port", str(ports[0]),
-                                       "--client", f"127.0.0.1:{ports[1]}", "--probabilities", str(tp),
+                                       "--client", f"127.0.0.1:{ports[1]}", "--probabilities", str(tp), "--ephemeral-budget",
                                        *serve_tls(f"127.0.0.1:{ports[0]}", "tester")],
                                 cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT)
     return ports, tester_p, client_p

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tester_service.release import INTERSECTION_REFUSAL
 from tests.helpers import free_loopback_port
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "troubleshooting.md"
@@ -110,7 +111,7 @@ def _audit(population: Path, data: str, *more: str) -> subprocess.CompletedProce
 
 @pytest.mark.slow
 def test_too_small_an_intersection(population):
-    _check(_audit(population, "small.csv"), "the Tester releases results only from 100 or more (--min-intersection)")
+    _check(_audit(population, "small.csv"), INTERSECTION_REFUSAL)
 
 
 @pytest.mark.slow
@@ -125,7 +126,7 @@ def test_the_privacy_budget_spent(population):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("data, fragment", [
-    ("other_ids.csv", "empty intersection: no member of the client dataset is among the Tester's members"),
+    ("other_ids.csv", f"error (release_refused): {INTERSECTION_REFUSAL}"),  # the same words as a small one
     ("dup.csv", "column 'member_id', data row 1001: duplicate member id (the same as data row 1)"),
     ("badlabel.csv", "label must be 0 or 1"),
 ])

@@ -567,8 +567,11 @@ class Metric:
             out.append(math.ceil(components[c].bound * weight_scale * multiplicity) if c < len(components) else 0)
         return out
 
-    def tester_facts(self, q: Sequence[np.ndarray], strata: np.ndarray | None, units: np.ndarray) -> Any:
-        """Plaintext facts of the Tester's own weights a metric needs later (MQOS-AUC: S_j)."""
+    def tester_facts(self, q: Sequence[np.ndarray], strata: np.ndarray | None, units: np.ndarray,
+                     row_bound: int | None = None) -> Any:
+        """Plaintext facts of the Tester's own weights a metric needs later (MQOS-AUC: S_j).
+        `row_bound`: the rows of the Test-Client's table, a bound on the joined rows that
+        says nothing of who joined (what the Test-Client receives is sized from it)."""
         return None
 
     def local_result(self, probabilities, strata, strata_labels, groups, option, params, info, *,

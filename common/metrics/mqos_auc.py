@@ -213,14 +213,18 @@ class ExactAuc(MqosAuc):
         n_rows), plus the noise's headroom."""
         return 33 + normaliser_bits(n_rows) + bits(n_rows) + 2 + NOISE_HEADROOM_BITS
 
-    def tester_facts(self, q, strata, units):
-        """S_j over all rows and per random group (plaintext: Σ of the Tester's own weights)."""
+    def tester_facts(self, q, strata, units, row_bound=None):
+        """S_j over all rows and per random group (plaintext: Σ of the Tester's own weights),
+        and "n", the row count the released form's scale 2^(33+K) and the squaring mask's
+        width are sized from: the Test-Client's whole table (`row_bound`), not the joined
+        rows, whose count would show in the noise scales and the masked T_j + r."""
         ext = _with_overall(q)
         g = int(units.max()) + 1
         per_group = np.zeros((g, ext.shape[1]), dtype=object)
         for u in range(g):
             per_group[u] = [int(v) for v in ext[units == u].sum(axis=0)]
-        return {"S": [int(v) for v in ext.sum(axis=0)], "S_group": per_group.tolist(), "n": int(ext.shape[0])}
+        return {"S": [int(v) for v in ext.sum(axis=0)], "S_group": per_group.tolist(),
+                "n": max(int(row_bound or 0), int(ext.shape[0]))}
 
     def weights(self, q, strata, units, groups, option, params):
         """Per cell (groups, then overall): W_L = q·2A over all rows, W_Lg = q·2A within the
@@ -245,7 +249,9 @@ class ExactAuc(MqosAuc):
                 prod = prod * agg[u][4 * j + 2][0] % n2
             t_full.append(prod)
         t_rows = [t_full] + [[agg[u][4 * j + 2][0] for j in range(cells)] for u in range(n_units)]
-        r_bits = max(bits(s) for s in facts["S"]) + SQUARE_MASK_BITS
+        # T_j ≤ S_j ≤ n·2^32 for n the bound on the rows (`tester_facts`): a width fixed in
+        # advance, where the largest S_j's own would show in T_j + r's length
+        r_bits = PROBABILITY_BITS + bits(facts["n"]) + SQUARE_MASK_BITS
         masks = [[secrets.randbits(r_bits) for _ in range(cells)] for _ in t_rows]
         h = paillier.randomizer_base(n)
         requests = paillier.rerandomize_chunk(n, h, [paillier.add_plain(n, t, r) for row, mrow in zip(t_rows, masks)

@@ -25,6 +25,19 @@ its denominator by Δp_j·d: over all groups at most √2·K/2 and √2·K, the 
 bounds K/2 and K (`Metric.slot_sensitivity`, times the Tester's row count m). So the
 noise grows with K, not with the 2^20 queries a viewer could have; a K far above the
 queries viewers actually issue costs accuracy, one below them costs data (counted).
+
+**Interval under release noise** (`common.moments`, design §8.4). Released: the
+estimate's sums and the pair items' S^d_ab = Σ p_a·p_b·d (as for ERO); the delta method
+``Var(Num_j − R_j·Den_j) = σ²·S^d_jj`` then needs one spread per query σ², which the
+Test-Client reads off its own rows: σ² = Σ (f − c·d)²/Σ d over all its viewers, c their
+mean (`spread_facts`), sent with the other dataset facts (`info`: `spread_per_query`,
+and `queries_squared` = Σ d² for κ = Σ d²/Σ d, which enters the covariances across
+groups only). The squares are not released under noise as the output metric's are:
+their bound (K² per viewer) is some thousand times a real NDCG's spread (about 0.01 per
+query), and noise sized for it would make σ² noise (measured: weighted coverage 0.85
+for white at 100,000 members). The assumption is that the joined viewers spread as all
+the Test-Client's viewers do; the Tester learns σ² and Σ d² of the Test-Client's whole
+table (design §9.1).
 """
 from __future__ import annotations
 
@@ -57,9 +70,25 @@ def capped_viewers(query_viewer: np.ndarray, query_ndcg: np.ndarray, n_viewers: 
     return sums, kept, int(len(query_viewer) - len(keep)), int((counts > cap).sum())
 
 
+#: the Test-Client's facts the interval under release noise reads (`spread_facts`)
+SPREAD_INFO = "spread_per_query"
+SQUARED_QUERIES_INFO = "queries_squared"
+
+
+def spread_facts(sums: np.ndarray, kept: np.ndarray) -> dict:
+    """Over all the Test-Client's viewers (f their NDCG sums around ½, d their kept
+    queries): the spread per query σ² = Σ (f − c·d)²/Σ d around their mean c = Σ f/Σ d,
+    and Σ d² (module docstring, "Interval under release noise")."""
+    total = float(kept.sum())
+    centre = float(sums.sum()) / total if total > 0 else 0.0
+    spread = float(((sums - centre * kept) ** 2).sum() / total) if total > 0 else 0.0
+    return {SPREAD_INFO: round(spread, 9), SQUARED_QUERIES_INFO: int((kept.astype(np.int64) ** 2).sum())}
+
+
 class MqosNdcg(Metric):
     name = "mqos-ndcg"
     corrects = True
+    moment_interval = True
     description = "minimum quality of service: per-group mean NDCG of the viewers' queries"
     numeric_columns = ("rank", "relevance")
     text_columns = ("query_id",)
@@ -85,6 +114,15 @@ class MqosNdcg(Metric):
         return (Component("ndcg_sum", VALUE_BITS, (cap << VALUE_BITS) // 2 + 1),
                 Component("queries", VALUE_BITS, cap << VALUE_BITS))
 
+    def moment_shape(self, option, params, info, layout):
+        """The spread per query and κ = Σ d²/Σ d, from the Test-Client's own facts
+        (module docstring, "Interval under release noise")."""
+        shape = super().moment_shape(option, params, info, layout)
+        queries = max(int(info.get("queries", 0)), 1)
+        shape["spread"] = float(info.get(SPREAD_INFO, 0.0))
+        shape["den_square"] = max(float(info.get(SQUARED_QUERIES_INFO, queries)) / queries, 1.0)
+        return shape
+
     def client_rows(self, frame, file, option, params, rng):
         v = viewer_ndcg(ranked_lists(frame, file, one_viewer_per_query=True))
         sums, kept, dropped, capped = capped_viewers(v.query_viewer, v.query_ndcg, len(v.viewer_ids),
@@ -92,12 +130,16 @@ class MqosNdcg(Metric):
         info = {"queries": int(v.total_queries) - dropped, "viewers": len(v.viewer_ids),
                 "zero_idcg_queries": int(v.zero_idcg_queries), "queries_dropped": dropped,
                 "viewers_capped": capped}
+        info.update(spread_facts(sums, kept))
         return ClientRows(ids=(np.asarray(v.viewer_ids, dtype=object),),
                           values=np.column_stack([sums, kept.astype(np.float64)]), info=info)
 
     def check_info(self, info, strata_labels):
         if min(int(info.get("queries_dropped", 0)), int(info.get("viewers_capped", 0))) < 0:
             raise ValueError("dropped queries")
+        spread, squared = float(info.get(SPREAD_INFO, 0.0)), int(info.get(SQUARED_QUERIES_INFO, 0))
+        if not (0.0 <= spread <= MAX_QUERIES_PER_VIEWER) or squared < 0:
+            raise ValueError("spread per query")
 
     def plan(self, groups, strata_labels, layout, option, params, info):
         base = super().plan(groups, strata_labels, layout, option, params, info)

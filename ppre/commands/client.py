@@ -28,6 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="directory of datasets NAME.csv / NAME.parquet (env PPRE_CLIENT_DATA_DIR)")
     s.add_argument("--dataset", action="append", default=[], metavar="NAME=FILE",
                    help="a named dataset file (repeatable)")
+    s.add_argument("--accept-noiseless", action="store_true",
+                   default=os.environ.get("PPRE_ACCEPT_NOISELESS", "") == "1",
+                   help="finish audits whose aggregates carry no release noise (a Tester with its release "
+                        "controls off); refused by default (env PPRE_ACCEPT_NOISELESS=1)")
     add_service_arguments(s)
     add_tls_arguments(s, "client")
     add_names_argument(s, "--allow-tester", "PPRE_ALLOW_TESTERS", "tester.ppre.local",
@@ -52,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from ppre.config import client_columns
     registry = DatasetRegistry(args.data_dir, _named(args.dataset), client_columns(args))
     config = ClientConfig(registry, settings=link_settings(args), max_sessions=args.max_sessions, tls=tls,
-                          allowed_testers=parse_names(args.allow_tester), executor=make_executor(args))
+                          allowed_testers=parse_names(args.allow_tester), executor=make_executor(args),
+                          accept_noiseless=args.accept_noiseless)
     server, port, servicer = serve(config, args.port, args.host)
     security = (f"mutual TLS as {tls.identity}; Testers allowed: {', '.join(config.allowed_testers)}"
                 if tls is not None else "INSECURE plaintext")

@@ -27,8 +27,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_release_arguments(s)
     s.add_argument("--buckets", type=int, default=int(os.environ.get("PPRE_BOOTSTRAP_BUCKETS", "128")))
     s.add_argument("--audit-log", default=os.environ.get("PPRE_AUDIT_LOG"),
-                   help="append every audit request and its outcome to this hash-chained log "
+                   help="append every audit request and its outcome to this keyed, chained log "
                         "(no member-level data; check it with `ppre log verify`) (env PPRE_AUDIT_LOG)")
+    s.add_argument("--audit-log-key", default=os.environ.get("PPRE_AUDIT_LOG_KEY_FILE"), metavar="FILE",
+                   help="the audit log's HMAC key, outside the log's directory; created (mode 0600) for a new "
+                        "log (needed with --audit-log; env PPRE_AUDIT_LOG_KEY_FILE)")
+    s.add_argument("--audit-log-head", default=os.environ.get("PPRE_AUDIT_LOG_HEAD"), metavar="FILE",
+                   help="after each record write the log's head (count and last MAC) here, for `ppre log verify "
+                        "--expect-head` (default: the key file's path + .head; env PPRE_AUDIT_LOG_HEAD)")
     s.add_argument("--history", default=os.environ.get("PPRE_TESTER_HISTORY"), metavar="FILE",
                    help="keep every finished audit's result (aggregates only) in this SQLite run history, "
                         "for `ppre runs list/show --tester` (env PPRE_TESTER_HISTORY; default: none)")
@@ -81,6 +87,8 @@ def run_validate_bisg(args: argparse.Namespace) -> int:
     import json
 
     from tester_service.bisg_validation import format_report, validate
+    from common.memory import protect_process
+    protect_process()  # the members and their Self-ID answers are in memory (design §7)
     states = tuple(x.strip() for x in args.excluded_states.split(",") if x.strip())
     report = validate(args.members, args.self_id, geo=args.geo, first_names=args.first_names, bins=args.bins,
                       min_bin_count=args.min_bin_count, excluded_states=states, opt_out_column=args.opt_out_column)
@@ -128,9 +136,17 @@ def add_release_arguments(s: argparse.ArgumentParser, local: bool = False) -> No
                    metavar="RHO", help=f"total rho per Test-Client identity, across audits and dataset names "
                                        f"(default {r.DEFAULT_BUDGET:g}; 'inf': unlimited)")
     where = ("default: the user's data directory; one budget per pair of input files, keyed by a digest of their "
-             "contents" if local else "default: in memory, reset on restart")
+             "contents" if local else "needed with release noise on, unless --ephemeral-budget")
     s.add_argument("--privacy-ledger", default=env("PPRE_PRIVACY_LEDGER"), metavar="FILE",
                    help=f"keep the rho spent per Test-Client here ({where}; env PPRE_PRIVACY_LEDGER)")
+    if not local:
+        s.add_argument("--max-refusals", type=int, default=env("PPRE_MAX_REFUSALS", str(r.DEFAULT_MAX_REFUSALS)),
+                       metavar="N", help=f"refuse every audit of a Test-Client identity once N of its audits were "
+                                         f"refused for their intersection (default {r.DEFAULT_MAX_REFUSALS}; "
+                                         f"counted in the --privacy-ledger; env PPRE_MAX_REFUSALS)")
+        s.add_argument("--ephemeral-budget", action="store_true", default=env("PPRE_EPHEMERAL_BUDGET", "") == "1",
+                       help="keep the privacy budget in memory only: a restart resets it and every Test-Client "
+                            "may spend its budget again (for tests and demos; env PPRE_EPHEMERAL_BUDGET=1)")
     if local:
         s.add_argument("--privacy-identity", default=env("PPRE_PRIVACY_IDENTITY"), metavar="NAME",
                        help="charge every local audit to this one Test-Client identity instead of the pair of "
@@ -157,9 +173,48 @@ def release_settings(args: argparse.Namespace, local: bool = False):
         policy = ReleasePolicy.off()
         return policy, PrivacyAccountant(policy.budget)
     policy = ReleasePolicy(min_intersection=args.min_intersection, min_effective_size=args.min_effective_size,
-                           rho=args.noise_rho, budget=args.privacy_budget)
+                           rho=args.noise_rho, budget=args.privacy_budget,
+                           **({} if local else {"max_refusals": args.max_refusals}))
+    if not local:
+        require_ledger(args, policy)
     ledger = args.privacy_ledger or (local_ledger_path() if local else None)
     return policy, PrivacyAccountant(policy.budget, ledger, identity="local Test-Client" if local else None)
+
+
+#: why `ppre tester serve` with release noise refuses to start without a ledger
+NO_LEDGER = ("with release noise on, the privacy budget must outlive a restart: give --privacy-ledger FILE "
+             "(env PPRE_PRIVACY_LEDGER; docs/privacy-ledger.md), or --ephemeral-budget to keep it in memory "
+             "only (a restart resets every Test-Client's budget)")
+
+#: printed on stderr when a service with noise on keeps its budget in memory
+EPHEMERAL_WARNING = ("WARNING: --ephemeral-budget: the privacy budget is kept in memory only; a restart resets "
+                     "what every Test-Client has spent")
+
+
+def require_ledger(args: argparse.Namespace, policy) -> None:
+    """A service with noise on and a finite budget keeps the budget in a ledger file,
+    unless the operator said in so many words that a restart may reset it
+    (docs/privacy-ledger.md)."""
+    import math
+    if (policy.rho > 0 and math.isfinite(policy.budget) and not args.privacy_ledger
+            and not getattr(args, "ephemeral_budget", False)):
+        raise InputError(NO_LEDGER, parameter="--privacy-ledger")
+    if policy.rho > 0 and not args.privacy_ledger and getattr(args, "ephemeral_budget", False):
+        import sys
+        print(EPHEMERAL_WARNING, file=sys.stderr, flush=True)
+
+
+def audit_log(args: argparse.Namespace):
+    """The keyed audit log of `--audit-log` (tester_service.audit_log), checked before
+    anything listens; None without --audit-log."""
+    from tester_service.audit_log import AuditLog
+    if not args.audit_log:
+        return None
+    if not args.audit_log_key:
+        raise InputError("the audit log is keyed: give --audit-log-key FILE (env PPRE_AUDIT_LOG_KEY_FILE), a file "
+                         "outside the log's directory; it is created (mode 0600) for a new log",
+                         parameter="--audit-log-key")
+    return AuditLog.keyed(args.audit_log, args.audit_log_key, args.audit_log_head)
 
 
 def preparation_config(args: argparse.Namespace):
@@ -183,17 +238,17 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.probabilities) == bool(args.members):
         raise InputError("give exactly one of --probabilities (a prepared table) and --members",
                          parameter="--probabilities/--members")
-    from tester_service.audit_log import AuditLog
     from common.tls import parse_names
     from ppre.config import tester_columns
     columns = tester_columns(args)  # --id-column, --column: how the files name PPRE's columns
     tls = tls_identity(args)
+    release = release_settings(args)  # refused here without a ledger (noise on), before any file is made
     service = dict(n_buckets=args.buckets, settings=link_settings(args), max_sessions=args.max_sessions,
-                   audit_log=AuditLog(args.audit_log) if args.audit_log else None, tls=tls,
+                   audit_log=audit_log(args), tls=tls,
                    allowed_operators=parse_names(args.allow_operator), client_name=args.client_identity)
     service["history"] = args.history or None  # opened (and its schema checked) before anything listens
     service["executor"] = make_executor(args)
-    service["release"], service["accountant"] = release_settings(args)
+    service["release"], service["accountant"] = release
     if args.probabilities:
         mapping = preparation_config(args).group_mapping
         config = TesterConfig.from_probability_file(args.client, args.probabilities, mapping, columns=columns,

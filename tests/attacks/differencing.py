@@ -9,8 +9,9 @@ positives and negatives,
     FPR_A = F_j / Δ_j,   FPR_B = (F_j + p_tj) / (Δ_j + p_tj)
     =>  p_tj = Δ_j · (FPR_B − FPR_A) / (1 − FPR_B),
 
-with Δ_j taken from public BISG of the decoys' negatives. The Tester redraws randomized
-response and clipping in every audit, so a Self-ID decoy's vector can change between A
+with Δ_j taken from public BISG of the decoys' negatives. The Tester redraws clipping in
+every audit (randomized response is drawn once per Tester epoch, and each `ppre audit
+--local` is its own epoch), so a Self-ID decoy's vector can change between A
 and B_t (a Self-ID false positive that flips moves a whole unit between two groups'
 numerators, as much as the target itself): that, not the cryptography, is the noise
 this attack meets with the defences off. The attacker beats it by repetition: `repeats`
