@@ -44,12 +44,12 @@ RUN if ! command -v python3 >/dev/null 2>&1; then \
 # Unprivileged runtime user; data is mounted read-only under /data. /certs is where the
 # compose file's one-shot `ppre certs init /certs` writes the TLS certificates, and
 # /var/lib/ppre the Tester's privacy ledger and audit log, /var/lib/ppre-keys the audit
-# log's key (outside the log's directory): owned by ppre, so a fresh named volume mounted
-# there is too.
+# log's key (outside the log's directory), /var/lib/ppre-results the Test-Client's
+# results: owned by ppre, so a fresh named volume mounted there is too.
 RUN groupadd --system --gid 10001 ppre \
  && useradd --system --uid 10001 --gid ppre --home-dir /home/ppre --create-home --shell /usr/sbin/nologin ppre \
- && mkdir -p /data /certs /var/lib/ppre /var/lib/ppre-keys \
- && chown ppre:ppre /data /certs /var/lib/ppre /var/lib/ppre-keys
+ && mkdir -p /data /certs /var/lib/ppre /var/lib/ppre-keys /var/lib/ppre-results \
+ && chown ppre:ppre /data /certs /var/lib/ppre /var/lib/ppre-keys /var/lib/ppre-results
 
 # ---- build: install ppre into the venv (sources and wheels stay in this stage) ------
 FROM runtime AS build

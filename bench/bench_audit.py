@@ -198,8 +198,10 @@ def main() -> int:
         wait_healthy(f"127.0.0.1:{tester_port}", procs["tester"], tls=operator)
         memory = PeakMemory({name: p.pid for name, p in procs.items()})
         memory.start()
+        # recipient tester: the estimates come back to this operator (with "client" only
+        # the Test-Client's side holds them)
         request = pb.AuditRequest(metric="ero", client_dataset="ero", bootstrap=args.bootstrap, confidence=0.95,
-                                  has_seed=True, seed=1)
+                                  has_seed=True, seed=1, result_recipient="tester")
         last = {"phase": None}
 
         def show(p):

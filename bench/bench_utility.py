@@ -148,7 +148,8 @@ def audit(metric: str, folder: Path, *, controls: bool, bootstrap: int, seed: in
         proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - start
     if proc.returncode != 0 or not proc.stdout.strip():
-        raise RuntimeError(f"{metric} audit failed (exit {proc.returncode}): {proc.stderr.strip()[-800:]}")
+        said = proc.stdout.strip()[-800:] if proc.stdout.strip().startswith('{"error"') else proc.stderr.strip()[-800:]
+        raise RuntimeError(f"{metric} audit failed (exit {proc.returncode}): {said}")
     return json.loads(proc.stdout), wall
 
 

@@ -12,7 +12,8 @@ Com.Enc_sk2(RO(id)) (two for pair metrics), HE.Enc(packed values), and where the
 metric has them a resampling bucket (its units, e.g. queries, mapped to random
 buckets here, so P1 never sees a query id) and a stratum; (MQOS-AUC exact: square
 P1's additively masked sums); 7 decrypt the masked cells and either finish the
-result (P2 learns it) or return the masked plaintexts.
+result (P2 learns it and keeps it: only its timings go back, design §3.7) or return the
+masked plaintexts.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import collections
 import enum
 import json
 import secrets
+from dataclasses import replace
 from functools import partial
 from typing import Callable, Iterable, Iterator
 
@@ -31,7 +33,7 @@ from common.correction import finish_corrected
 from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.masking import masked_ratio
 from common.metrics.base import Layout, Metric
-from common.results import finish
+from common.results import AuditReport, finish
 from common.session import PhaseClock, chunk_ticks, expect_phase
 from proto import ppre_pb2 as pb
 
@@ -70,7 +72,8 @@ class ClientSession:
                  allow_insecure: bool = False, checkpoint: Callable[[], None] | None = None,
                  progress: Callable[[str, int, int], None] | None = None,
                  max_received_bytes: int = validation.DEFAULT_MAX_RECEIVED_BYTES,
-                 executor: parallel.Executor | None = None, accept_noiseless: bool = True) -> None:
+                 executor: parallel.Executor | None = None, accept_noiseless: bool = True,
+                 deliver: Callable[[str, AuditReport], None] | None = None) -> None:
         """`checkpoint()` runs between chunks of the long steps (encryption, decryption);
         whatever it raises ends the session (the servicer stops work for a Tester that left,
         or when it shuts down). `progress(phase, done, total)` reports what the session is
@@ -81,9 +84,16 @@ class ClientSession:
         Tester's controls off, design §8.6); the service passes its operator's choice,
         `ClientConfig.accept_noiseless` (`ppre client serve --accept-noiseless`; default
         there: refuse), and this sans-I/O default serves in-process use, where one user
-        holds both sides."""
+        holds both sides. `deliver(audit_id, report)`: where a result this session
+        finishes goes (result recipient `client`, design §3.7; the service's
+        `client_service.results.ResultStore`), before the Tester hears that it is done;
+        whatever it raises fails the session. The result is also `self.result`, and only
+        its timings go to the Tester."""
         self._executor = executor or parallel.InlineExecutor()
         self._accept_noiseless = accept_noiseless
+        self._deliver = deliver
+        #: the result this session finished (result recipient `client`); None until then
+        self.result: AuditReport | None = None
         self._load_dataset = load_dataset
         self._checkpoint = checkpoint
         self._progress = progress or (lambda phase, done, total: None)
@@ -453,6 +463,14 @@ class ClientSession:
                         small_groups=[g for g in header.small_groups if g in header.groups], corrected=corrected,
                         noisy=header.plain_rows > 0)  # rows released as noised aggregates: noise on
         self._lap("finish_statistic")
+        return self._keep(report)
+
+    def _keep(self, report: AuditReport) -> list[pb.PeerMessage]:
+        """The result stays here (design §3.7): kept, then delivered; the Tester gets only
+        our timings, as the sign that the audit is done."""
+        self.result = replace(report, metric_option=self._option, result_recipient="client",
+                              audit_id=self._hello.audit_id)
+        if self._deliver is not None:
+            self._deliver(self._hello.audit_id, self.result)
         self.close()
-        return [pb.PeerMessage(client_result=pb.ClientResult(report_json=report.to_json(),
-                                                             phase_seconds=self.phase_seconds))]
+        return [pb.PeerMessage(client_result=pb.ClientResult(phase_seconds=self.phase_seconds))]

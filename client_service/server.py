@@ -25,6 +25,7 @@ import grpc
 
 from client_service.datasets import DatasetRegistry
 from client_service.protocol import ClientSession, Phase
+from client_service.results import ResultStore
 from common import channels, logs, paillier, parallel, validation
 from common import tls as tls_
 from common.admission import SessionTable
@@ -72,6 +73,9 @@ class ClientConfig:
     #: finish audits whose aggregates carry no release noise (`--accept-noiseless`); by
     #: default they are refused, so a Tester cannot switch its controls off silently
     accept_noiseless: bool = False
+    #: where finished results are kept (result recipient `client`, design §3.7): by audit
+    #: id in memory and, with `--results-dir`, in files (`client_service.results`)
+    results: ResultStore = field(default_factory=ResultStore)
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
@@ -108,7 +112,8 @@ class _Exchange:
         self.session = ClientSession(config.datasets.load, modulus_bits=config.modulus_bits,
                                      allow_insecure=config.allow_insecure, checkpoint=self.checkpoint,
                                      progress=self.progress, max_received_bytes=config.max_received_bytes,
-                                     executor=config.executor, accept_noiseless=config.accept_noiseless)
+                                     executor=config.executor, accept_noiseless=config.accept_noiseless,
+                                     deliver=config.results.keep)
         self.phases.watch(self.session.phase_seconds)  # one log line per lap of its PhaseClock
 
     def progress(self, phase: str, done: int = 0, total: int = 0) -> None:
@@ -154,6 +159,9 @@ class _Exchange:
                 if session.phase is Phase.DONE:
                     outcome = "result"
                     log.info("audit session on dataset %r finished", session.dataset)
+                    if session.result is not None:  # result recipient client: ours alone (design §3.7)
+                        where = self.config.results.path(self.audit_id)
+                        log.info("result kept: %s", where if where is not None else "in memory only")
                     return
         except (_CallEnded, grpc.RpcError):
             # The call is already over: nothing can be sent, and yielding into a dead call

@@ -317,6 +317,18 @@ class AuditReport:
     #: how the Tester coarsened the six races into the groups ("hsm=black+hispanic+aian,…";
     #: `common.races.GroupMapping`), "" for none
     group_mapping: str = ""
+    #: "client" on the Tester's receipt of an audit whose result only the Test-Client
+    #: holds (result recipient `client`, design §3.7): no groups, cells, curves,
+    #: differences or verdict, only the Tester's own facts; "" on a result
+    delivered_to: str = ""
+    #: the audit's id (common.logs) on a receipt and on the Test-Client's kept result, by
+    #: which the Test-Client's copy is found (`ppre client serve --results-dir`); "" otherwise
+    audit_id: str = ""
+
+    @property
+    def is_receipt(self) -> bool:
+        """Whether this is the Tester's receipt, not a result (`delivered_to`)."""
+        return bool(self.delivered_to)
 
     def group(self, name: str) -> GroupResult:
         return next(g for g in self.groups if g.group == name)
@@ -396,6 +408,10 @@ class AuditReport:
             d["correction"] = self.correction
         if self.group_mapping:
             d["group_mapping"] = self.group_mapping
+        if self.delivered_to:
+            d["delivered_to"] = self.delivered_to
+        if self.audit_id:
+            d["audit_id"] = self.audit_id
         return d
 
     def _entry(self, part) -> dict:
@@ -457,7 +473,8 @@ class AuditReport:
                 phase_seconds={str(k): float(s) for k, s in d.get("phase_seconds", {}).items()},
                 preparation={str(k): float(s) for k, s in d.get("preparation", {}).items()},
                 release=dict(d.get("release", {})), correction=dict(d.get("correction", {})),
-                group_mapping=str(d.get("group_mapping", "")))
+                group_mapping=str(d.get("group_mapping", "")), delivered_to=str(d.get("delivered_to", "")),
+                audit_id=str(d.get("audit_id", "")))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"the result is malformed ({type(exc).__name__}: {exc})") from None
 
@@ -489,7 +506,10 @@ class AuditReport:
     def to_table(self) -> str:
         """The result as plain-text tables: every column as wide as its longest value
         (columns never run together); `inf.` marks an informative estimate (interval
-        half-width at most INFORMATIVE_SHARE·τ) with "yes", else "no"."""
+        half-width at most INFORMATIVE_SHARE·τ) with "yes", else "no". A receipt is one
+        line: where the result went."""
+        if self.is_receipt:
+            return receipt_line(self)
         pct = f"{self.confidence:.0%}"
         how = (f"{pct} CIs from the released second moments ({self.bootstrap} parametric draws)"
                if self.intervals_from_moments else
@@ -978,6 +998,42 @@ def _entries(cells, values, low, high, bounds, pair_bounds, tau):
         out.append((_clip(values[0, c], rng), _clip(low[c], rng), _clip(high[c], rng),
                     is_informative(low[c], high[c], tau)))
     return out
+
+
+#: what the Tester adds to a result it passes on, and all a receipt holds beside the
+#: audit's settings (design §3.7): its own facts, never an estimate
+TESTER_FACTS = ("metric", "metric_option", "n_matched", "result_recipient", "tau", "phase_seconds", "preparation",
+                "release", "group_mapping")
+#: a receipt's verdict message, and the first words of its one line
+DELIVERED = "result delivered to the Test-Client"
+
+
+def receipt(*, metric: str, option: str, bootstrap: int, confidence: float, interval: str, tau: float,
+            params: dict[str, Any], audit_id: str) -> AuditReport:
+    """The Tester's receipt of an audit whose result only the Test-Client holds (result
+    recipient `client`, design §3.7): the audit's settings and id; no group, cell,
+    curve, difference or verdict. The Tester adds its own facts (`TESTER_FACTS`)."""
+    verdict = Verdict(rule="", tau=tau, severity="", significant=False, flagged=False, compared=None,
+                      message=f"{DELIVERED}; audit id {audit_id}")
+    return AuditReport(metric=metric, metric_option=option, n_matched=0, bootstrap=bootstrap, confidence=confidence,
+                       interval=interval, groups=[], verdict=verdict, params=dict(params), tau=tau,
+                       delivered_to="client", audit_id=audit_id)
+
+
+def receipt_line(report: AuditReport) -> str:
+    """A receipt in one line: where the result is, and how to read it there."""
+    return (f"{DELIVERED} (result recipient client); audit id {report.audit_id}; metric {report.metric}, "
+            f"joined rows {report.n_matched}; read it there: ppre client serve --results-dir DIR keeps it "
+            f"in DIR/{report.audit_id}.json")
+
+
+def delivered(receipt_: AuditReport, result: AuditReport) -> AuditReport:
+    """The Test-Client's result with the Tester's facts from its receipt: what one user who
+    holds both sides sees (local mode, design §3.7), as the Tester finished it before."""
+    if result.audit_id and receipt_.audit_id and result.audit_id != receipt_.audit_id:
+        raise ValueError(f"the result is audit {result.audit_id}'s, the receipt audit {receipt_.audit_id}'s")
+    return replace(result, delivered_to="", audit_id="",
+                               **{name: getattr(receipt_, name) for name in TESTER_FACTS})
 
 
 def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, tau: float,

@@ -26,7 +26,8 @@ checks the content, and an error state sticks. In order:
    noise standard deviations: `tester_service.release`), points (32-byte
    canonical u-coordinates on Curve25519, not of small order), ciphertexts (0 < c < n^2,
    gcd(c, n) = 1), key sizes (`min_modulus_bits` .. `MAX_MODULUS_BITS`), resampling
-   buckets and strata in range, the result and masked plaintexts against the audit.
+   buckets and strata in range, the Test-Client's timings (never a result: design §3.7) and
+   masked plaintexts against the audit.
 
 The two tables of a million rows whose points are multiplied by the receiver (the
 Tester's rows at the Test-Client, the Test-Client's rows at the Tester) are the one
@@ -56,7 +57,6 @@ from common.errors import EncodingOverflowError, InputError, PeerAborted, Protoc
 from common.logs import valid_audit_id
 from common.metrics import get_metric
 from common.metrics.base import SECOND_MOMENTS
-from common.results import AuditReport
 from common.session import PhaseError
 from common.symmetric import sealed_width
 from proto import ppre_pb2 as pb
@@ -370,21 +370,17 @@ class TesterInbound(Gate):
     def _table_end(self, s, end: pb.TableEnd) -> None:
         s._reader.check_end(end, expected=self._expected_rows(s, s._reader.table))
 
-    def _client_result(self, s, res: pb.ClientResult):
+    def _client_result(self, s, res: pb.ClientResult) -> None:
+        """The Test-Client's "done": its timings only. Under result recipient `client` the
+        result is the Test-Client's alone (design §3.7, §9.1): one sent along is refused,
+        unread, so that no Tester code path parses, keeps or relays it."""
         if s.spec.result_recipient != "client":
             raise ProtocolError("a result was sent although only the Tester may learn it")
+        if res.report_json:
+            raise ProtocolError("the Test-Client sent its result; under result recipient client it keeps the "
+                                "result and sends only its timings")
         check_seconds(res.phase_seconds)
-        try:
-            report = AuditReport.from_json(res.report_json)
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as exc:
-            raise ProtocolError(f"the result is malformed ({type(exc).__name__})") from None
-        if report.metric != s.spec.metric or report.bootstrap != s._replicates() \
-                or report.interval != s._interval():
-            raise ProtocolError("the result does not describe this audit")
-        expected = [c.group for c in s._plan.cells if c.kind == "group"]
-        if [g.group for g in report.groups] != expected:
-            raise ProtocolError("the result's groups do not match the audit's groups")
-        return report
+        return None
 
     def _masked_plaintexts(self, s, mp: pb.MaskedPlaintexts) -> list[int]:
         if s.spec.result_recipient != "tester":

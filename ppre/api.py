@@ -75,7 +75,11 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
     per-row work (default: inline). `on_progress(progress)`: called with each
     `Progress` event. `tester_columns`, `client_columns`: the column mappings (our
     column name -> the file's or DataFrame's, as `--tester-column` / `--client-column`
-    give them: ``client_columns={"member_id": "Member ID", "y_pred": "prediction"}``)."""
+    give them: ``client_columns={"member_id": "Member ID", "y_pred": "prediction"}``).
+    `result_recipient`: who finishes the result (design §3.7); with `"client"` the
+    Test-Client keeps it and the Tester a receipt, and since this process holds both
+    sides the result returned is the Test-Client's with the Tester's facts
+    (`ppre.local`), as with `"tester"`. The run history keeps the Tester's receipt."""
     from client_service.datasets import DatasetRegistry
     from common.errors import InputError
     from ppre.local import local_services

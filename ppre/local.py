@@ -7,17 +7,24 @@ nothing is written to disk), with the Tester's, the Test-Client's and the operat
 certificates, and the two addresses are remembered (`channels.remember_dial`) so that
 `run_audit(services.tester_address, ...)` in this process presents the operator's
 certificate. `tls=False` runs plaintext (no identities), for tests that need it.
+
+Under result recipient `client` the Test-Client keeps the result and the Tester ends
+with a receipt (design §3.7); here one user holds both sides, so `run_audit` on these
+services returns the Test-Client's kept result with the Tester's facts
+(`delivered_result`): what a local user sees does not depend on where it was finished.
 """
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pandas as pd
 
 from client_service.datasets import DatasetRegistry
+from client_service.results import ResultStore
 from client_service.server import ClientConfig, ClientServicer
 from client_service.server import serve as serve_client
 from common import paillier
@@ -28,7 +35,8 @@ from common.tls import TESTER_IDENTITY, DevCA, TlsIdentity
 from common import bootstrap as boot
 from tester_service.history import RunHistory
 from tester_service.release import PrivacyAccountant, ReleasePolicy
-from tester_service.server import TesterConfig, TesterServicer
+from proto import ppre_pb2 as pb
+from tester_service.server import TesterConfig, TesterServicer, forget_local_results, remember_local_results
 from tester_service.server import serve as serve_tester
 
 
@@ -65,7 +73,8 @@ def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: Dat
                    accountant: PrivacyAccountant | None = None,
                    tls: bool = True, executor: Executor | None = None,
                    history: RunHistory | str | Path | None = None,
-                   accept_noiseless: bool = True) -> Iterator[LocalServices]:
+                   accept_noiseless: bool = True,
+                   results: ResultStore | None = None) -> Iterator[LocalServices]:
     """`max_sessions`: the (Tester, Test-Client) session limits. `release`: the Tester's
     release controls (default: the secure defaults); `accountant`: where the Tester keeps
     the privacy budget it spends (default: in memory, for these services' lifetime).
@@ -76,7 +85,9 @@ def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: Dat
     Tester's run history (a path or a RunHistory; default none: nothing is kept).
     `accept_noiseless`: the Test-Client finishes aggregates without release noise
     (`ClientConfig.accept_noiseless`): on here, where one user holds both sides and chose
-    the Tester's controls too (`ppre client serve` refuses them by default).
+    the Tester's controls too (`ppre client serve` refuses them by default). `results`:
+    where the Test-Client keeps finished results (default: in memory; `run_audit` on
+    these services takes them from there, module docstring).
     This process is protected first (`common.memory.protect_process`: no core dump, not
     dumpable), as each service's is."""
     from common import memory
@@ -87,7 +98,8 @@ def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: Dat
                                             for role in ("tester", "client", "operator"))
     client_config = ClientConfig(datasets, modulus_bits=modulus_bits, allow_insecure=allow_insecure,
                                  settings=settings, max_sessions=max_sessions[1], tls=client_tls,
-                                 executor=executor, accept_noiseless=accept_noiseless)
+                                 executor=executor, accept_noiseless=accept_noiseless,
+                                 results=results if results is not None else ResultStore())
     client_server, client_port, client_servicer = serve_client(client_config, 0, host="127.0.0.1",
                                                                interceptors=client_interceptors)
     client_address = f"127.0.0.1:{client_port}"
@@ -101,13 +113,32 @@ def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: Dat
         # this process dials the Tester as the operator, and the Test-Client as the Tester does
         channels.remember_dial(tester_address, operator_tls, TESTER_IDENTITY)
         channels.remember_dial(client_address, tester_tls, tester_config.client_name)
+    remember_local_results(tester_address, partial(delivered_result, client_config.results))
     try:
         yield LocalServices(tester_address, client_address, tester_config, client_config,
                             client_servicer, tester_servicer, pki=pki, operator_tls=operator_tls)
     finally:
+        forget_local_results(tester_address)
         channels.forget_dial(tester_address)
         channels.forget_dial(client_address)
         # A bounded stop: cancel what is still running, and never wait forever on a
         # call that gRPC failed to finish (the process exits anyway).
         for server in (tester_server, client_server):
             server.stop(grace=0).wait(STOP_WAIT_S)
+
+
+def delivered_result(results: ResultStore, event: pb.AuditEvent) -> pb.AuditEvent:
+    """A result event from these services' Tester as the local user sees it: a receipt
+    (result recipient `client`) replaced by the Test-Client's kept result, taken from its
+    store by the audit's id, with the Tester's facts (`common.results.delivered`);
+    anything else unchanged. The run id stays the Tester's (its history keeps the receipt)."""
+    from common.results import AuditReport, delivered
+    kept = AuditReport.from_proto(event.result)
+    if not kept.is_receipt:
+        return event
+    result = results.pop(kept.audit_id)
+    if result is None:
+        return pb.AuditEvent(error=pb.AuditError(
+            code="internal", message=f"the Test-Client holds no result for audit {kept.audit_id}"))
+    merged = delivered(kept, result)
+    return pb.AuditEvent(result=pb.AuditResult(report_json=merged.to_json(), run_id=event.result.run_id))

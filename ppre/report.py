@@ -1207,7 +1207,28 @@ def render_html(report: "AuditReport", *, run_id: str | None = None,
     day = generated.astimezone(_dt.timezone.utc).strftime("%Y-%m-%d")
     title = _metric_title(report)
     desc = _metric_description(report.metric)
-    sections = [
+    if report.is_receipt:  # result recipient client: the result is the Test-Client's (design §3.7)
+        sections = [receipt_section(report), parameters_section(report), counts_section(report)]
+    else:
+        sections = _result_sections(report)
+    toc = [(sid, words) for sid, words in (
+        ("verdict", "Verdict"), ("receipt", "Where the result is"), ("groups", "Estimates by group"),
+        ("pairs", "Pair cells"), ("curves", "Curves"),
+        ("pools", "Pools"), ("differences", "Differences"), ("parameters", "Parameters"), ("counts", "Counts"),
+        ("provenance", "Provenance")) if any(f'id="{sid}"' in s for s in sections)]
+    return _page(report, sections, toc, run_id=run_id, when=when, day=day, title=title, desc=desc)
+
+
+def receipt_section(report: "AuditReport") -> str:
+    """A receipt's one line: the result went to the Test-Client, and where to read it."""
+    from common.results import receipt_line
+    return ('<section class="verdict" id="receipt" aria-labelledby="receipt-h">'
+            '<h2 id="receipt-h">Result delivered to the Test-Client</h2>'
+            f'<p class="explain">{_e(receipt_line(report))}</p></section>')
+
+
+def _result_sections(report: "AuditReport") -> list[str]:
+    return [
         verdict_section(report),
         groups_section(report),
         cells_section(report),
@@ -1218,10 +1239,10 @@ def render_html(report: "AuditReport", *, run_id: str | None = None,
         counts_section(report),
         provenance_section(report),
     ]
-    toc = [(sid, words) for sid, words in (
-        ("verdict", "Verdict"), ("groups", "Estimates by group"), ("pairs", "Pair cells"), ("curves", "Curves"),
-        ("pools", "Pools"), ("differences", "Differences"), ("parameters", "Parameters"), ("counts", "Counts"),
-        ("provenance", "Provenance")) if any(f'id="{sid}"' in s for s in sections)]
+
+
+def _page(report: "AuditReport", sections: list[str], toc: list[tuple[str, str]], *, run_id: str | None,
+          when: str, day: str, title: str, desc: str) -> str:
     meta = [f"<span>{_e(when)}</span>",
             f"<span>{_e(_count(report.n_matched))} joined rows</span>",
             f"<span>{_e(_interval_words(report))}</span>"]

@@ -12,8 +12,9 @@ HE.Enc(values) and, where the metric has them, a resampling bucket and a plainte
 stratum; 5 doubly encrypt, join (a row is kept when all its members are found), delete
 every id, then open the probability vectors; 6 weight, aggregate per bucket (and
 stratum), build the bootstrap replicates (or random groups), mask, rerandomise and
-send; 7 receive P2's result (P2 learns it) or the decrypted masked values (only P1
-learns it) and unmask. The metric (`common.metrics`) decides the rows, weights, cells
+send; 7 receive P2's "done" (P2 learns and keeps the result; `result` is then a
+receipt, design §3.7) or the decrypted masked values (only P1 learns it) and unmask.
+The metric (`common.metrics`) decides the rows, weights, cells
 and verdict; a metric without HE (probabilistic count) ends after step 5, at P1.
 MQOS-AUC exact adds a round trip between 6 and 7: P2 squares additively masked sums.
 Release controls (design §8, `tester_service.release`) act at the end of step 5 (the
@@ -43,7 +44,7 @@ from common.masking import AdditiveMask, RatioMask
 from common.metrics import correcting_metrics, get_metric
 from common.metrics.base import SECOND_MOMENTS, Layout, composite_items, sensitivity_rows
 from common.correction import finish_corrected
-from common.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, AuditReport, finish, small_for_verdict
+from common.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, AuditReport, finish, receipt, small_for_verdict
 from common.session import PhaseClock, chunk_ticks, expect_phase
 from common.symmetric import RowSealer, sealed_width
 from proto import ppre_pb2 as pb
@@ -779,7 +780,7 @@ class TesterSession:
         if self._suppressed:
             hidden = set(self._suppressed)
             self._release_info["suppressed"] = [plan.cell_label(c) for c in plan.cells if c.item in hidden]
-            groups = {c.group for c in plan.cells if c.item in hidden and c.kind == "group"}
+            groups = {c.group for c in plan.cells if c.item in hidden and c.kind == "group" and c.group in self.groups}
             self._small_groups = sorted(set(self._small_groups) | groups)
 
     def _slot_scales(self, item, weights: list, components) -> list[int]:
@@ -947,8 +948,14 @@ class TesterSession:
         self.close()
         return []
 
-    def _on_client_result(self, res: pb.ClientResult, report: AuditReport) -> list[pb.PeerMessage]:
-        return self._finish(report, dict(res.phase_seconds))
+    def _on_client_result(self, res: pb.ClientResult, _: None) -> list[pb.PeerMessage]:
+        """Result recipient `client`: the Test-Client kept the result (design §3.7), and
+        sent its timings only (`common.validation` refuses one with a result). The
+        session ends with a receipt: the audit's settings and our own facts."""
+        kept = receipt(metric=self.spec.metric, option=self.spec.metric_option, bootstrap=self._replicates(),
+                       confidence=self.spec.confidence, interval=self._interval(), tau=self.spec.tau,
+                       params=self.params, audit_id=self.audit_id)
+        return self._finish(kept, dict(res.phase_seconds))
 
     def _on_masked_plaintexts(self, mp: pb.MaskedPlaintexts, values: list[int]) -> list[pb.PeerMessage]:
         self._masked_values += values

@@ -451,8 +451,9 @@ class _AuditRun:
 def audit_record(request: pb.AuditRequest, who: str, final: pb.AuditEvent | None, n_matched: int,
                  refusal: str = "", client: str = "") -> dict:
     """One audit log record: who, for which Test-Client, what was asked, and the outcome;
-    never member-level data (the result only as a digest of what the operator received,
-    and the privacy budget it spent)."""
+    never member-level data (the result only as a digest of what the Tester sent the
+    operator: under result recipient `client` its receipt, design §3.7; and the privacy
+    budget it spent)."""
     record = {
         "who": who, "client": client, "metric": request.metric, "metric_option": request.metric_option,
         "client_dataset": request.client_dataset, "parameters": request_parameters(request),
@@ -637,6 +638,22 @@ def serve(config: TesterConfig, port: int, host: str = "0.0.0.0") -> tuple[grpc.
     return server, bound, servicer
 
 
+#: loopback Testers whose Test-Client runs in this process too (`ppre.local`): address ->
+#: finisher(result event) -> the event this process's operator gets
+_LOCAL_FINISHERS: dict[str, Callable[[pb.AuditEvent], pb.AuditEvent]] = {}
+
+
+def remember_local_results(address: str, finisher: Callable[[pb.AuditEvent], pb.AuditEvent]) -> None:
+    """`run_audit(address, ...)` in this process passes its result event through
+    `finisher` (local mode, where one user holds both sides: the
+    Test-Client's kept result merged with the Tester's receipt, design §3.7)."""
+    _LOCAL_FINISHERS[address] = finisher
+
+
+def forget_local_results(address: str) -> None:
+    _LOCAL_FINISHERS.pop(address, None)
+
+
 def run_audit(address: str, request: pb.AuditRequest, *, timeout: float | None = None,
               on_progress: Callable[[pb.Progress], None] | None = None,
               settings: channels.LinkSettings | None = None, tls: tls_.TlsIdentity | None = None,
@@ -649,7 +666,19 @@ def run_audit(address: str, request: pb.AuditRequest, *, timeout: float | None =
     Every way the call can fail comes back as an error event, never an exception: a
     gRPC status as its lower-case code ("unavailable", "deadline_exceeded",
     "resource_exhausted", "permission_denied", ...), a broken event stream as "protocol_error".
-    KeyboardInterrupt (Ctrl-C) cancels the call, then propagates."""
+    KeyboardInterrupt (Ctrl-C) cancels the call, then propagates. For a Tester whose
+    Test-Client runs in this process (`remember_local_results`), the result is what
+    its finisher makes of it."""
+    final = _run_audit(address, request, timeout=timeout, on_progress=on_progress, settings=settings, tls=tls,
+                       server_name=server_name)
+    finisher = _LOCAL_FINISHERS.get(address)
+    if finisher is None or final.WhichOneof("event") != "result":
+        return final
+    return finisher(final)
+
+
+def _run_audit(address: str, request: pb.AuditRequest, *, timeout: float | None, on_progress, settings, tls,
+               server_name) -> pb.AuditEvent:
     if tls is not None and server_name is None:
         server_name = tls_.TESTER_IDENTITY
     with channels.make_channel(address, settings, tls=tls, server_name=server_name) as channel:

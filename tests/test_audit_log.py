@@ -127,7 +127,7 @@ def test_every_audit_request_is_recorded_without_member_data(tmp_path):
                         modulus_bits=TEST_BITS, allow_insecure=True, release=NO_RELEASE_CONTROLS) as svc:
         svc.tester_config.audit_log = AuditLog(log_path)
         ok = run_audit(svc.tester_address, pb.AuditRequest(metric="ero", client_dataset="ero", bootstrap=10,
-                                                           has_seed=True, seed=4))
+                                                           has_seed=True, seed=4, result_recipient="tester"))
         bad = run_audit(svc.tester_address, pb.AuditRequest(metric="ero", client_dataset="ero", bootstrap=10,
                                                             metric_option="precision"))
     assert ok.WhichOneof("event") == "result" and bad.error.code == "bad_input"

@@ -566,6 +566,7 @@ class Stack:
     def audit(self, dataset: str) -> tuple[int, dict, str]:
         argv = ppre_argv() + ["audit", "--tester", self.operator_address(), "--client-dataset", dataset,
                               "--metric", "ero", "--bootstrap", str(BOOTSTRAP), "--seed", "1", "--json",
+                              "--result-recipient", "tester",  # the operator reads the estimates
                               "--tls-dir", str(self.mounts[certs_target(self.compose)])]
         proc = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=AUDIT_TIMEOUT_S)
         lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
@@ -801,6 +802,7 @@ class DockerStack:
         port = self.ports[("tester", container_ports(services(self.compose)["tester"])[0])]
         return ppre_argv() + ["audit", "--tester", f"127.0.0.1:{port}", "--client-dataset", dataset,
                               "--metric", "ero", "--bootstrap", str(BOOTSTRAP), "--seed", "1", "--json",
+                              "--result-recipient", "tester",  # the operator reads the estimates
                               "--tls-dir", str(self.certs)]
 
     def audit(self, dataset: str = DATASET) -> tuple[int, dict, str]:
@@ -1191,15 +1193,16 @@ def test_compose_file_matches_the_cli(monkeypatch):
             if value.startswith("/"):
                 assert any(value == t or value.startswith(t.rstrip("/") + "/") for t in targets), (name, key)
         # The writable volumes: the Tester's state (privacy ledger, audit log), which must
-        # outlive a restart, and apart from it the audit log's key (and exported head); they
-        # hold no member-level data.
+        # outlive a restart, and apart from it the audit log's key (and exported head); the
+        # Test-Client's results; they hold no member-level data.
         state = {v.rsplit("/", 1)[0] for k, v in env.items() if k in ("PPRE_PRIVACY_LEDGER", "PPRE_AUDIT_LOG")}
         assert len(state) <= 1, f"{name}: the ledger and the audit log belong in one state volume"
         keys = {v.rsplit("/", 1)[0] for k, v in env.items() if k == "PPRE_AUDIT_LOG_KEY_FILE"}
         assert not ("PPRE_AUDIT_LOG" in env) or keys, f"{name}: an audit log needs PPRE_AUDIT_LOG_KEY_FILE"
         assert not (keys & state), f"{name}: the audit log's key belongs outside the log's volume"
+        results = {v for k, v in env.items() if k == "PPRE_CLIENT_RESULTS_DIR"}
         for entry in svc.get("volumes", []):
-            writable = str(entry).split(":")[1] in state | keys
+            writable = str(entry).split(":")[1] in state | keys | results
             assert str(entry).endswith(":ro") != bool(writable), f"{name}: volume {entry} should be read-only"
 
         # SIGTERM reaches the service (an init as PID 1 forwards it) and it has time to finish:

@@ -581,8 +581,8 @@ def test_sigterm_mid_audit_ends_the_session_cleanly(deploy, big, request, victim
 
 # --------------------------------------------------------------------------- concurrency
 
-def _request(dataset: str, bootstrap: int = TINY_BOOTSTRAP, seed: int = 1) -> pb.AuditRequest:
-    return pb.AuditRequest(metric="ero", client_dataset=dataset, bootstrap=bootstrap, has_seed=True, seed=seed)
+def _request(dataset: str, bootstrap: int = TINY_BOOTSTRAP, seed: int = 1, **kw) -> pb.AuditRequest:
+    return pb.AuditRequest(metric="ero", client_dataset=dataset, bootstrap=bootstrap, has_seed=True, seed=seed, **kw)
 
 
 def _proto_estimates(event) -> list:
@@ -604,13 +604,16 @@ def test_eight_concurrent_audits_match_the_lone_audit(deploy, tiny, request):
 
     tester, client = deploy.pair(tiny, tester_kw={"max_sessions": 8}, client_kw={"max_sessions": 8})
     t0 = time.monotonic()
-    alone = run_audit(tester.address, _request(tiny.name), timeout=120)
+    # result recipient tester: the operator reads the estimates from the Tester (with
+    # `client` only the Test-Client would hold them: design §3.7)
+    alone = run_audit(tester.address, _request(tiny.name, result_recipient="tester"), timeout=120)
     alone_s = time.monotonic() - t0
     assert alone.WhichOneof("event") == "result", alone
     assert tester.wait_sessions(0, DROP_S) and client.wait_sessions(0, DROP_S)
     t0 = time.monotonic()
     with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(run_audit, tester.address, _request(tiny.name), timeout=240) for _ in range(8)]
+        futures = [pool.submit(run_audit, tester.address, _request(tiny.name, result_recipient="tester"), timeout=240)
+                   for _ in range(8)]
         events = [f.result(timeout=300) for f in futures]
     together_s = time.monotonic() - t0
     kinds = [e.WhichOneof("event") for e in events]
@@ -619,8 +622,7 @@ def test_eight_concurrent_audits_match_the_lone_audit(deploy, tiny, request):
     for event in events:
         assert json.loads(event.result.report_json)["n_matched"] == N_TINY_OVERLAP
         got = _proto_estimates(event)
-        # Each audit draws fresh masks, whose noise (below the mask factor: one fixed-point
-        # unit, 2^-32 of one member's weight) moves a ratio by about 1e-11 (common.masking).
+        # Each audit draws fresh masks and pads; the ratios agree to about 1e-11 (common.masking).
         assert [g[:2] for g in got] == [g[:2] for g in reference], (got, reference)
         assert all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
                    for g, r in zip(got, reference) for a, b in zip(g[2:], r[2:])), (got, reference)

@@ -265,7 +265,12 @@ def test_only_finished_audits_are_recorded_once_and_without_member_ids(services,
     (run,) = history.list()
     assert event.result.run_id == run.run_id and history.count() == 1
     full = history.get(run.run_id)
-    assert full.report_json == event.result.report_json  # exactly what the operator received
+    # result recipient client: the Tester keeps its receipt, never an estimate (design §3.7);
+    # this process holds both sides, so its operator got the Test-Client's result
+    kept, got = AuditReport.from_json(full.report_json), AuditReport.from_json(event.result.report_json)
+    assert kept.is_receipt and kept.groups == [] and kept.differences == [] and kept.verdict.compared is None
+    assert not got.is_receipt and got.groups and got.groups[0].estimate is not None
+    assert (kept.n_matched, kept.release, kept.phase_seconds) == (got.n_matched, got.release, got.phase_seconds)
     audit_record = json.loads((tmp_path / "audit.log").read_text().splitlines()[-1])["record"]
     assert audit_record["outcome"]["result_sha256"] == full.result_sha256  # the two records of one audit
     assert (run.operator, run.client) == ("operator.ppre.local", "client.ppre.local")
@@ -295,7 +300,7 @@ def test_only_finished_audits_are_recorded_once_and_without_member_ids(services,
 def test_list_and_get_runs_over_grpc_behind_the_operator_allow_list(services, tmp_path):
     svc = services
     svc.tester_config.audit_log = AuditLog(tmp_path / "audit.log")
-    event = run_audit(svc.tester_address, _request())
+    event = run_audit(svc.tester_address, _request(result_recipient="tester"))  # the Tester holds the result
     run_id = event.result.run_id
     assert run_id
     channel, stub = _stub(svc)
@@ -356,7 +361,7 @@ def test_local_audits_and_ppre_runs_against_a_file(inputs, tmp_path, capsys, mon
     assert ppre_main(["runs", "list"]) == 0 and "no runs" in capsys.readouterr().err  # nothing yet
     assert not default.exists()
 
-    assert ppre_main(_local_audit(inputs, "--json")) == 0
+    assert ppre_main(_local_audit(inputs, "--json", "--result-recipient", "tester")) == 0  # kept in the history
     out, err = capsys.readouterr()
     report = json.loads(out)  # stdout: exactly the result, no run id in it
     assert "run_id" not in report

@@ -353,6 +353,20 @@ def test_ndcg_draws_have_the_delta_method_variance_with_one_spread_per_query():
     assert np.allclose(draws[1:, :K].var(axis=0), plug_in, rtol=0.2)
 
 
+def release_form_tap(seen: dict):
+    """A tap recording what the Test-Client is told of the release's form: whether the
+    Hello asks for squares, the header's interval, its noise sd per item slot."""
+    def tap(direction, msg):
+        kind = msg.WhichOneof("body")
+        if kind == "hello":
+            seen["squares"] = msg.hello.second_moments
+        if kind == "aggregates_header":
+            header = msg.aggregates_header
+            seen["interval"] = header.interval
+            seen["noise"] = (list(header.noise_sd), header.item_slots)
+    return tap
+
+
 @pytest.mark.slow
 def test_ndcg_audit_under_the_controls_releases_second_moments():
     """MQOS-NDCG under release noise: no squares travel, the header says "parametric",
@@ -360,19 +374,12 @@ def test_ndcg_audit_under_the_controls_releases_second_moments():
     from tests.metric_data import random_ranked_lists
     tester, _ = make_inputs(3000, 10, 0, seed=35)
     lists = random_ranked_lists(4500, np.random.default_rng(1), min_len=3, max_len=6, viewers=3000)
-    seen = {}
-
-    def tap(direction, msg):
-        kind = msg.WhichOneof("body")
-        if kind == "hello":
-            seen["squares"] = msg.hello.second_moments
-        if kind == "aggregates_header":
-            seen["interval"] = msg.aggregates_header.interval
-
+    seen: dict = {}
+    tap = release_form_tap(seen)
     spec = AuditSpec(metric="mqos-ndcg", client_dataset="d", bootstrap=200, seed=1,
                      params={"max_queries_per_viewer": "2"})
     report, _, _ = local_audit(tester, lists, spec=spec, tap=tap, release=ReleasePolicy(rho=1.0, budget=1.0))
-    assert seen == {"squares": False, "interval": "parametric"}
+    assert (seen["squares"], seen["interval"]) == (False, "parametric")
     assert report.release["interval_from"].startswith("second moments")
     assert report.info["spread_per_query"] > 0 and report.info["queries_squared"] >= report.info["queries"]
     plain, _, _ = local_audit(tester, lists, spec=spec)
@@ -392,28 +399,19 @@ def test_output_audit_under_the_controls_releases_second_moments_with_squares(mo
     tester, client = make_inputs(3000, 3000, 3000, seed=34)
     rng = np.random.default_rng(0)
     client = client.assign(outcome=np.clip(rng.normal(1.0, 0.5, len(client)), -1, 3))[["member_id", "outcome"]]
-    seen = {}
+    seen: dict = {}
+    tap = release_form_tap(seen)
 
-    def tap(direction, msg):
-        kind = msg.WhichOneof("body")
-        if kind == "hello":
-            seen["squares"] = msg.hello.second_moments
-        if kind == "aggregates_header":
-            seen["interval"] = msg.aggregates_header.interval
-            header = msg.aggregates_header
-            noise["sd"], noise["slots"] = list(header.noise_sd), header.item_slots
-
-    noise = {}
     spec = AuditSpec(metric="output", client_dataset="d", bootstrap=200, seed=1,
                      params={"outcome_range": "-1:3"})
     policy = ReleasePolicy(rho=1.0, budget=1.0)
     report, session, _ = local_audit(tester, client, spec=spec, tap=tap, release=policy,
                                      modulus_bits=modulus_bits)
-    assert seen == {"squares": True, "interval": "parametric"}
+    assert (seen["squares"], seen["interval"]) == (True, "parametric")
     # every released slot of f² is noised at the second moments' σ_m: f's bound is 2 (the
     # range's half-width), f²'s 4, so its noise is 2·σ_m/σ₀ times f's in a group item and
     # twice f's in a pair item; the pair items of f² join where f² has a ciphertext of its own
-    slots, sd = noise["slots"], noise["sd"]
+    sd, slots = seen["noise"]
     s0, sm = policy.moment_sigmas(2.0, squares=1)
     layout, plan, first_pair = session._layout, session._plan, session._correction.first_item
     (f_ct, f_slot), (sq_ct, sq_slot) = layout.position(0), layout.position(2)

@@ -287,21 +287,23 @@ def test_empty_intersection_is_refused_as_a_small_one():
     assert str(refused.value) == INTERSECTION_REFUSAL and refused.value.code == "release_refused"
 
 
-def test_tampered_result_is_refused():
+def test_a_client_result_carrying_a_result_is_a_protocol_error():
+    """Design §3.7: under result recipient client the Test-Client keeps the result; a
+    ClientResult that carries one (a modified Test-Client pushing it) is refused, unread."""
     tester, client = make_inputs(30, 30, 20)
     t = exact_session(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester, min_modulus_bits=TEST_BITS)
     c = _client(client)
 
-    def tamper(direction, msg):
+    def push(direction, msg):
         if msg.HasField("client_result"):
-            msg.client_result.report_json = msg.client_result.report_json.replace('"group": "white"',
-                                                                                  '"group": "nobody"')
-    with pytest.raises(ProtocolError, match="groups do not match"):
-        run_sessions(t, c, tap=tamper)
+            msg.client_result.report_json = c.result.to_json()  # the genuine result
+    with pytest.raises(ProtocolError, match="keeps the result"):
+        run_sessions(t, c, tap=push)
+    assert t.result is None
 
 
-@pytest.mark.parametrize("garbage", ["", "[]", "{}", '{"metric": "ero"}', "not json"])
-def test_malformed_result_is_a_protocol_error(garbage):
+@pytest.mark.parametrize("garbage", ["[]", "{}", '{"metric": "ero"}', "not json"])
+def test_any_report_in_a_client_result_is_a_protocol_error(garbage):
     tester, client = make_inputs(30, 30, 20)
     t = exact_session(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester, min_modulus_bits=TEST_BITS)
 
@@ -310,6 +312,25 @@ def test_malformed_result_is_a_protocol_error(garbage):
             msg.client_result.report_json = garbage
     with pytest.raises(ProtocolError):
         run_sessions(t, _client(client), tap=tamper)
+
+
+def test_the_tester_ends_with_a_receipt_and_the_test_client_keeps_the_result():
+    """Result recipient client (the default): the Tester's `result` is a receipt with its
+    own facts and no estimate; the Test-Client's session holds the result and hands it to
+    `deliver` under the audit's id."""
+    tester, client = make_inputs(40, 40, 30)
+    t = exact_session(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester, min_modulus_bits=TEST_BITS)
+    kept = {}
+    c = ClientSession(lambda name, metric: client, modulus_bits=TEST_BITS, allow_insecure=True,
+                      deliver=lambda audit_id, report: kept.setdefault(audit_id, report))
+    merged = run_sessions(t, c)
+    receipt = t.result
+    assert receipt.is_receipt and receipt.delivered_to == "client" and receipt.audit_id == t.audit_id
+    assert receipt.groups == [] and receipt.differences == [] and receipt.verdict.compared is None
+    assert receipt.n_matched == 30 and "total" in receipt.phase_seconds
+    assert "result delivered to the Test-Client" in receipt.to_table() and t.audit_id in receipt.to_table()
+    assert kept == {t.audit_id: c.result} and c.result.overall is not None and c.result.overall.estimate is not None
+    assert merged.n_matched == 30 and not merged.is_receipt and merged.groups == c.result.groups
 
 
 @pytest.mark.parametrize("bad", [dict(bootstrap=0), dict(confidence=1.0), dict(metric="auc"),

@@ -630,3 +630,71 @@ def test_logged_tracebacks_withhold_the_message_of_a_library_exception():
     text = out.getvalue()
     assert "M000777" not in text and "KeyError (message withheld" in text
     assert "InputError: parameter 'tau': must be positive" in text  # ours are kept
+
+
+# --------------------------------------------------------------------------- salt shares and peer payloads
+
+def _payload_needles(shares: list[bytes], payloads: list[bytes]) -> dict[str, str]:
+    """Textual forms of both salt shares and of a piece of every peer message's payload
+    (the first 16 bytes of each bytes field: points, sealed rows, ciphertexts, keys),
+    including protobuf's own text form of bytes (what logging a message would print)."""
+    from google.protobuf import text_encoding
+    out = {}
+    for kind, items in (("share", shares), ("payload", payloads)):
+        for i, b in enumerate(items):
+            piece = b[:16]
+            forms = _bytes_forms(piece) + [text_encoding.CEscape(piece, as_utf8=False)]
+            out.update({f"{kind} {i} #{j}": text for j, text in enumerate(forms) if len(text) >= 12})
+    return out
+
+
+def _message_bytes(msg: pb.PeerMessage) -> list[bytes]:
+    kind = msg.WhichOneof("body")
+    body = getattr(msg, kind) if kind else None
+    if body is None:
+        return []
+    return [value for field, value in body.ListFields() if isinstance(value, bytes) and len(value) >= 16]
+
+
+@pytest.mark.parametrize("level", [logging.DEBUG, logging.INFO, logging.WARNING])
+def test_no_salt_share_or_peer_payload_in_the_logs_at_any_level(monkeypatch, tmp_path, caplog, capfd, level):
+    """Both services in this process (real gRPC, their servicers' logging) at `level`: a
+    finished audit's logs, stdout and stderr hold neither salt share (the RO salt's
+    inputs) nor any piece of a peer message's payload."""
+    from tester_service.protocol import TesterSession as RealTester
+    monkeypatch.setenv("PPRE_WORKERS", "1")
+    caplog.set_level(level)
+    shares: list[bytes] = []
+    payloads: list[bytes] = []
+    salt = commutative.session_salt
+
+    def recording_salt(tester_share, client_share):
+        shares.extend([bytes(tester_share), bytes(client_share)])
+        return salt(tester_share, client_share)
+
+    def recording(receive):
+        def spy(self, msg):
+            payloads.extend(_message_bytes(msg))
+            return receive(self, msg)
+        return spy
+    monkeypatch.setattr(commutative, "session_salt", recording_salt)
+    monkeypatch.setattr(RealTester, "receive", recording(RealTester.receive))
+    monkeypatch.setattr(client_protocol.ClientSession, "receive", recording(client_protocol.ClientSession.receive))
+    data = tmp_path / "data"
+    data.mkdir()
+    _, _, tp, cp = write_inputs(data, 130, 120, seed=18)
+    with local_services(lambda: read_probability_table(tp), DatasetRegistry(named={"ero": cp}),
+                        modulus_bits=TEST_BITS, allow_insecure=True,
+                        release=ReleasePolicy(budget=math.inf)) as svc:
+        event = _audit(svc.tester_address, result_recipient="client")
+        assert event.WhichOneof("event") == "result", event
+    out, err = capfd.readouterr()
+    assert len(shares) == 4 and len(payloads) > 10  # both parties' salts; every table's chunks
+    if level <= logging.INFO:  # the services' logs were captured
+        assert "audit" in caplog.text
+    needles = _payload_needles(shares, payloads)
+    assert not _leaks(caplog.text, needles)
+    assert not _leaks(out + err, needles)
+    # the search would see them: a share in hex, a chunk as protobuf prints it
+    assert _leaks(f"x {shares[0].hex()} y", needles)
+    assert _leaks(str(pb.TableChunk(points=payloads[-1])), needles) or _leaks(repr(payloads[-1]), needles)

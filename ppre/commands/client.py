@@ -32,6 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    default=os.environ.get("PPRE_ACCEPT_NOISELESS", "") == "1",
                    help="finish audits whose aggregates carry no release noise (a Tester with its release "
                         "controls off); refused by default (env PPRE_ACCEPT_NOISELESS=1)")
+    s.add_argument("--results-dir", default=os.environ.get("PPRE_CLIENT_RESULTS_DIR"), metavar="DIR",
+                   help="write each audit's result (result recipient client: only this service learns it) to "
+                        "DIR/AUDIT_ID.json, mode 0600; DIR must exist and be writable; without it results are "
+                        "kept in memory only (env PPRE_CLIENT_RESULTS_DIR)")
     add_service_arguments(s)
     add_tls_arguments(s, "client")
     add_names_argument(s, "--allow-tester", "PPRE_ALLOW_TESTERS", "tester.ppre.local",
@@ -54,13 +58,17 @@ def run(args: argparse.Namespace) -> int:
 
     tls = tls_identity(args)
     from ppre.config import client_columns
+    from client_service.results import ResultStore
+    results = ResultStore(args.results_dir)  # checked before the service starts
     registry = DatasetRegistry(args.data_dir, _named(args.dataset), client_columns(args))
     config = ClientConfig(registry, settings=link_settings(args), max_sessions=args.max_sessions, tls=tls,
                           allowed_testers=parse_names(args.allow_tester), executor=make_executor(args),
-                          accept_noiseless=args.accept_noiseless)
+                          accept_noiseless=args.accept_noiseless, results=results)
     server, port, servicer = serve(config, args.port, args.host)
     security = (f"mutual TLS as {tls.identity}; Testers allowed: {', '.join(config.allowed_testers)}"
                 if tls is not None else "INSECURE plaintext")
-    print(f"client serving on {args.host}:{port}; datasets: {', '.join(registry.names()) or 'none'}; {security}",
-          flush=True)
+    kept = (f"results to {results.directory}" if results.directory is not None
+            else "results in memory only (--results-dir DIR keeps them)")
+    print(f"client serving on {args.host}:{port}; datasets: {', '.join(registry.names()) or 'none'}; {security}; "
+          f"{kept}", flush=True)
     return serve_forever(server, servicer, config.executor)

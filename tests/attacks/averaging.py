@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -40,7 +39,7 @@ from proto import ppre_pb2 as pb
 from tester_service.preparation import PreparationConfig
 from tester_service.release import ReleasePolicy
 from tester_service.server import prepare_from_files, run_audit
-from tests.attacks.harness import (CHANCE_ALPHA, K, KEY_BITS, Outcome, Population, Release, _parse,
+from tests.attacks.harness import (CHANCE_ALPHA, K, KEY_BITS, Outcome, Population, Release, ReleaseTally, _parse,
                                    ero_frame, score)
 from tests.attacks.single_member import recovered_vector
 
@@ -78,7 +77,7 @@ FIXED = Setting("one draw per member and epoch")
 REDRAWN = Setting("a new draw per audit (defence removed)")
 
 
-class ServiceAttacker:
+class ServiceAttacker(ReleaseTally):
     """A curious Test-Client's audits against one long-lived Tester: the interface
     `harness.score` reads (`population`, `defences`, `releases`, `answered`,
     `refusals`, `seconds`), with datasets written to the Test-Client's data folder."""
@@ -90,14 +89,6 @@ class ServiceAttacker:
         self.data_dir = data_dir
         self.releases: list[Release] = []
         self.seconds = 0.0
-
-    @property
-    def answered(self) -> int:
-        return sum(r.answered for r in self.releases)
-
-    @property
-    def refusals(self) -> Counter:
-        return Counter(r.error for r in self.releases if r.refused)
 
     def audit(self, frame) -> Release:
         name = f"dataset_{len(self.releases):04d}"

@@ -210,7 +210,22 @@ def _environment(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-class Attacker:
+class ReleaseTally:
+    """An attacker's audits so far (`releases`): how many were answered, and the refusals
+    by error code (what `score` reads)."""
+
+    releases: list[Release]
+
+    @property
+    def answered(self) -> int:
+        return sum(r.answered for r in self.releases)
+
+    @property
+    def refusals(self) -> Counter:
+        return Counter(r.error for r in self.releases if r.refused)
+
+
+class Attacker(ReleaseTally):
     """One curious Test-Client: its datasets, its audits, and what came back.
 
     All of its audits share one privacy ledger (`workdir/ledger.json`, and a private
@@ -227,14 +242,6 @@ class Attacker:
         self.key_bits = key_bits
         self.releases: list[Release] = []
         self.seconds = 0.0
-
-    @property
-    def answered(self) -> int:
-        return sum(r.answered for r in self.releases)
-
-    @property
-    def refusals(self) -> Counter:
-        return Counter(r.error for r in self.releases if r.refused)
 
     def audit(self, frame: pd.DataFrame, *, metric: str = "ero", option: str = "fpr") -> Release:
         """One audit of the dataset `frame` (written as a fresh dataset file)."""

@@ -9,14 +9,27 @@ from tester_service.release import ReleasePolicy
 from tests.attacks import noiseless_tester
 
 
-def test_without_the_defence_the_tester_reads_every_targets_false_positive_bit(monkeypatch, tmp_path):
-    """Defence removed (the Test-Client accepts noiseless aggregates): the result comes
-    back to the Tester with result recipient `client`, and its bits are the targets'
-    false-positive bits."""
+def test_without_the_defences_the_tester_reads_every_targets_false_positive_bit(monkeypatch, tmp_path):
+    """Both defences removed (the Test-Client accepts noiseless aggregates and sends its
+    result back): the Tester reads the result off the wire with result recipient
+    `client` (its own check refuses the message, too late), and its bits are the
+    targets' false-positive bits."""
+    noiseless_tester.send_result_back(monkeypatch)
     outcome = noiseless_tester.run(monkeypatch, tmp_path, accept_noiseless=True)
     print(outcome)
-    assert outcome.tester_got_result
+    assert outcome.tester_got_result and outcome.error == "protocol_error"
     assert outcome.recovered == outcome.targets > outcome.blind, outcome
+
+
+def test_the_test_client_keeps_the_result_even_when_it_accepts_noiseless_aggregates(monkeypatch, tmp_path):
+    """Only the first defence removed (`--accept-noiseless`): the audit finishes, the
+    Test-Client keeps the result and sends its timings only; the Tester ends with a
+    receipt and reads nothing."""
+    outcome = noiseless_tester.run(monkeypatch, tmp_path, accept_noiseless=True)
+    print(outcome)
+    assert outcome.error == "" and "client_result" in outcome.kinds_at_tester
+    assert not outcome.tester_got_result and outcome.report.is_receipt
+    assert outcome.recovered <= outcome.blind, outcome
 
 
 def test_the_test_client_refuses_noiseless_aggregates_and_the_tester_gets_nothing(monkeypatch, tmp_path):
@@ -38,6 +51,11 @@ def test_with_the_testers_default_controls_the_audit_goes_on(monkeypatch, tmp_pa
     outcome = noiseless_tester.run(monkeypatch, tmp_path, accept_noiseless=False, release=policy)
     print(outcome)
     assert outcome.error == "" and "abort" not in outcome.kinds_at_tester
+    # noise on, result recipient client: no estimate reaches the Tester's side (design §3.7)
+    assert "client_result" in outcome.kinds_at_tester and not outcome.results_at_tester
+    assert outcome.report.is_receipt and outcome.report.groups == [] and outcome.report.release
+    assert outcome.session_result.is_receipt and outcome.session_result.groups == []
+    assert not outcome.tester_got_result and outcome.recovered <= outcome.blind, outcome
 
 
 def test_client_serve_refuses_noiseless_aggregates_unless_its_operator_opts_in(monkeypatch):

@@ -1,0 +1,640 @@
+"""Tests that pin each control (design §8, §4.7, §7): every one fails when the control it
+names is weakened (each was checked against a hand-made mutant of the production code).
+
+Controls pinned here: the noise on the interval's random groups, suppression decided on
+the noised size, the budget charged before anything leaves (and never overspent by
+concurrent audits), the minimum intersection in distinct members, a mask noise per slot,
+ciphertexts that are not units refused on every path the Tester reads them, exact
+allow-lists, an audit-log link over every field, a table shorter than announced refused,
+small-order points refused (enumerated here from the curve, not from the module), groups
+suppressed by the controls left out of the correction's solve, and the verdict's
+simultaneous band.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from client_service.protocol import ClientSession
+from common import encoding, paillier, validation
+from common.errors import ProtocolError
+from common.races import RACES
+from proto import ppre_pb2 as pb
+from tester_service import protocol as tester_protocol
+from tester_service.protocol import AuditSpec, TesterSession
+from tester_service.release import BudgetExhausted, IntersectionRefused, PrivacyAccountant, ReleasePolicy
+from tests.helpers import TEST_BITS, make_inputs, run_sessions
+from tests.metric_data import random_ranked_lists
+
+GROUPS = list(RACES)
+#: noise on, every audit allowed, no intersection or size control in the way
+NOISY = ReleasePolicy(min_intersection=1, min_effective_size=0.0, rho=1.0, budget=math.inf, max_refusals=None)
+
+
+@pytest.fixture(scope="module")
+def client_key():
+    return paillier.generate_keypair(TEST_BITS, allow_insecure=True)
+
+
+@pytest.fixture(autouse=True)
+def fast_crypto(monkeypatch, client_key):
+    """One cached key pair for the Test-Client (so a test can decrypt what it receives),
+    inline chunks."""
+    monkeypatch.setenv("PPRE_WORKERS", "1")
+    monkeypatch.setattr("client_service.protocol.paillier.generate_keypair", lambda *a, **kw: client_key)
+
+
+def _loader(frame: pd.DataFrame):
+    def load(name, metric):
+        out = frame.copy()
+        out["member_id"] = out["member_id"].astype(str)
+        return out
+    return load
+
+
+def _sessions(spec: AuditSpec, tester_df, client_df, release: ReleasePolicy, *, charge=None):
+    tester = TesterSession(spec, tester_df, min_modulus_bits=TEST_BITS, release=release, charge=charge)
+    client = ClientSession(_loader(client_df), modulus_bits=TEST_BITS, allow_insecure=True)
+    return tester, client
+
+
+def _run(spec, tester_df, client_df, release, *, charge=None, seen=None):
+    """Both sessions to the end; `seen` collects (direction, message)."""
+    tester, client = _sessions(spec, tester_df, client_df, release, charge=charge)
+    tap = (lambda d, m: seen.append((d, m))) if seen is not None else None
+    try:
+        return run_sessions(tester, client, tap), tester, client
+    finally:
+        tester.close()
+        client.close()
+
+
+def _header(seen) -> pb.AggregatesHeader:
+    return next(m.aggregates_header for d, m in seen if m.WhichOneof("body") == "aggregates_header")
+
+
+def _decrypted_rows(seen, key) -> list[list[list[int]]]:
+    """What the Test-Client decrypts: per released row, per item, its slots (signed)."""
+    header = _header(seen)
+    width = key.public.ciphertext_bytes
+    packed = b"".join(m.chunk.ciphertexts for d, m in seen
+                      if m.WhichOneof("body") == "chunk" and m.chunk.table == pb.AGGREGATES)
+    cts = [int.from_bytes(packed[i:i + width], "big") for i in range(0, len(packed), width)]
+    cts = cts[:len(cts) - header.zero_tests]
+    layout = encoding.SlotLayout(header.slot_bits, header.item_slots)
+    values = [layout.unpack(v) for v in key.decrypt_task(signed=True)(cts)]
+    return [values[r:r + header.items] for r in range(0, len(values), header.items)]
+
+
+def _pot_frame(tester_df, rng) -> pd.DataFrame:
+    ids = list(tester_df.member_id)
+    return pd.DataFrame({"member_id": ids, "score": rng.random(len(ids)).round(3),
+                         "outcome": rng.integers(0, 2, len(ids))})
+
+
+def _auc_frame(tester_df, rng) -> pd.DataFrame:
+    ids = list(tester_df.member_id)
+    y = rng.integers(0, 2, len(ids))
+    return pd.DataFrame({"member_id": ids, "y_true": y, "score": (rng.random(len(ids)) + 0.5 * y).round(3)})
+
+
+# ---------------------------------------------------------------- noise on every released row
+@pytest.mark.parametrize("metric", ["pot", "mqos-auc:exact"])
+def test_every_random_group_row_carries_its_own_noise(monkeypatch, client_key, metric):
+    """Under noise these metrics' intervals come from disjoint random groups, released
+    next to the estimate. Every group row the Test-Client decrypts differs from the
+    noiseless one (the same audit with the draws set to 0: same seed, same groups) in
+    every slot the header says is noised, and for POT, whose groups add up to the
+    estimate, summing the noised groups does not give the exact estimate."""
+    name, _, option = metric.partition(":")
+    tester_df, _ = make_inputs(200, 200, 200, seed=31)
+    rng = np.random.default_rng(31)
+    client_df = _pot_frame(tester_df, rng) if name == "pot" else _auc_frame(tester_df, rng)
+    spec = AuditSpec(metric=name, metric_option=option, client_dataset="d", bootstrap=10, seed=4,
+                     result_recipient="client")
+    monkeypatch.setattr(tester_protocol, "gaussian", lambda sigma: 0.0)  # the same suppression in both runs
+    noisy_seen: list = []
+    _run(spec, tester_df, client_df, NOISY, seen=noisy_seen)
+    real_slots = tester_protocol.gaussian_slots
+    exact_seen: list = []
+    with monkeypatch.context() as m:
+        m.setattr(tester_protocol, "gaussian_slots", lambda scales, bits: 0)
+        _run(spec, tester_df, client_df, NOISY, seen=exact_seen)
+    assert tester_protocol.gaussian_slots is real_slots
+    header = _header(noisy_seen)
+    assert header.interval == "random_groups" and header.plain_rows == header.replicates + 1 >= 3
+    noisy, exact = _decrypted_rows(noisy_seen, client_key), _decrypted_rows(exact_seen, client_key)
+    assert len(noisy) == len(exact) == header.replicates + 1
+    sd = np.array(header.noise_sd).reshape(2, header.items, header.item_slots)
+    noised = [(i, s) for i in range(header.items) for s in range(header.item_slots)
+              if sd[1, i, s] > 0 and i not in header.suppressed_items]
+    assert noised
+    for r in range(1, len(noisy)):
+        for i, s in noised:
+            assert noisy[r][i][s] != exact[r][i][s], (r, i, s)
+    if name == "pot":  # the groups add up to the estimate; their noised sum does not
+        for i, s in noised:
+            assert sum(exact[r][i][s] for r in range(1, len(exact))) == exact[0][i][s]
+            assert sum(noisy[r][i][s] for r in range(1, len(noisy))) != exact[0][i][s]
+
+
+# ---------------------------------------------------------------- suppression on the noised size
+def _small_aian(seed: int, members: int = 8):
+    """One-hot probabilities with `members` aian members (effective size `members`)."""
+    tester, client = make_inputs(500, 500, 500, seed=seed, one_hot=True)
+    aian = GROUPS.index("aian")
+    arg = tester[GROUPS].to_numpy().argmax(axis=1)
+    keep = sorted(np.flatnonzero(arg != aian).tolist() + np.flatnonzero(arg == aian)[:members].tolist())
+    return tester.iloc[keep].reset_index(drop=True), client.iloc[keep].reset_index(drop=True)
+
+
+def test_suppression_follows_the_noised_size_not_the_exact_one(monkeypatch):
+    """With the threshold's draw forced to +1000 a group of 8 members (min 30) is
+    released; forced to −150 every race group is suppressed (each holds 60 or more
+    members) while overall (500) is not: the decision is the noised size's. An exact
+    comparison would do neither."""
+    tester_df, client_df = _small_aian(32)
+    policy = dataclasses.replace(NOISY, min_effective_size=30.0)
+    spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=10, seed=1)
+    aian = GROUPS.index("aian")
+    suppressed = {}
+    sizes = tester_df[GROUPS].sum()
+    assert sizes.drop("aian").min() >= 60 and sizes["aian"] == 8
+    for draw in (1000.0, -150.0):
+        monkeypatch.setattr(tester_protocol, "gaussian", lambda sigma, draw=draw: draw)
+        seen: list = []
+        result, _, _ = _run(spec, tester_df, client_df, policy, seen=seen)
+        suppressed[draw] = set(_header(seen).suppressed_items)
+        if draw > 0:
+            assert "suppressed" not in result.release
+    assert aian not in suppressed[1000.0] and not suppressed[1000.0]
+    assert suppressed[-150.0] == set(range(len(GROUPS)))  # every race group, not overall
+
+
+def test_an_audit_whose_every_cell_is_suppressed_still_ends_with_a_result(monkeypatch):
+    """Noised sizes that suppress every cell, overall included: the header names the race
+    groups as small (never "overall", which the Test-Client would refuse as no group) and
+    the result says every estimate is unknown."""
+    tester_df, client_df = _small_aian(32)
+    policy = dataclasses.replace(NOISY, min_effective_size=30.0)
+    spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=10, seed=1)
+    monkeypatch.setattr(tester_protocol, "gaussian", lambda sigma: -10_000.0)
+    seen: list = []
+    result, _, _ = _run(spec, tester_df, client_df, policy, seen=seen)
+    assert set(_header(seen).small_groups) == set(GROUPS)
+    assert all(g.estimate is None for g in result.groups) and not result.verdict.significant
+
+
+def test_a_probabilistic_count_pool_is_suppressed_on_its_noised_size(monkeypatch):
+    """The count metric (no HE) decides on the noised size too: a one-member pool is
+    released under a +1000 draw, and a 499-member pool suppressed under −1000."""
+    tester_df, client_df = make_inputs(500, 500, 500, seed=33)
+    pools = pd.DataFrame({"member_id": client_df.member_id, "pool": ["big"] * 499 + ["one"]})
+    policy = dataclasses.replace(NOISY, min_effective_size=30.0)
+    spec = AuditSpec(metric="prob-count", client_dataset="d")
+    monkeypatch.setattr(tester_protocol, "gaussian", lambda sigma: 1000.0)
+    up, _, _ = _run(spec, tester_df, pools, policy)
+    assert not up.release.get("suppressed") and all(p.expected_count is not None for p in up.pools)
+    monkeypatch.setattr(tester_protocol, "gaussian", lambda sigma: -1000.0)
+    down, _, _ = _run(spec, tester_df, pools, policy)
+    assert sorted(down.release["suppressed"]) == sorted([f"big/{g}" for g in GROUPS] + [f"one/{g}" for g in GROUPS])
+
+
+# ---------------------------------------------------------------- the budget
+class _Refuse:
+    """A charge that refuses (a spent budget) and records when it was asked."""
+
+    def __init__(self, seen: list) -> None:
+        self.seen = seen
+        self.calls: list[int] = []
+
+    def __call__(self, rho: float) -> float:
+        self.calls.append(len(self.seen))
+        raise BudgetExhausted("spent")
+
+
+def _released(seen) -> list[str]:
+    """What left the Tester that carries the audit's outcome."""
+    out = []
+    for d, m in seen:
+        kind = m.WhichOneof("body")
+        if d != "to_client":
+            continue
+        if kind == "aggregates_header" or (kind == "chunk" and m.chunk.table == pb.AGGREGATES) or kind == "result":
+            out.append(kind)
+    return out
+
+
+@pytest.mark.parametrize("metric, recipient", [("ero", "tester"), ("ero", "client"), ("pot", "client"),
+                                               ("mqos-auc:exact", "client"), ("prob-count", "tester"),
+                                               ("prob-count", "client")])
+def test_the_budget_is_charged_before_anything_leaves(metric, recipient):
+    """A refused charge stops the audit before any aggregate or result leaves the Tester,
+    on every path (HE metrics, the squares round of MQOS-AUC exact, the probabilistic
+    count computed at the Tester), and the Tester keeps no result either."""
+    name, _, option = metric.partition(":")
+    tester_df, client_df = make_inputs(300, 300, 300, seed=34)
+    rng = np.random.default_rng(34)
+    if name == "pot":
+        client_df = _pot_frame(tester_df, rng)
+    elif name == "mqos-auc":
+        client_df = _auc_frame(tester_df, rng)
+    elif name == "prob-count":
+        client_df = pd.DataFrame({"member_id": client_df.member_id, "pool": rng.choice(["a", "b"], len(client_df))})
+    spec = AuditSpec(metric=name, metric_option=option, client_dataset="d", bootstrap=10, seed=1,
+                     result_recipient=recipient)
+    seen: list = []
+    charge = _Refuse(seen)
+    tester, client = _sessions(spec, tester_df, client_df, NOISY, charge=charge)
+    try:
+        with pytest.raises(BudgetExhausted):
+            run_sessions(tester, client, lambda d, m: seen.append((d, m)))
+        assert charge.calls, "the budget was never charged"
+        assert _released(seen) == [] and tester.result is None and client.result is None
+    finally:
+        tester.close()
+        client.close()
+
+
+class _SlowSpent(dict):
+    """A ledger whose reads take a moment: two charges that are not serialised both read
+    the old value before either writes."""
+
+    def get(self, *args):
+        value = super().get(*args)
+        time.sleep(0.05)
+        return value
+
+
+def test_concurrent_charges_cannot_overspend_even_when_they_overlap():
+    """Two audits of one identity charge at the same moment with room for one: exactly
+    one is charged, the other refused; the ledger never exceeds the budget."""
+    acc = PrivacyAccountant(1.0)
+    acc._spent = _SlowSpent()
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def audit():
+        barrier.wait()
+        try:
+            acc.charge("c", 1.0)
+            outcomes.append("charged")
+        except BudgetExhausted:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=audit) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["charged", "refused"]
+    assert acc.spent("c") == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------- the minimum intersection
+def test_the_minimum_intersection_counts_distinct_members_not_rows():
+    """LOT's rows are pairs of members: fewer than 100 distinct members in far more than
+    100 rows are refused under a minimum of 100; the count is exact (passes at the
+    number of distinct members, refused at one more)."""
+    tester_df, _ = make_inputs(300, 300, 300, seed=35)
+    lists = random_ranked_lists(60, np.random.default_rng(35), min_len=3, max_len=5, n_members=60)
+    distinct = lists.member_id.nunique()
+    assert distinct < 100 and len(lists) > 200
+    spec = AuditSpec(metric="lot", client_dataset="d", bootstrap=10, seed=1)
+    off = ReleasePolicy.off()
+    for refused in (100, distinct + 1):
+        with pytest.raises(IntersectionRefused):
+            _run(spec, tester_df, lists, dataclasses.replace(off, min_intersection=refused))
+    result, _, _ = _run(spec, tester_df, lists, dataclasses.replace(off, min_intersection=distinct))
+    assert result is not None
+
+
+# ---------------------------------------------------------------- masks
+@pytest.mark.parametrize("correction", ["none", "calibration"])
+def test_each_slot_of_a_masked_item_gets_its_own_mask_noise(monkeypatch, correction):
+    """(r·Num + e1, r·Den + e2): with e1 = e2 the Test-Client would read r·(Num − Den) as
+    A − B and factor it; every masked item's slots get distinct draws below r (with the
+    correction too, where the items of a replicate share r)."""
+    from tester_service import aggregation
+    tester_df, client_df = make_inputs(300, 300, 300, seed=36)
+    masks: list = []
+    original = aggregation.mask_chunk
+
+    def recording(n, h, items, ratio, pads):
+        masks.extend(ratio or [])
+        return original(n, h, items, ratio, pads)
+
+    monkeypatch.setattr(aggregation, "mask_chunk", recording)
+    spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=5, seed=2, result_recipient="client",
+                     correction=correction)
+    seen: list = []
+    _run(spec, tester_df, client_df, ReleasePolicy.off(), seen=seen)
+    header = _header(seen)
+    shift, slots = header.slot_bits, header.item_slots
+    masked = [(r, noise) for r, noise in masks if r != 1]
+    assert len(masked) >= 6 * header.items
+    for r, noise in masked:
+        draws = [(noise >> (s * shift)) & ((1 << shift) - 1) for s in range(slots)]
+        assert all(0 <= e < r for e in draws)
+        assert len(set(draws)) == slots, "slots share one mask draw"
+
+
+def _tester_refuses(tester, client, tamper) -> ProtocolError:
+    """Drive both sessions, `tamper`ing with each batch of the Test-Client's messages;
+    the refusal the Tester raises (the Test-Client raising fails the test: the Tester
+    must refuse first, on arrival)."""
+    pending = list(tester.start())
+    while pending:
+        replies = [r for msg in pending for r in client.receive(msg)]
+        tamper(replies)
+        try:
+            pending = [out for r in replies for out in tester.receive(r)]
+        except ProtocolError as exc:
+            return exc
+    pytest.fail("the Tester accepted the tampered table")
+
+
+# ---------------------------------------------------------------- ciphertexts that are not units
+def _non_unit(key, salt: int) -> int:
+    """A ciphertext in range but sharing the factor p with n (gcd(c, n) = p)."""
+    pub = key.public
+    return key.p * (salt % (pub.n2 // key.p - 2) + 2) % pub.n2
+
+
+def test_a_test_clients_row_ciphertext_that_is_not_a_unit_is_refused(client_key):
+    """A Test-Client that sends a multiple of a factor of n would learn membership from
+    non-unit aggregates through any amount of noise: its rows are refused."""
+    tester_df, client_df = make_inputs(60, 60, 60, seed=37)
+    spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=5, seed=1)
+    tester, client = _sessions(spec, tester_df, client_df, ReleasePolicy.off())
+    width = client_key.public.ciphertext_bytes
+    def tamper(replies):
+        for r in replies:
+            if r.WhichOneof("body") == "chunk" and r.chunk.table == pb.CLIENT_ROWS:
+                cts = bytearray(r.chunk.ciphertexts)
+                cts[:width] = _non_unit(client_key, 7).to_bytes(width, "big")
+                r.chunk.ciphertexts = bytes(cts)
+    try:
+        assert "ciphertext 0 is" in str(_tester_refuses(tester, client, tamper))
+    finally:
+        tester.close()
+        client.close()
+
+
+def test_a_square_that_is_not_a_unit_is_refused(client_key):
+    """MQOS-AUC exact: the squares the Test-Client returns are ciphertexts the Tester
+    reads too; a non-unit among them is refused."""
+    tester_df, _ = make_inputs(200, 200, 200, seed=38)
+    client_df = _auc_frame(tester_df, np.random.default_rng(38))
+    spec = AuditSpec(metric="mqos-auc", metric_option="exact", client_dataset="d", seed=1)
+    tester, client = _sessions(spec, tester_df, client_df, ReleasePolicy.off())
+    width = client_key.public.ciphertext_bytes
+    tampered = []
+    def tamper(replies):
+        for r in replies:
+            if r.WhichOneof("body") == "chunk" and r.chunk.table == pb.SQUARES:
+                cts = bytearray(r.chunk.ciphertexts)
+                cts[-width:] = _non_unit(client_key, 11).to_bytes(width, "big")
+                r.chunk.ciphertexts = bytes(cts)
+                tampered.append(1)
+    try:
+        assert re.search("ciphertext [0-9]+ is", str(_tester_refuses(tester, client, tamper)))
+        assert tampered
+    finally:
+        tester.close()
+        client.close()
+
+
+# ---------------------------------------------------------------- allow-lists
+class _Context:
+    """A server-side call's context as gRPC gives it: the peer's verified names."""
+
+    def __init__(self, **auth) -> None:
+        self.auth = {k: [v.encode() for v in vs] for k, vs in auth.items()}
+        self.aborted = None
+
+    def auth_context(self):
+        return self.auth
+
+    def abort(self, code, message):
+        self.aborted = (code, message)
+        raise PermissionError(message)
+
+
+def test_allow_lists_match_identities_exactly():
+    """No prefix, no suffix, no case folding, no whitespace trimming of the peer's name:
+    only the exact identity on the list is admitted."""
+    from common.tls import AllowList, IdentityInterceptor
+    allow = AllowList.of("operator", ["operator.ppre.local"], "--allow-operator")
+    assert allow.match(["operator.ppre.local"]) == "operator.ppre.local"
+    near = ["operator.ppre.local.evil.example", "operator.ppre.loca", "OPERATOR.ppre.local", "Operator.PPRE.Local",
+            "operator", "x.operator.ppre.local", " operator.ppre.local", "operator.ppre.local "]
+    for name in near:
+        assert allow.match([name]) is None, name
+    interceptor = IdentityInterceptor({"/ppre.v1.Tester/": allow})
+    interceptor.check("/ppre.v1.Tester/RunAudit", _Context(x509_common_name=["operator.ppre.local"]))
+    for name in near:
+        context = _Context(x509_common_name=[name], x509_subject_alternative_name=[name])
+        with pytest.raises(PermissionError):
+            interceptor.check("/ppre.v1.Tester/RunAudit", context)
+        assert context.aborted is not None
+
+
+# ---------------------------------------------------------------- the audit log
+@pytest.mark.parametrize("keyed", [False, True])
+def test_the_audit_log_link_covers_every_field_of_a_record(tmp_path, keyed):
+    """Changing any one field of a record (its time, its sequence number, its link to the
+    previous record, or any field of its content) while keeping its stored hash or MAC
+    is detected."""
+    import json
+    from tester_service.audit_log import AuditLog, load_key, verify
+    path = tmp_path / "logs" / "audit.log"
+    path.parent.mkdir()
+    key = load_key(tmp_path / "keys" / "audit.key", path, create=True) if keyed else None
+    log = AuditLog(path, key)
+    for i in range(3):
+        log.append({"metric": "ero", "n": i, "outcome": "result"})
+    lines = path.read_text().splitlines()
+    assert verify(path, key).ok
+    entry = json.loads(lines[1])
+    changes = {
+        "time": lambda e: e.update(time=e["time"].replace(e["time"][-8:-1], "0000000")),
+        "seq": lambda e: e.update(seq=e["seq"] + 10),
+        "prev": lambda e: e.update(prev="0" * len(e["prev"])),
+        "record.metric": lambda e: e["record"].update(metric="pot"),
+        "record.n": lambda e: e["record"].update(n=9),
+        "record.outcome": lambda e: e["record"].update(outcome="refused"),
+        "record (a field added)": lambda e: e["record"].update(extra=1),
+    }
+    for field, change in changes.items():
+        changed = json.loads(lines[1])
+        change(changed)
+        assert changed != entry, field
+        damaged = lines[:1] + [json.dumps(changed, sort_keys=True, separators=(",", ":"))] + lines[2:]
+        path.write_text("\n".join(damaged) + "\n")
+        result = verify(path, key)
+        assert not result.ok and result.broken_line == 2, (field, result)
+
+
+# ---------------------------------------------------------------- tables shorter than announced
+def _drop_last_row(chunk: pb.TableChunk) -> None:
+    rows = chunk.rows
+    for column in ("points", "sealed", "ciphertexts", "units", "strata"):
+        data = getattr(chunk, column)
+        if data:
+            setattr(chunk, column, data[:len(data) - len(data) // rows])
+    chunk.rows = rows - 1
+
+
+@pytest.mark.parametrize("table", [pb.SHUFFLED_ROWS, pb.CLIENT_ROWS])
+def test_a_table_that_ends_with_fewer_rows_than_announced_is_refused(table):
+    """The Test-Client's table is one row short and its end says so consistently: the
+    Tester refuses it (it announced, or was sent, one row more)."""
+    tester_df, client_df = make_inputs(40, 40, 40, seed=39)
+    spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=5, seed=1)
+    tester, client = _sessions(spec, tester_df, client_df, ReleasePolicy.off())
+    cut = []
+    def tamper(replies):
+        for r in replies:
+            kind = r.WhichOneof("body")
+            if kind == "chunk" and r.chunk.table == table and not cut:
+                _drop_last_row(r.chunk)
+                cut.append(1)
+            elif kind == "table_end" and r.table_end.table == table:
+                r.table_end.rows -= 1
+    try:
+        assert "announced" in str(_tester_refuses(tester, client, tamper))
+        assert cut
+    finally:
+        tester.close()
+        client.close()
+
+
+# ---------------------------------------------------------------- small-order points
+CURVE_P = 2**255 - 19
+CURVE_A = 486662
+#: the order of Curve25519's prime subgroup (RFC 7748, section 4.1)
+CURVE_L = 2**252 + 27742317777372353535851937790883648493
+
+
+def _ladder(u: int, k: int) -> int | None:
+    """x-only Montgomery ladder on v² = u³ + A·u² + u (RFC 7748's formulas, affine u in,
+    None for the point at infinity), written here from the curve equation."""
+    p, a24 = CURVE_P, (CURVE_A - 2) // 4  # 121665
+    x2, z2, x3, z3 = 1, 0, u, 1
+    for bit in reversed(range(k.bit_length())):
+        if (k >> bit) & 1:
+            x2, z2, x3, z3 = x3, z3, x2, z2
+        # differential addition and doubling
+        a, b = (x2 + z2) % p, (x2 - z2) % p
+        c, d = (x3 + z3) % p, (x3 - z3) % p
+        da, cb = d * a % p, c * b % p
+        x3, z3 = (da + cb) ** 2 % p, u * (da - cb) ** 2 % p
+        aa, bb = a * a % p, b * b % p
+        e = (aa - bb) % p
+        x2, z2 = aa * bb % p, e * (aa + a24 * e) % p
+        if (k >> bit) & 1:
+            x2, z2, x3, z3 = x3, z3, x2, z2
+    return None if z2 == 0 else x2 * pow(z2, p - 2, p) % p
+
+
+def small_order_u() -> set[int]:
+    """The u-coordinates of Curve25519's points of order dividing 8, found as [L]·P for
+    points P of the curve (the curve's group is Z/8 × Z/L): every small-order point is
+    such a multiple, and 40 random points reach each of the 4 u-values."""
+    found: set[int] = set()
+    u = 2
+    while len(found) < 4 and u < 400:
+        rhs = (u**3 + CURVE_A * u * u + u) % CURVE_P
+        if pow(rhs, (CURVE_P - 1) // 2, CURVE_P) == 1:  # on the curve, not its twist
+            low = _ladder(u, CURVE_L)
+            if low is not None:
+                found.add(low)
+        u += 1
+    return found
+
+
+def test_small_order_points_enumerated_from_the_curve_are_all_refused():
+    from common import commutative
+    found = small_order_u()
+    assert len(found) == 4 and {0, 1} <= found  # order 2 (u = 0), 4 (u = 1) and the two of order 8
+    for u in found:
+        assert _ladder(u, 8) is None  # each has order dividing 8
+        for encoding_ in {u, u + CURVE_P}:  # canonical, and non-canonical where it fits
+            if encoding_ >= 2**256:
+                continue
+            packed = encoding_.to_bytes(32, "little")
+            with pytest.raises(ProtocolError):
+                validation.check_points(packed)
+            with pytest.raises(ProtocolError):
+                commutative.CommutativeKey.generate().encrypt_packed(packed)
+
+
+# ---------------------------------------------------------------- the correction's solve
+@pytest.mark.slow
+def test_groups_suppressed_by_the_controls_leave_the_corrections_solve():
+    """A group suppressed for its size has its cell replaced (its masked Num is noise):
+    the other groups' corrected values must not use it. They equal the plaintext solve
+    over the kept groups, in two audits with fresh masks."""
+    from common import correction
+    from tests.test_correction import calibrated_population
+    tester_df, client_df, p, _ = calibrated_population(1000, 40, alpha=1.0)
+    aian = GROUPS.index("aian")
+    p = p.copy()
+    p[:, aian] *= 0.05
+    p /= p.sum(axis=1, keepdims=True)
+    tester_df[GROUPS] = p
+    assert p[:, aian].sum() < 30 and p.sum(axis=0).min() < 30 <= np.delete(p.sum(axis=0), aian).min()
+    policy = dataclasses.replace(ReleasePolicy.off(), min_effective_size=30.0)
+    spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=10, seed=2, correction="calibration",
+                     result_recipient="client")
+    f = ((client_df.y_pred == 1) & (client_df.y_true == 0)).to_numpy(float)
+    d = (client_df.y_true == 0).to_numpy(float)
+    m, num = correction.plain_matrix(p, d), p.T @ f
+    kept = [j for j in range(len(GROUPS)) if j != aian]
+    twin = np.linalg.solve(m[np.ix_(kept, kept)], num[kept])
+    for _ in range(2):
+        report, _, _ = _run(spec, tester_df, client_df, policy)
+        assert report.release["suppressed"] == ["aian"]
+        got = np.array([report.group(GROUPS[j]).corrected_estimate for j in kept], dtype=float)
+        assert np.allclose(got, twin, atol=1e-6, rtol=0), (got, twin)
+
+
+# ---------------------------------------------------------------- the verdict's band
+def _null_families(method: str, columns: int, rng) -> np.ndarray:
+    """(R+1, C) values of a null family: every difference's truth is 0."""
+    if method == "percentile":  # a bootstrap: replicates spread around the estimate
+        est = rng.normal(0.0, 0.01, columns)
+        return np.vstack([est, est + rng.normal(0.0, 0.01, (200, columns))])
+    groups = rng.normal(0.0, 0.03, (10, columns))  # random groups: the estimate is their mean
+    return np.vstack([groups.mean(axis=0), groups])
+
+
+@pytest.mark.parametrize("method", ["percentile", "random_groups"])
+def test_the_verdict_flags_a_null_family_at_most_at_the_nominal_rate(monkeypatch, method):
+    """15 null differences (6 groups' pairs): marginal 95% intervals exclude 0 for at
+    least one of them in about half the audits; the verdict's simultaneous band in at
+    most 5% plus 3 Monte Carlo sd."""
+    import functools
+    from common import results
+    from common.results import marginal_intervals, verdict_from
+    # the same quantiles, computed once each (they are slow to compute and repeat here)
+    monkeypatch.setattr(results, "t_quantile", functools.lru_cache(maxsize=None)(results.t_quantile))
+    rng = np.random.default_rng(41)
+    labels = [f"d{c}" for c in range(15)]
+    runs, flagged, marginal = 300, 0, 0
+    for _ in range(runs):
+        values = _null_families(method, len(labels), rng)
+        verdict = verdict_from("nonzero_pairs", labels, values, 0.95, method, tau=0.001, strict_significance=False)
+        flagged += bool(verdict.significant)
+        low, high = marginal_intervals(values, 0.95, method)
+        marginal += bool(np.any((low > 0) | (high < 0)))
+    assert marginal / runs > 0.3  # the simulation tells the two apart
+    assert flagged / runs <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / runs), flagged
