@@ -809,6 +809,10 @@ def check_client(args: argparse.Namespace) -> int:
     if not args.data_only:
         _check_service_settings(report, "--allow-tester", "Tester")
         _check_tls(report)
+        if getattr(args, "results_dir", None):
+            from client_service.results import results_directory
+            report.run("results directory", lambda: results_directory(args.results_dir),
+                       lambda p: f"{p} (results of audits whose recipient is the Test-Client)")
     named = report.run("named datasets", lambda: _named(args.dataset)) if args.dataset else {}
     if args.data_dir and not Path(args.data_dir).is_dir():
         report.fail("data directory", f"{args.data_dir}: is not a directory")

@@ -29,6 +29,7 @@ import os
 import re
 import secrets
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -186,6 +187,10 @@ def report_directory(value: str) -> str:
         raise argparse.ArgumentTypeError(f"{value} {where}")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"{value} is not writable ({probe} does not allow writing)")
+    try:  # what the permission bits promise root, a file system (/proc, read-only) may still refuse
+        os.rmdir(tempfile.mkdtemp(prefix=".ppre-report-probe-", dir=probe))
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{value} is not writable ({probe}: {exc.strerror or exc})") from None
     return str(path)
 
 

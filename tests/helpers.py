@@ -1,6 +1,7 @@
 """Shared test helpers: synthetic inputs and an in-process driver for the two sessions."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -17,6 +18,20 @@ from tester_service.protocol import AuditSpec, TesterSession
 from tester_service.release import ReleasePolicy
 
 TEST_BITS = 1024  # tests only: production refuses < 2048
+
+
+@contextlib.contextmanager
+def one_key_inline_chunks():
+    """For sans-I/O sessions: every Test-Client session takes one cached test key pair
+    (no key generation per audit) and the per-row work runs inline (no worker pool)."""
+    import pytest
+
+    from common import paillier
+    key = paillier.generate_keypair(TEST_BITS, allow_insecure=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PPRE_WORKERS", "1")
+        mp.setattr("client_service.protocol.paillier.generate_keypair", lambda *a, **kw: key)
+        yield
 
 
 def free_loopback_port() -> int:

@@ -259,6 +259,21 @@ member_id = "Member ID"
     assert f"{len(report['problems'])} problems:" in out and "FAIL  TLS" in out
 
 
+def test_client_check_config_checks_the_results_directory(tmp_path, capsys):
+    """`--results-dir`: an existing, writable directory (as `ppre client serve` checks it)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    _, client = make_inputs(20, 20, 20, seed=3)
+    client.to_csv(data / "ero.csv", index=False)
+    base = ["client", "check-config", "--data-dir", str(data), "--insecure", "--json"]
+    assert cli.main(base + ["--results-dir", str(tmp_path)]) == 0
+    good = json.loads(capsys.readouterr().out)
+    assert any(c["check"] == "results directory" for c in good["checks"])
+    assert cli.main(base + ["--results-dir", str(tmp_path / "missing")]) == 2
+    bad = json.loads(capsys.readouterr().out)
+    assert any("results directory" in p and "--results-dir" in p for p in bad["problems"]), bad["problems"]
+
+
 def test_client_check_config_good_and_bad(tmp_path, capsys):
     data = tmp_path / "data"
     data.mkdir()

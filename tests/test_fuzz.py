@@ -50,7 +50,7 @@ from tester_service.protocol import AuditSpec, TesterSession
 from tester_service.server import run_audit
 from tester_service.server import serve as serve_tester
 from client_service import protocol as client_protocol
-from tests.helpers import NO_RELEASE_CONTROLS, TEST_BITS, make_inputs, wait_until, write_inputs
+from tests.helpers import NO_RELEASE_CONTROLS, TEST_BITS, make_inputs, one_key_inline_chunks, wait_until, write_inputs
 from tests.metric_data import random_ranked_lists
 
 FUZZ = settings(derandomize=True, database=None, deadline=None, print_blob=False,
@@ -63,10 +63,7 @@ FUZZ = settings(derandomize=True, database=None, deadline=None, print_blob=False
 def fast_crypto():
     """Inline chunks (no worker pool for these tiny tables) and one cached 1024-bit key
     pair for the sans-I/O sessions (the gRPC services generate their own)."""
-    key = paillier.generate_keypair(TEST_BITS, allow_insecure=True)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PPRE_WORKERS", "1")
-        mp.setattr("client_service.protocol.paillier.generate_keypair", lambda *a, **kw: key)
+    with one_key_inline_chunks():
         yield
 
 

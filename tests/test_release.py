@@ -382,8 +382,9 @@ def test_bad_release_flags_are_named(tmp_path, capsys):
     tester.to_csv(tp, index=False)
     client.to_csv(cp, index=False)
     base = ["audit", "--local", "--json", "--metric", "ero", "--tester-probabilities", str(tp), "--client-data", str(cp)]
-    for flags, named in ((["--noise-rho", "-1"], "noise rho"), (["--min-effective-size", "-3"], "min effective size"),
-                         (["--min-intersection", "0"], "min intersection"),
+    for flags, named in ((["--noise-rho", "-1"], "'--noise-rho'"),
+                         (["--min-effective-size", "-3"], "'--min-effective-size'"),
+                         (["--min-intersection", "0"], "'--min-intersection'"),
                          (["--noise-rho", "1", "--privacy-budget", "0.5"], "exceeds the whole budget")):
         assert ppre_main(base + flags) == 2
         captured = capsys.readouterr()

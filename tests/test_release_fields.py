@@ -27,12 +27,11 @@ import pandas as pd
 import pytest
 from google.protobuf.descriptor import FieldDescriptor as F
 
-from common import paillier
 from common.races import RACES
 from proto import ppre_pb2 as pb
 from tester_service.protocol import AuditSpec
 from tester_service.release import ReleasePolicy
-from tests.helpers import TEST_BITS, local_audit, make_inputs
+from tests.helpers import local_audit, make_inputs, one_key_inline_chunks
 from tests.metric_data import random_ranked_lists
 
 #: the controls on, without the size thresholds these small tables would not pass
@@ -46,11 +45,7 @@ N_TESTER = 240
 
 @pytest.fixture(scope="module", autouse=True)
 def fast_crypto():
-    """One cached key pair for the sans-I/O sessions, inline chunks."""
-    key = paillier.generate_keypair(TEST_BITS, allow_insecure=True)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PPRE_WORKERS", "1")
-        mp.setattr("client_service.protocol.paillier.generate_keypair", lambda *a, **kw: key)
+    with one_key_inline_chunks():
         yield
 
 

@@ -277,6 +277,11 @@ def test_report_directory_argument(tmp_path):
         rp.report_directory(str(afile))
     with pytest.raises(argparse.ArgumentTypeError, match="cannot be created"):
         rp.report_directory(str(afile / "sub"))
+    # a folder the permission bits allow (to root) but the file system refuses
+    if Path("/proc/self").is_dir():
+        with pytest.raises(argparse.ArgumentTypeError, match="is not writable"):
+            rp.report_directory("/proc/nope")
+    assert not list(tmp_path.glob(".ppre-report-probe-*")), "the probe leaves nothing behind"
 
 
 # ------------------------------------------------------------------ ppre audit --report

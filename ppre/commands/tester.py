@@ -172,9 +172,13 @@ def release_settings(args: argparse.Namespace, local: bool = False):
         print(RELEASE_OFF_WARNING, file=sys.stderr, flush=True)
         policy = ReleasePolicy.off()
         return policy, PrivacyAccountant(policy.budget)
-    policy = ReleasePolicy(min_intersection=args.min_intersection, min_effective_size=args.min_effective_size,
-                           rho=args.noise_rho, budget=args.privacy_budget,
-                           **({} if local else {"max_refusals": args.max_refusals}))
+    try:
+        policy = ReleasePolicy(min_intersection=args.min_intersection, min_effective_size=args.min_effective_size,
+                               rho=args.noise_rho, budget=args.privacy_budget,
+                               **({} if local else {"max_refusals": args.max_refusals}))
+    except InputError as exc:  # name the flag the user typed, not the policy's field
+        flag = "--" + (exc.parameter or "").replace(" ", "-")
+        raise InputError(str(exc).split(": ", 1)[-1], parameter=flag) from None
     if not local:
         require_ledger(args, policy)
     ledger = args.privacy_ledger or (local_ledger_path() if local else None)

@@ -20,11 +20,10 @@ import pandas as pd
 import pytest
 from scipy.stats import binom
 
-from common import paillier
 from common.races import RACES
 from tester_service.protocol import AuditSpec
 from tester_service.release import ReleasePolicy
-from tests.helpers import TEST_BITS, local_audit
+from tests.helpers import local_audit, one_key_inline_chunks
 
 pytestmark = pytest.mark.slow
 #: a population seed no other attack uses
@@ -36,11 +35,7 @@ K = len(RACES)
 
 @pytest.fixture(scope="module", autouse=True)
 def fast_crypto():
-    """One cached key pair for the sans-I/O sessions, inline chunks."""
-    key = paillier.generate_keypair(TEST_BITS, allow_insecure=True)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PPRE_WORKERS", "1")
-        mp.setattr("client_service.protocol.paillier.generate_keypair", lambda *a, **kw: key)
+    with one_key_inline_chunks():
         yield
 
 
