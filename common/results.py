@@ -1032,8 +1032,7 @@ def delivered(receipt_: AuditReport, result: AuditReport) -> AuditReport:
     holds both sides sees (local mode, design §3.7), as the Tester finished it before."""
     if result.audit_id and receipt_.audit_id and result.audit_id != receipt_.audit_id:
         raise ValueError(f"the result is audit {result.audit_id}'s, the receipt audit {receipt_.audit_id}'s")
-    return replace(result, delivered_to="", audit_id="",
-                               **{name: getattr(receipt_, name) for name in TESTER_FACTS})
+    return replace(result, delivered_to="", audit_id="", **{name: getattr(receipt_, name) for name in TESTER_FACTS})
 
 
 def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, tau: float,

@@ -86,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for handler in logging.getLogger().handlers:
         handler.setFormatter(_WithheldMessages("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    from common.memory import protect_process
+    # before any command reads a file: the services and `audit --local` hold keys and both
+    # parties' tables, `bisg`, `synth`, `demo` and `validate-bisg` members' data (design §7)
+    protect_process()
     try:
         return int(args.func(args) or 0)
     except PPREError as exc:

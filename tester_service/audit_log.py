@@ -62,14 +62,18 @@ def _canonical(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+def _link_message(prev: str, seq: int, time: str, record: dict) -> bytes:
+    """What a record's link covers: the previous link and every field of the record."""
+    return prev.encode("ascii") + _canonical({"seq": seq, "time": time, "record": record})
+
+
 def record_hash(prev: str, seq: int, time: str, record: dict) -> str:
-    return hashlib.sha256(prev.encode("ascii") + _canonical({"seq": seq, "time": time, "record": record})).hexdigest()
+    return hashlib.sha256(_link_message(prev, seq, time, record)).hexdigest()
 
 
 def record_mac(key: bytes, prev: str, seq: int, time: str, record: dict) -> str:
     """The keyed link of one record: HMAC-SHA256 over what `record_hash` hashes."""
-    message = prev.encode("ascii") + _canonical({"seq": seq, "time": time, "record": record})
-    return hmac.new(key, message, hashlib.sha256).hexdigest()
+    return hmac.new(key, _link_message(prev, seq, time, record), hashlib.sha256).hexdigest()
 
 
 def _inside(path: Path, directory: Path) -> bool:

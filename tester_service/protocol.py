@@ -207,11 +207,10 @@ class TesterSession:
         #: the shuffled table (step 3) as it arrives, then `_index` sorted by point
         self._shuffled: list[tuple[bytes, bytes]] | None = None
         self._index: tuple[np.ndarray, np.ndarray] | None = None
-        #: per matched row: where each of its members is in `_index`, its ciphertexts
-        #: (packed), and its members' doubly encrypted points (for the release checks)
+        #: per matched row: where each of its members is in `_index` (one position per
+        #: distinct member), and its ciphertexts (packed)
         self._matched_at: list[np.ndarray] = []
         self._matched_cts: list[bytes] = []
-        self._matched_points: list[np.ndarray] = []
         self._matched_units: list[np.ndarray] = []
         self._matched_strata: list[np.ndarray] = []
         #: every row of the Test-Client's table, matched or not: its members' doubly encrypted
@@ -253,7 +252,6 @@ class TesterSession:
         self._shuffled = None
         self._index = None
         self._matched_at = []
-        self._matched_points = []
         self._row_points, self._row_strata = [], []
         for future, *_ in self._pending:
             future.cancel()
@@ -383,7 +381,6 @@ class TesterSession:
         if not len(kept):
             return
         self._matched_at.append(at.reshape(n_rows, n_ids)[kept])
-        self._matched_points.append(doubled.reshape(n_rows, n_ids)[kept].ravel())
         if self._layout is not None and self._layout.n_ciphertexts:
             row = self._layout.n_ciphertexts * self._pub.ciphertext_bytes
             self._matched_cts.append(np.frombuffer(ciphertexts, dtype=f"V{row}")[kept].tobytes())
@@ -420,15 +417,16 @@ class TesterSession:
         distinct members; the counts are then dropped. An intersection empty or too small
         gets `IntersectionRefused`, whose text is the same whatever the size: the
         Test-Client learns "refused", never a count (design §8.2)."""
-        points = np.concatenate(self._matched_points) if self._matched_points else np.empty(0, dtype="S1")
-        self._matched_points = []
-        distinct = len(np.unique(points))
-        del points
         self._multiplicity, self._sensitivity_rows = self._rows_per_member()
         if self.metric.unique_ids and self.metric.n_ids == 1 and self._multiplicity > 1:
             raise ProtocolError("a member appears in more than one row of a dataset whose member ids must be unique")
-        if distinct < self.release.min_intersection:
+        if self._distinct_members() < self.release.min_intersection:
             raise IntersectionRefused()
+
+    def _distinct_members(self) -> int:
+        """The distinct members among the joined rows: their positions in `_index`, whose
+        points are distinct (`_index_shuffled`)."""
+        return len(np.unique(np.concatenate(self._matched_at))) if self._matched_at else 0
 
     def _rows_per_member(self) -> tuple[int, float]:
         """The most rows one member is in (m) and the row count the slots' noise is sized by
@@ -438,17 +436,14 @@ class TesterSession:
         receives say nothing of which of its members the Tester holds. Counted on the joined
         rows alone, m would move when the member with the most rows joins or not."""
         points = np.concatenate(self._row_points) if self._row_points else np.empty(0, dtype="S1")
-        self._row_points = []
+        strata = np.concatenate(self._row_strata) if self._row_strata else None
+        self._row_points, self._row_strata = [], []
         if not len(points):
             return 1, 1.0
         _, member, counts = np.unique(points, return_inverse=True, return_counts=True)
         multiplicity = int(counts.max())
-        if not self.metric.strata_cells:
+        if not self.metric.strata_cells or strata is None:
             return multiplicity, float(multiplicity)
-        if not self._row_strata:
-            return multiplicity, float(counts.max())
-        strata = np.concatenate(self._row_strata)
-        self._row_strata = []
         return multiplicity, sensitivity_rows(member.reshape(-1, self.metric.n_ids), strata)
 
     # ------------------------------------------------------------------ step 5: open

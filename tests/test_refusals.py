@@ -73,3 +73,25 @@ def test_a_repeated_member_is_refused_whether_or_not_it_joins():
         doubled = client.iloc[list(range(150)) + [row]].reset_index(drop=True)
         with pytest.raises(ProtocolError, match="more than one row"):
             local_audit(tester, doubled, release=policy)
+
+
+def test_a_bad_max_refusals_flag_is_named_as_the_user_typed_it(tmp_path):
+    """`ppre tester serve --max-refusals -1`: refused, naming the flag (not the policy's field)."""
+    from ppre.cli import _parser_for
+    from ppre.commands.tester import release_settings
+    argv = ["tester", "serve", "--client", "127.0.0.1:1", "--probabilities", str(tmp_path / "p.csv"),
+            "--privacy-ledger", str(tmp_path / "ledger.json"), "--max-refusals", "-1"]
+    args = _parser_for(argv).parse_args(argv)
+    with pytest.raises(InputError, match=r"parameter '--max-refusals': must be a whole number >= 0"):
+        release_settings(args)
+
+
+def test_the_test_clients_spread_facts_are_checked():
+    """MQOS-NDCG's facts for its interval under noise (`spread_facts`): a negative or
+    impossible spread, or a negative Σ d², is a bad HelloAck (common.validation)."""
+    from common.metrics.mqos_ndcg import METRIC as NDCG
+    NDCG.check_info({"spread_per_query": 0.01, "queries_squared": 12}, [])
+    for bad in ({"spread_per_query": -0.1}, {"spread_per_query": float("nan")}, {"spread_per_query": 1e9},
+                {"queries_squared": -4}):
+        with pytest.raises(ValueError, match="spread per query"):
+            NDCG.check_info(bad, [])

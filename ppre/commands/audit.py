@@ -140,9 +140,6 @@ def run(args: argparse.Namespace) -> int:
     aborts the Test-Client's session) and exits 130 after one line, "cancelled"."""
     from ppre.commands import setup_logging
 
-    if args.local:  # this process reads both parties' files and holds every key: no core dump (design §7)
-        from common.memory import protect_process
-        protect_process()
     setup_logging(args, "local" if args.local else "operator")
     with quiet_logs(args.json and not args.verbose):
         return _run_reporting(args)

@@ -127,8 +127,6 @@ def write_table_atomic(table: pa.Table, output: str | Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from common.memory import protect_process
-    protect_process()  # the members' names and addresses are in memory: no core dump (design §7)
     t0 = time.perf_counter()
     members = read_members_table(args.input)  # Arrow, all text: no pandas on this path
     csv_out = not str(args.output).lower().endswith((".parquet", ".pq"))

@@ -50,10 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from client_service.datasets import DatasetRegistry
     from client_service.server import ClientConfig, serve
     from ppre.commands import make_executor, serve_forever, setup_logging
-    from common.memory import protect_process
-
-    setup_logging(args, "client")
-    protect_process()  # design §7: a crash must not write keys or tables to disk (no core dumps)
+    setup_logging(args, "client")  # the process is protected already (`ppre.cli.main`, design §7)
     from common.tls import parse_names
 
     tls = tls_identity(args)

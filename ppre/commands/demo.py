@@ -60,9 +60,6 @@ def run(args: argparse.Namespace) -> int:
     from proto import ppre_pb2 as pb
     from tester_service.preparation import PreparationConfig
     from tester_service.server import prepare_from_files, run_audit
-    from common.memory import protect_process
-
-    protect_process()  # the population and both parties' keys live in this process (design §7)
     data = synthesize(SynthConfig(members=args.members, seed=args.seed, disparity={"black": args.disparity}))
     if args.write_data:
         root = Path(args.write_data)

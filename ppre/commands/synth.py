@@ -61,8 +61,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from common.memory import protect_process
-    protect_process()  # a population with true races: as member data (design §7)
     cfg = SynthConfig(members=args.members, seed=args.seed, self_id_share=args.self_id_share,
                       self_id_bias=parse_race_values(args.self_id_bias, "self-id-bias"),
                       base_fpr=args.base_fpr, disparity=parse_race_values(args.disparity, "disparity"),

@@ -87,8 +87,6 @@ def run_validate_bisg(args: argparse.Namespace) -> int:
     import json
 
     from tester_service.bisg_validation import format_report, validate
-    from common.memory import protect_process
-    protect_process()  # the members and their Self-ID answers are in memory (design §7)
     states = tuple(x.strip() for x in args.excluded_states.split(",") if x.strip())
     report = validate(args.members, args.self_id, geo=args.geo, first_names=args.first_names, bins=args.bins,
                       min_bin_count=args.min_bin_count, excluded_states=states, opt_out_column=args.opt_out_column)
@@ -234,10 +232,7 @@ def preparation_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from ppre.commands import make_executor, serve_forever, setup_logging
-    from common.memory import protect_process
-
-    setup_logging(args, "tester")
-    protect_process()  # design §7: a crash must not write keys or tables to disk (no core dumps)
+    setup_logging(args, "tester")  # the process is protected already (`ppre.cli.main`, design §7)
     from tester_service.server import TesterConfig, serve
     if bool(args.probabilities) == bool(args.members):
         raise InputError("give exactly one of --probabilities (a prepared table) and --members",

@@ -165,8 +165,7 @@ def with_count_in_refusal(monkeypatch) -> None:
     original = protocol.TesterSession._check_intersection
 
     def leaky(self) -> None:
-        points = np.concatenate(self._matched_points) if self._matched_points else np.empty(0)
-        distinct = len(np.unique(points))
+        distinct = self._distinct_members()
         try:
             original(self)
         except IntersectionRefused:
