@@ -282,6 +282,140 @@ def one_ndcg(pool, n, policy, bootstrap, rng, gap):
     return report, band_flag(values, small)
 
 
+# ------------------------------------------------------------------ LOT
+#: LOT's setting: ranks per query, each query's relevances Ỹ ~ N(LOT_MEAN, LOT_SD) clipped to
+#: [0, 1] (hsm members' raised by the gap), the hsm/non_hsm split of the races
+LOT_RANKS, LOT_MEAN, LOT_SD = 10, 0.3, 0.1
+HSM = [GROUPS.index(g) for g in ("black", "hispanic", "aian")]
+LOT_GROUPS = ["hsm", "non_hsm"]
+
+
+def draw_lot(pool: np.ndarray, n: int, rng: np.random.Generator, gap: float):
+    """n members in n/10 queries of 10 ranks (each member once), their hsm/non_hsm
+    probabilities, true race drawn from them, relevance N(LOT_MEAN + gap·[hsm], LOT_SD)
+    clipped to [0, 1]: (higher member's p, lower member's p, rank pair, ΔỸ) per row."""
+    p = pool[rng.choice(len(pool), size=n, replace=n > len(pool))]
+    hsm = p[:, HSM].sum(axis=1)
+    two = np.column_stack([hsm, 1.0 - hsm])
+    is_hsm = rng.random(n) < hsm
+    y = np.clip(rng.normal(LOT_MEAN + gap * is_hsm, LOT_SD), 0.0, 1.0).reshape(-1, LOT_RANKS)
+    probs = two.reshape(-1, LOT_RANKS, 2)
+    delta = (y[:, :-1] - y[:, 1:]).ravel()
+    stratum = np.tile(np.arange(LOT_RANKS - 1), len(y))
+    return probs[:, :-1].reshape(-1, 2), probs[:, 1:].reshape(-1, 2), stratum, delta
+
+
+def truths_lot(pool: np.ndarray, gap: float, rng: np.random.Generator) -> dict:
+    """Each cell's large-sample value Σ w·ΔỸ / Σ w (2 million members), by label."""
+    pa, pb, stratum, delta = draw_lot(pool, 2_000_000, rng, gap)
+    out = {}
+    for a, b in ((0, 1), (1, 0)):
+        w = pa[:, a] * pb[:, b]
+        label = f"{LOT_GROUPS[a]}>{LOT_GROUPS[b]}"
+        out[label] = float((w * delta).sum() / w.sum())
+        for s in range(LOT_RANKS - 1):
+            rows = stratum == s
+            out[f"{label}@{s + 1}-{s + 2}"] = float((w[rows] * delta[rows]).sum() / w[rows].sum())
+    return out
+
+
+def release_lot(pa, pb, stratum, delta, policy: ReleasePolicy, rng: np.random.Generator):
+    """LOT's release of second moments (`Lot.moment_plan`): per item (cells per rank pair,
+    pooled cells as their sums, pair items per rank pair) Σ W·v in the slots' units (a cell's
+    weight at 2^64, a component at 2^32), each slot noised with the policy's σ₀ or σ_m times
+    its sensitivity (`Metric.slot_sensitivity`, with the Tester's row count m: each member is
+    in at most two rows, of two rank pairs, so m = √2)."""
+    from common.metrics.base import sensitivity_rows
+    from common.metrics.lot import METRIC as LOT, SPREAD_INFO, gap_spreads
+    labels = [f"{s + 1}-{s + 2}" for s in range(LOT_RANKS - 1)]
+    info = {SPREAD_INFO: gap_spreads(delta, stratum, len(labels))}
+    comps = LOT.components("idcg", {}, info)
+    layout = Layout(160, 4, len(comps))
+    plan = LOT.plan(LOT_GROUPS, labels, layout, "idcg", {}, info)
+    plan, pairs_plan = LOT.moment_plan(plan, LOT_GROUPS, "idcg", {}, info, layout)
+    cells = [pa[:, a] * pb[:, b] for a, b in ((0, 1), (1, 0))]
+    pair_cells = [cells[a] * cells[b] for a, b in correction.pairs(2)]
+    unit = float(1 << 96)
+    members = np.arange(len(delta)) + np.arange(len(delta)) // (LOT_RANKS - 1)
+    m = sensitivity_rows(np.column_stack([members, members + 1]), stratum)
+    sigma0, sigma_m = policy.moment_sigmas(LOT.sensitivity_components("idcg", {}, info))
+    sens = np.array(LOT.slot_sensitivity(Item(0, 0), layout, comps, m), dtype=np.float64)
+    row, noise_sd, base = [], [], pairs_plan.first_item
+    for i, item in enumerate(plan.items):
+        w = cells[item.weight] if i < base else pair_cells[item.weight - len(cells)]
+        rows = slice(None) if item.stratum is None else stratum == item.stratum
+        exact = np.array([(w[rows] * delta[rows]).sum(), w[rows].sum(), 0.0, 0.0]) * unit
+        if item.stratum is None:  # pooled: the Tester's product of its rank pairs' noised items
+            row.append(None)
+            noise_sd.append(sens * sigma0 * math.sqrt(len(labels)))
+            continue
+        sd = sens * (sigma0 if i < base else sigma_m)
+        row.append([int(x) for x in np.rint(exact + rng.normal(0, 1, 4) * sd)])
+        noise_sd.append(sd)
+    for i, item in enumerate(plan.items):
+        if row[i] is None:
+            parts = [j for j, it in enumerate(plan.items[:base]) if it.weight == item.weight and it.stratum is not None]
+            row[i] = [sum(row[j][s] for j in parts) for s in range(4)]
+    sds = [float(x) for sd in noise_sd for x in sd]
+    return plan, pairs_plan, row, sds + [0.0] * len(sds), info
+
+
+def one_lot(pool, n, policy, bootstrap, rng, gap):
+    from common.metrics.lot import METRIC as LOT
+    pa, pb, stratum, delta = draw_lot(pool, n, rng, gap)
+    plan, pairs_plan, row, noise_sd, info = release_lot(pa, pb, stratum, delta, policy, rng)
+    values, _ = moments.finish_release(plan, pairs_plan, row, noise_sd, bootstrap)
+    report = finish(LOT, plan, values, option="idcg", confidence=0.95, tau=TAU, params={}, info=info,
+                    replicates=bootstrap, small_groups=[], interval="percentile", noisy=True)
+    low, high = simultaneous_bands(values, 0.95, "percentile")  # every cell at once, both sides
+    return report, bool(np.any((low > 0) | (high < 0)))
+
+
+def run_lot(pool, n, datasets, bootstrap, seed, gap, policy) -> dict:
+    """Flag rate (a cell significantly below 0; under the null every cell's value is 0),
+    the rate at which the simultaneous band of some cell excludes its value 0 (null only:
+    the band's two-sided family-wise error), and per cell the coverage of its large-sample
+    value and the median width."""
+    rng = np.random.default_rng([seed, n, int(round(gap * 1e6)), 7])
+    truth = truths_lot(pool, gap, rng)
+    flags, bands, covered, widths = 0, 0, {k: 0 for k in truth}, {k: [] for k in truth}
+    for _ in range(datasets):
+        rep, band = one_lot(pool, n, policy, bootstrap, rng, gap)
+        flags += bool(rep.verdict.significant)
+        bands += band
+        for c in rep.cells:
+            label = f"{c.higher}>{c.lower}" + (f"@{c.rank_pair}" if c.rank_pair else "")
+            if c.ci_low is not None and c.ci_high is not None:
+                covered[label] += c.ci_low <= truth[label] <= c.ci_high
+                widths[label].append(c.ci_high - c.ci_low)
+    return {"flag": flags / datasets, "band": bands / datasets, "truth": truth,
+            "coverage": {k: covered[k] / max(len(widths[k]), 1) for k in truth},
+            "width": {k: float(np.median(w)) if w else float("nan") for k, w in widths.items()}}
+
+
+def main_lot(args, policy, pool, settings) -> int:
+    lines = ["| members | gap (hsm relevance) | datasets | verdict flagged | MC sd | band excludes 0 "
+             "| coverage: pooled (2 cells) | coverage: rank-pair cells (min–max) | median width: pooled "
+             "| median width: rank pairs (min–max) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for n, gap in settings:
+        t = time.time()
+        s = run_lot(pool, n, args.datasets, args.bootstrap, args.seed, gap, policy)
+        sd = math.sqrt(max(s["flag"] * (1 - s["flag"]), 1e-12) / args.datasets)
+        pooled = [k for k in s["truth"] if "@" not in k]
+        ranks = [k for k in s["truth"] if "@" in k]
+        cov_r = [s["coverage"][k] for k in ranks]
+        wid_r = [s["width"][k] for k in ranks]
+        cov_p = " / ".join(f"{s['coverage'][k]:.2f}" for k in pooled)
+        wid_p = " / ".join(f"{s['width'][k]:.4f}" for k in pooled)
+        band = f"{s['band']:.1%}" if gap == 0 else "—"
+        lines.append(f"| {n:,} | {gap:g} | {args.datasets} | {s['flag']:.1%} | {sd:.1%} | {band} | {cov_p} "
+                     f"| {min(cov_r):.2f}–{max(cov_r):.2f} | {wid_p} | {min(wid_r):.4f}–{max(wid_r):.4f} |")
+        print(lines[-1], f"({time.time() - t:.0f} s)", flush=True)
+    print("\n".join(lines))
+    return 0
+
+
 #: per metric: (truths, one dataset's report and band flag)
 SETTINGS = {"ero": (truths, one),
             "output": (truths_output, one_output),
@@ -323,12 +457,14 @@ def main(argv=None) -> int:
     import argparse
     from bench_null import simulation_arguments
     pick = argparse.ArgumentParser(add_help=False)
-    pick.add_argument("--metric", choices=sorted(SETTINGS), default="ero")
+    pick.add_argument("--metric", choices=sorted(SETTINGS) + ["lot"], default="ero")
     args = chosen = simulation_arguments(__doc__, argv, parents=[pick])
     policy = ReleasePolicy()
     pool = pool_cached()
     settings = [(int(s), 0.0) for s in args.sizes.split(",") if s]
     settings += [(int(s), float(g)) for s, g in (x.split(":") for x in args.power.split(",") if x)]
+    if chosen.metric == "lot":
+        return main_lot(args, policy, pool, settings)
     head = " | ".join(GROUPS)
     lines = [f"| members | gap | datasets | verdict flagged | MC sd | black detected | band excludes 0 | kind "
              f"| coverage ({head}) | median width ({head}) | corrected withheld |",

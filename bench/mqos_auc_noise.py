@@ -26,7 +26,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.encoding import quantize_probabilities  # noqa: E402
-from common.metrics.scoring import dense_score_rank, doubled_a_weights, sample_capped_pairs  # noqa: E402
+from common.metrics.scoring import dense_score_rank, doubled_a_weights, sample_pair_graph  # noqa: E402
 from common.results import marginal_intervals  # noqa: E402
 from tester_service.preparation import prepare, read_members, read_self_id  # noqa: E402
 
@@ -101,15 +101,18 @@ def main() -> None:
     report("exact (released V, D; sensitivities 1/2, 1)", names, clean,
            [noised(v, d, vg, dg, 0.5, 1.0, rng, 0.5) for _ in range(args.draws)])
     for pairs, cap in ((100_000, 4), (400_000, 16), (30_000, 1)):
-        first, second, ind = sample_capped_pairs(y, s, pairs, cap, rng, "mqos_auc.csv")
+        # the Test-Client's rows: the pairs among dummy rows valued (0, 0)
+        first, second, values, kept = sample_pair_graph(y, s, pairs, cap, rng, "mqos_auc.csv")
+        ind, one = values[:, 0], values[:, 1]
         w = p[first] * p[second]
         member_group = rng.permutation(len(y)) % GROUPS
         unit = np.where(member_group[first] == member_group[second], member_group[first], GROUPS)
-        num, den = (w * ind[:, None]).sum(0), w.sum(0)
+        num, den = (w * ind[:, None]).sum(0), (w * one[:, None]).sum(0)
         numg = np.array([(w[unit == g] * ind[unit == g, None]).sum(0) for g in range(GROUPS)])
-        deng = np.array([w[unit == g].sum(0) for g in range(GROUPS)])
+        deng = np.array([(w[unit == g] * one[unit == g, None]).sum(0) for g in range(GROUPS)])
         sampled_clean = np.vstack([num / den, numg / deng])
-        report(f"sampled ({len(first)} pairs, at most {cap} per member; noise sd sigma*{cap} on both sums)",
+        report(f"sampled ({kept} pairs in {len(first)} rows, at most {cap} per member; noise sd sigma*{cap} "
+               "on both sums)",
                names, sampled_clean,
                [noised(num, den, numg, deng, cap, cap, rng, 0.0) for _ in range(args.draws)])
 

@@ -224,7 +224,9 @@ class Family:
     corrected values come from one k × k system."""
 
     cells: tuple[int, ...]        # plan cell per group
-    pair_items: tuple[int, ...]   # plan item per pair (`pairs`), holding M's entries
+    #: plan item per pair (`pairs`), holding M's entries; or one per group, the diagonal
+    #: alone (`common.moments.pair_matrix`: the covariances across groups taken as 0)
+    pair_items: tuple[int, ...]
     num_slot: int
     den_slot: int
     scale_shift: int
@@ -252,6 +254,9 @@ class CorrectionPlan:
     groups: tuple[str, ...]
     families: tuple[Family, ...]
     first_item: int               # the correction's items start here
+    #: cells whose release is the sum of other cells' releases, (cell, its parts): LOT's
+    #: pooled cells, the sums of their rank pairs' cells (`common.moments.weighted_draws`)
+    pooled: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     def _system(self, slots: Sequence[Sequence[int]], base: int, cells,
                 family: Family) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

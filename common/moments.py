@@ -25,6 +25,12 @@ fixed-point scale (`Family.unit`); the weighted interval uses them
 and the groups' means with one spread σ² for all groups, read off the overall sums,
 `pooled_spread`) and the corrected one ``V = S^d·σ²`` (`residual_moments`).
 
+A family's "groups" need not be races: LOT (`common.metrics.lot`, `Lot.moment_plan`)
+makes one family per rank pair whose members are its cells (ordered group pairs), with
+the spread of the gaps per rank pair as the Test-Client states it, and its pooled cells
+are sums of other cells (`CorrectionPlan.pooled`), drawn as the sums of their parts'
+draws, as "overall" is for the groups.
+
 From them the finishing party (the Test-Client, or the Tester when only it learns the
 result) forms, with no further release (post-processing):
 
@@ -98,11 +104,14 @@ def gaussian_draws(cov: np.ndarray, replicates: int, rng: np.random.Generator) -
 def pair_matrix(row: Sequence[Sequence[float]], family, slot: int, k: int,
                 items: Sequence[int] | None = None) -> np.ndarray:
     """The symmetric k × k matrix of one slot of the family's pair items (S^f or S^d;
-    `items`: other pair items, those of the squares)."""
+    `items`: other pair items, those of the squares). A family with one item per group
+    holds the diagonal alone: its off-diagonal entries are 0 (draws independent across
+    groups, which widens a simultaneous band, never narrows it: Šidák's inequality)."""
     from common.correction import pairs
     items = family.pair_items if items is None else items
-    out = np.empty((k, k))
-    for p, (a, b) in enumerate(pairs(k)):
+    where = pairs(k) if len(items) == len(pairs(k)) else [(j, j) for j in range(k)]
+    out = np.zeros((k, k))
+    for p, (a, b) in enumerate(where):
         out[a, b] = out[b, a] = float(row[items[p]][slot])
     return out
 
@@ -198,6 +207,7 @@ def weighted_draws(plan, moments, row: Sequence[Sequence[int]], estimate: np.nda
     out = np.full((replicates + 1, len(plan.cells)), np.nan)
     out[0] = estimate
     hidden = set(withheld)
+    deviations: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # cell -> its draws' (Num, Den) deviations
     for family in moments.families:
         items = [plan.cells[c].item for c in family.cells]
         num = np.array([float(row[i][family.num_slot]) for i in items])
@@ -210,6 +220,7 @@ def weighted_draws(plan, moments, row: Sequence[Sequence[int]], estimate: np.nda
         d_num, d_den = delta[:, :k], delta[:, k:]
         shift = 2.0 ** family.scale_shift
         for j, c in enumerate(family.cells):
+            deviations[c] = (d_num[:, j], d_den[:, j])
             if items[j] in hidden or not np.isfinite(estimate[c]):
                 continue
             out[1:, c] = _ratios(num[j] + d_num[:, j], den[j] + d_den[:, j]) * shift + plan.cells[c].offset
@@ -220,6 +231,13 @@ def weighted_draws(plan, moments, row: Sequence[Sequence[int]], estimate: np.nda
                 continue
             n0, d0 = float(row[cell.item][cell.num_slot]), float(row[cell.item][cell.den_slot])
             out[1:, c] = _ratios(n0 + d_num.sum(axis=1), d0 + d_den.sum(axis=1)) * shift + cell.offset
+    for c, parts in moments.pooled:  # a sum of other cells' releases: the sum of their deviations
+        cell = plan.cells[c]
+        if cell.item in hidden or not np.isfinite(estimate[c]) or not all(p in deviations for p in parts):
+            continue
+        n0, d0 = float(row[cell.item][cell.num_slot]), float(row[cell.item][cell.den_slot])
+        out[1:, c] = _ratios(n0 + sum(deviations[p][0] for p in parts),
+                             d0 + sum(deviations[p][1] for p in parts)) * 2.0 ** cell.scale_shift + cell.offset
     return out
 
 

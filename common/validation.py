@@ -501,8 +501,8 @@ class ClientInbound(Gate):
         if header.interval == "parametric" and s._metric.moment_squares and not s._params.get(SECOND_MOMENTS):
             raise ProtocolError("aggregates header: second moments without the squares the Hello did not ask for")
         if s._hello.correction not in ("", "none") or header.interval == "parametric":
-            plan, corrections = correction.extend(  # M's items, the second moments too
-                plan, groups, **s._metric.moment_shape(s._option, s._params, s._info, s._layout))
+            plan, corrections = s._metric.moment_plan(  # M's items, the second moments too
+                plan, groups, s._option, s._params, s._info, s._layout)
         if not set(header.unidentifiable) <= set(groups) or \
                 len(set(header.unidentifiable)) != len(header.unidentifiable) or \
                 (header.unidentifiable and s._hello.correction in ("", "none")):

@@ -506,7 +506,9 @@ class TesterSession:
             used = np.unique(units)
             units = np.searchsorted(used, units)
             n_units = len(used)
-            if groups_instead:
+            if self._moments_form():  # the estimate alone: one unit (`common.moments`)
+                units, n_units = np.zeros_like(units), 1
+            elif groups_instead:
                 if n_units < RELEASE_GROUPS:
                     # the count itself stays here: it moves with who joined (design §8)
                     # and it counts as a refused audit (`PrivacyAccountant.refuse`): one yes/no answer
@@ -536,11 +538,10 @@ class TesterSession:
                                  self.params, self._info)
         if self.spec.correction != "none" or self._moments_form():
             # M's items, which are also the second moments of the interval (`common.moments`)
-            self._plan, self._correction = correction.extend(
-                self._plan, self.groups,
-                **metric.moment_shape(self.spec.metric_option, self.params, self._info, self._layout))
-            weights = list(weights) + correction.pair_weights(q[0])
-            assert len(weights) == len(self.groups) + 1 + len(correction.pairs(len(self.groups)))
+            self._plan, self._correction = metric.moment_plan(self._plan, self.groups, self.spec.metric_option,
+                                                              self.params, self._info, self._layout)
+            weights = list(weights) + metric.moment_weights(q, self.groups, self.spec.metric_option, self.params)
+            assert max(item.weight for item in self._plan.items) < len(weights)
             if self.spec.correction != "none" and not self.release.noisy:
                 self._check_identifiable(q[0])  # with noise: on the released M (`correction.finish_corrected`)
         del q

@@ -1,8 +1,8 @@
 """Coverage of the sampled MQOS-AUC interval (common.metrics.mqos_auc, `sampled`).
 
-Pairs are drawn uniformly from all positive-negative pairs, members are put in G random
-groups, and the interval is the random-groups t interval over the G within-group
-estimates (pairs whose two members share a group). Resampling the pairs instead would
+Pairs are drawn uniformly from all positive-negative pairs (among dummy rows valued 0),
+members are put in G random groups, and the interval is the random-groups t interval
+over the G within-group estimates (rows whose two members share a group). Resampling the pairs instead would
 ignore that pairs share members: this test shows that such intervals cover far too
 rarely, while the random-groups ones reach the nominal level. Plaintext simulation of
 exactly the estimator the services compute (hard groups: weights 0 or 1).
@@ -36,12 +36,13 @@ def test_sampled_auc_random_group_intervals_cover_and_pair_bootstrap_does_not():
         y, score = _binormal(600, shift, rng)
         frame = pd.DataFrame({"member_id": [f"m{i}" for i in range(600)], "y_true": y, "score": score})
         rows = metric.client_rows(frame, "d.csv", "sampled", params, rng)
-        win = rows.values[:, 0]
-        full = win.mean()
-        per_group = np.array([win[rows.units == g].mean() for g in range(G)])
+        win, one = rows.values[:, 0], rows.values[:, 1]  # dummy rows: (0, 0)
+        full = win.sum() / one.sum()
+        per_group = np.array([win[rows.units == g].sum() / one[rows.units == g].sum() for g in range(G)])
+        win = win[one == 1]
         low, high = marginal_intervals(np.concatenate([[full], per_group])[:, None], 0.95, "random_groups")
         covered += low[0] <= truth <= high[0]
-        # the naive alternative: resample the pairs as if they were independent
+        # the naive alternative: resample the real pairs as if they were independent
         boot = np.array([win[rng.integers(0, len(win), len(win))].mean() for _ in range(200)])
         lo, hi = np.quantile(boot, [0.025, 0.975])
         covered_pairs += lo <= truth <= hi

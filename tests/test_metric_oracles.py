@@ -287,9 +287,11 @@ def test_mqos_auc_sampled_within_sampling_error_of_sklearn(tmp_path):
     y = (rng.random(len(shared)) < 0.4).astype(int)
     score = np.round(np.clip(0.5 + 0.18 * ((1.2 - 0.15 * g) * (y - 0.5) + rng.normal(0, 0.8, len(shared))), 0, 1), 1)
     client = pd.DataFrame({"member_id": shared, "y_true": y, "score": score})
-    pairs = 30_000  # every pair is a Paillier-encrypted row: 200,000 take about 2 minutes on 2 cores
+    # every row is Paillier-encrypted: 200,000 take about 2 minutes on 2 cores; the pairs hide
+    # among dummy rows, about 1/(2·0.4·0.6) ≈ 2.1 rows per pair (docs/metrics/mqos-auc.md)
+    pairs = 15_000
 
-    # a cap of 100 pairs per member keeps all 30,000 pairs (480 positives): the design simulated below
+    # a cap of 100 rows per member keeps all 15,000 pairs (in about 32,000 rows): the design simulated below
     report = run_through_services(tmp_path, table, client, "mqos-auc", option="sampled",
                                   params={"pairs": pairs, "pairs_per_member": 100}, recipient="client")
 

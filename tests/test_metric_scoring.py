@@ -384,6 +384,45 @@ def test_sample_capped_pairs_keeps_every_member_within_the_cap_and_stays_unbiase
     assert err.value.parameter == "pairs per member"
 
 
+def test_sample_pair_graph_is_label_independent_capped_and_unbiased():
+    """The sampled AUC's rows (`sample_pair_graph`, docs/metrics/mqos-auc.md "What the
+    Tester sees"): which members a row joins is a function of the rng and the table's
+    counts alone (shuffled labels and scores give the same rows), positives and negatives
+    have the same degree distribution, the graph is far from bipartite by label, no member
+    is in more than `cap` rows, dummies carry (0, 0), and the ratio of the two sums is
+    the AUC within its sampling error."""
+    from scipy.stats import chi2_contingency
+    g, s, y = _tied_data(4000, 3, 16)
+    for cap, m in ((4, 3_000), (4, 100_000), (50, 30_000)):
+        first, second, values, kept = sc.sample_pair_graph(y, s, m, cap, np.random.default_rng(cap + m), "o.csv")
+        shuffled = np.random.default_rng(1).permutation(y.size)
+        again = sc.sample_pair_graph(y[shuffled], s[shuffled] * -1, m, cap, np.random.default_rng(cap + m), "o.csv")
+        np.testing.assert_array_equal(again[0], first)
+        np.testing.assert_array_equal(again[1], second)
+        degree = np.bincount(np.concatenate([first, second]), minlength=y.size)
+        assert degree.max() <= cap and (first != second).all()
+        table = [np.bincount(degree[y == c], minlength=cap + 1) for c in (0, 1)]
+        table = np.array(table)[:, np.array(table).sum(0) > 0]
+        assert chi2_contingency(table)[1] > 1e-3                  # same degree distribution
+        pi = y.mean()
+        same = (y[first] == y[second]).mean()                     # bipartite by label: 0
+        assert abs(same - (1 - 2 * pi * (1 - pi))) < 5 * np.sqrt(0.25 / first.size), same
+        real = values[:, 1] == 1
+        assert kept == real.sum() == sc.pair_graph_size(int(y.sum()), int((1 - y).sum()), m, cap)[1]
+        assert (y[first[real]] != y[second[real]]).all() and (values[~real] == 0).all()
+        pos = np.where(y[first] == 1, first, second)[real]
+        neg = np.where(y[first] == 1, second, first)[real]
+        np.testing.assert_array_equal(values[real, 0], np.vectorize(_w)(s[pos], s[neg]))
+        ind = values[real, 0]
+        se = ind.std(ddof=1) / np.sqrt(ind.size)
+        assert abs(values[:, 0].sum() / values[:, 1].sum() - roc_auc_score(y, s)) < 5 * se
+    assert sc.pair_graph_size(2000, 2000, 100_000, 4) == (8000, 3821)  # capped: all slots, 4000 - 4·44.7
+    assert sc.pair_graph_size(20000, 80000, 1000, 4)[1] == 1000            # the count asked for
+    with pytest.raises(InputError) as err:
+        sc.sample_pair_graph(y, s, 10, 0, np.random.default_rng(0), "o.csv")
+    assert err.value.parameter == "pairs per member"
+
+
 # ----------------------------------------------------------------------------- count
 
 def _exact_tail(p: np.ndarray, T: int) -> float:

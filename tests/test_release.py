@@ -499,15 +499,18 @@ def test_auc_sampled_slots_never_move_beyond_the_declared_pair_cap():
     import pandas as pd
     from common.metrics.base import Item, Layout
     from common.metrics.mqos_auc import SAMPLED
+    from common.metrics.scoring import pair_graph_size
     rng = np.random.default_rng(9)
     n, k, cap = 30, 3, 3
     frame = pd.DataFrame({"member_id": [f"m{i}" for i in range(n)], "y_true": np.arange(n) % 2,
                           "score": rng.integers(0, 5, n).astype(float)})
     params = SAMPLED.parse_params({"pairs": "500", "pairs_per_member": str(cap)})
     rows = SAMPLED.client_rows(frame, "d.csv", "sampled", params, rng)
-    assert rows.info["pairs_kept"] == cap * n // 2 and rows.info["pairs_dropped"] == 500 - cap * n // 2
+    edges, kept = pair_graph_size(n // 2, n // 2, 500, cap)  # every slot used: the cap binds
+    assert edges == cap * n // 2 and rows.info["pairs_kept"] == kept and rows.info["pairs_dropped"] == 500 - kept
     index = {m: i for i, m in enumerate(frame.member_id)}
     a, b = (np.array([index[m] for m in ids]) for ids in rows.ids)
+    assert np.bincount(np.concatenate([a, b])).max() <= cap  # dummy rows count too
     comps = SAMPLED.components("sampled", params, rows.info)
     scale = SAMPLED.slot_sensitivity(Item(0, 0), Layout(64, 2, 2), comps, cap)
     values = np.rint(rows.values * 2).astype(np.int64)  # the fixed-point values (scale 2^1)

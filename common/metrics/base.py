@@ -507,6 +507,22 @@ class Metric:
             shape["square"] = layout.position(len(comps) - squares)
         return shape
 
+    def moment_plan(self, plan: Plan, groups: Sequence[str], option: str, params: dict[str, Any],
+                    info: dict[str, Any], layout: Layout):
+        """`plan` with the second moments' items appended, and where they are (a
+        `common.correction.CorrectionPlan`; both parties derive it). Default: one item per
+        pair of groups a ≤ b on the pair weights q_a·q_b (`common.correction.extend`),
+        which are also the correction's M."""
+        from common import correction
+        return correction.extend(plan, groups, **self.moment_shape(option, params, info, layout))
+
+    def moment_weights(self, q: Sequence[np.ndarray], groups: Sequence[str], option: str,
+                       params: dict[str, Any]) -> list[WeightColumn]:
+        """The weight columns of `moment_plan`'s items, after `weights`' columns (the
+        Tester's): by default ``round(q_a·q_b / 2^32)`` per pair a ≤ b."""
+        from common import correction
+        return correction.pair_weights(q[0])
+
     def moment_components(self, option: str, params: dict[str, Any]) -> int:
         """How many of the last components exist for the second moments alone (the
         squares of `moment_squares`, present when the release gives its interval from

@@ -42,6 +42,27 @@ so a member with n_is rows in rank pair s moves them by an L2 norm of at most
 √2·bound·sqrt(Σ_s n_is²): `Metric.slot_sensitivity` multiplies the bound by the
 Tester's count sqrt(max_i Σ_s n_is²) (√2 for a member at ranks 2-9 of one query,
 not 2 as its row count would give).
+
+**Interval under release noise** (`common.moments`, design §8.4). Released: the cells'
+sums per rank pair (as above) and, per rank pair s, the second moments of its cells
+S_cc' = Σ_i w_ci·w_c'i over its rows (one item per pair of cells c ≤ c' on the weights
+w_c·w_c', at the cells' scale; above `FULL_MOMENTS_CELLS` cells the diagonal alone,
+which only widens the simultaneous band). A row's "one" component is 1, so these are
+sums of the Tester's own weights over the joined rows, released under encryption with
+the second moments' noise σ_m: per row the vector w of its cells has ||Δw|| ≤ ||Δp||
+and its outer product moves by at most 2·||Δw|| (the pair items' PAIR_FACTOR, with the
+same L2 count over rank pairs as the cells). The delta method
+``Var(Num_c − R_c·Den_c) = σ_s²·S_cc`` then needs the spread of the gaps per rank pair,
+σ_s² = Σ (ΔỸ − mean_s)²/n_s over all the Test-Client's rows of rank pair s, which it
+sends with its dataset facts (`info["gap_spread"]`, validated; the Tester learns these
+nine numbers of the Test-Client's table, design §9.1; the spread around the rank
+pair's mean rather than each cell's own only widens the interval). Each rank pair is
+one family of `common.moments` whose "groups" are its cells, drawn independently of the
+others; a pooled cell's draws are the sums of its rank pairs' draws, as its release is
+the sum of theirs. Rows of one query in neighbouring rank pairs share a member's
+relevance with opposite signs (ΔỸ_r and ΔỸ_(r+1) both hold Ỹ_(r+1)), so their
+covariance, taken as 0, is mostly negative: the pooled interval errs wide. Measured:
+`bench/bench_intervals.py --metric lot` (bench/RESULTS.md).
 """
 from __future__ import annotations
 
@@ -50,8 +71,8 @@ import numpy as np
 import math
 
 from common.errors import InputError
-from common.metrics.base import (OUT_OF_RANGE_PARAM, Cell, ClientRows, Component, Item, Metric, Param, Plan,
-                                 bounded_column, boolean, finite_column, value_range)
+from common.metrics.base import (OUT_OF_RANGE_PARAM, PROBABILITY_BITS, Cell, ClientRows, Component, Item, Metric,
+                                 Param, Plan, bounded_column, boolean, finite_column, value_range)
 from common.metrics.ranking import lot_rows, ranked_lists
 
 #: raw relevances may be declared up to this magnitude (differences encoded with 32 fractional bits)
@@ -61,6 +82,27 @@ VALUE_BITS = 32
 DEFAULT_RELEVANCE_RANGE = (0.0, 1.0)
 #: |ΔỸ| in idcg mode (module docstring: whole-number grades never exceed it)
 IDCG_GAP_BOUND = 1.0
+#: the Test-Client's fact the interval under release noise reads: the spread of ΔỸ per rank pair
+SPREAD_INFO = "gap_spread"
+#: the largest spread a gap can have: (2·2^20)² for raw relevances at their widest range
+MAX_GAP_SPREAD = (2.0 * MAX_RAW_RELEVANCE) ** 2
+#: up to this many cells per rank pair the second moments hold every pair of cells, above
+#: it the diagonal alone (6 groups: 30 cells, 465 pairs against 30 items)
+FULL_MOMENTS_CELLS = 6
+#: a probability's fixed-point scale (2^32): a cell's weight, a product of two, is at its square
+PAIR_WEIGHT_SCALE = float(1 << PROBABILITY_BITS)
+
+
+def gap_spreads(delta: np.ndarray, rank_pair: np.ndarray, n_pairs: int) -> list[float]:
+    """Per rank pair, the spread of the gaps around their mean, Σ (ΔỸ − mean)²/n over all
+    the Test-Client's rows of that rank pair (module docstring, "Interval under release
+    noise")."""
+    counts = np.bincount(rank_pair, minlength=n_pairs).astype(np.float64)
+    sums = np.bincount(rank_pair, weights=delta, minlength=n_pairs)
+    squares = np.bincount(rank_pair, weights=delta * delta, minlength=n_pairs)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        spread = np.where(counts > 0, squares / np.maximum(counts, 1.0) - (sums / np.maximum(counts, 1.0)) ** 2, 0.0)
+    return [round(float(x), 9) for x in np.clip(spread, 0.0, None)]
 
 
 def _relevance_range(text: str) -> tuple[float, float]:
@@ -87,6 +129,7 @@ class Lot(Metric):
     resampling = "unit"
     strata_cells = True
     uses_strata = True
+    moment_interval = True
     verdict_rule = "negative_cells"
 
     @staticmethod
@@ -127,7 +170,8 @@ class Lot(Metric):
             delta = self._bounded_gaps(delta, params, clipped, file)
         values = np.column_stack([delta, np.ones_like(delta)])
         info = {"queries": rows.n_queries, "pairs": rows.n_pairs, "skipped_single_item": rows.skipped_single_item,
-                "skipped_zero_idcg": rows.skipped_zero_idcg, **clipped}
+                "skipped_zero_idcg": rows.skipped_zero_idcg, **clipped,
+                SPREAD_INFO: gap_spreads(delta, np.asarray(rows.rank_pair), len(rows.rank_pair_labels))}
         return ClientRows(ids=(np.asarray(rows.higher_ids, dtype=object), np.asarray(rows.lower_ids, dtype=object)),
                           values=values, units=np.asarray(rows.query), strata=np.asarray(rows.rank_pair),
                           strata_labels=tuple(rows.rank_pair_labels), info=info)
@@ -149,6 +193,55 @@ class Lot(Metric):
             raise ValueError("no rank pairs")
         if int(info.get("rows_clipped", 0)) < 0:
             raise ValueError("clipped rows")
+        spreads = info.get(SPREAD_INFO, [])
+        if not isinstance(spreads, list) or len(spreads) != len(strata_labels) or \
+                not all(isinstance(x, (int, float)) and 0.0 <= float(x) <= MAX_GAP_SPREAD for x in spreads):
+            raise ValueError("gap spreads per rank pair")
+
+    # ------------------------------------------------------------- interval under release noise
+    def moment_plan(self, plan, groups, option, params, info, layout):
+        """The second moments of LOT's cells (module docstring, "Interval under release
+        noise"): per rank pair, one family whose "groups" are its cells (the ordered group
+        pairs), with items on the products w_c·w_c' of the cells' weights (every pair
+        c ≤ c' up to `FULL_MOMENTS_CELLS` cells, else the diagonal alone); the pooled cells
+        are sums of their rank pairs' cells."""
+        from common.correction import CorrectionPlan, Family, pairs
+        comps = self.components(option, params, info)
+        labels = [f"{groups[a]}>{groups[b]}" for a, b in self._pairs(groups, params)]
+        k = len(labels)
+        moment_pairs = pairs(k) if k <= FULL_MOMENTS_CELLS else [(j, j) for j in range(k)]
+        spreads = info.get(SPREAD_INFO) or []
+        items, families, pooled = list(plan.items), [], []
+        for s in range(len({c.rank_pair for c in plan.cells if c.rank_pair is not None})):
+            cells = tuple(c for c, cell in enumerate(plan.cells) if plan.items[cell.item].stratum == s)
+            first = len(items)
+            items.extend(Item(k + p, plan.items[plan.cells[cells[0]].item].ciphertext, s)
+                         for p in range(len(moment_pairs)))
+            cell = plan.cells[cells[0]]
+            families.append(Family(cells, tuple(range(first, len(items))), cell.num_slot, cell.den_slot,
+                                   cell.scale_shift, unit=float(1 << comps[1].scale_bits) * PAIR_WEIGHT_SCALE,
+                                   span=2.0 * self.gap_bound(option, params),
+                                   spread=float(spreads[s]) if s < len(spreads) else None))
+        for c, cell in enumerate(plan.cells):
+            if plan.items[cell.item].stratum is None:
+                pooled.append((c, tuple(f.cells[j] for f in families for j in range(k)
+                                        if plan.items[plan.cells[f.cells[j]].item].weight
+                                        == plan.items[cell.item].weight)))
+        return (Plan(plan.cells, tuple(items), plan.item_slots),
+                CorrectionPlan(tuple(labels), tuple(families), len(plan.items), tuple(pooled)))
+
+    def moment_weights(self, q, groups, option, params):
+        """``w_c·w_c' / 2^64`` per row for `moment_plan`'s pairs of cells (w_c = q_ra·q_(r+1)b
+        at 2^64; the product rounded back to that scale, in floating point: these weights
+        only size the interval, and any rounding the Tester makes is in what it releases)."""
+        from common.correction import pairs
+        qa, qb = (np.asarray(x, dtype=np.float64) / PAIR_WEIGHT_SCALE for x in q)
+        cells = [qa[:, a] * qb[:, b] for a, b in self._pairs(groups, params)]
+        k = len(cells)
+        moment_pairs = pairs(k) if k <= FULL_MOMENTS_CELLS else [(j, j) for j in range(k)]
+        top = float(1 << (2 * PROBABILITY_BITS))
+        return [np.minimum(np.rint(cells[a] * cells[b] * top), top - 2048.0).astype(np.uint64).astype(object)
+                for a, b in moment_pairs]
 
     @staticmethod
     def _pairs(groups, params):

@@ -52,23 +52,46 @@ group and overall (the global AUC). Verdict: a group significantly below overall
   rows are split into G = 10 random groups; each group's AUC uses A within the group,
   and the interval is est ± t_{G−1}·sd/√G (coverage measured by a test: 0.95-0.97 at
   95%, `tests/test_metric_scoring.py`).
-* `sampled` (B.2.2). The Test-Client draws `pairs` (default 100,000) positive-negative
-  pairs, no member in more than `pairs_per_member` (default 4) of them
-  (`sample_capped_pairs`; pairs asked for beyond cap·min(#positives, #negatives) are
-  counted in `info["pairs_dropped"]`), puts each pair's two members in random order (so
-  the Tester cannot tell the positive) and encrypts 1(s_pos > s_neg) (½ for a tie); the
-  pair weight is p_ij·p_lj. Sensitivity: a member is in at most `cap` pairs and each
-  pair's weight moves by at most |Δp_j| (the other probability is at most 1), so the
-  components' bounds are 2·cap (values at scale 2); the Tester sizes the noise from the
-  declared cap and refuses a member counted in more pairs (`SampledAuc.slot_sensitivity`).
+* `sampled` (B.2.2). The Test-Client aims at `pairs` (default 100,000) positive-negative
+  pairs drawn uniformly, no member in more than `pairs_per_member` (default 4) rows; each
+  real pair carries Enc(1(s_pos > s_neg)) (½ for a tie) and Enc(1); the pair weight is
+  p_ij·p_lj.
+
+  **What the Tester sees** (docs/metrics/mqos-auc.md). The Tester opens its own
+  probability vectors, so it can link each row's two members to its members
+  (docs/threat-model.md); rows that were all positive-negative pairs would make the
+  graph of rows bipartite by label, and two-colouring it would give every member's label.
+  So the rows are a random graph drawn independently of labels and scores
+  (`sample_pair_graph`): every member gets `cap` slots, E pairs of slots are drawn at
+  random (self-pairs dropped), and an edge is a real pair when it joins a positive and a
+  negative, else a dummy whose two values are Enc(0) (indistinguishable from Enc(1)
+  under Paillier's semantic security); real pairs beyond the count kept become dummies
+  too. E ≈ pairs/(2π(1 − π)) for a positive rate π, at most cap·n/2
+  (`pair_graph_size`): the rows cost about 1/(2π(1 − π)) ≥ 2 encrypted rows per real
+  pair. The Tester learns the number of rows and `info["pairs_kept"]`, both fixed by the
+  table's size, its number of positives, `pairs` and `pairs_per_member` (the Test-Client's
+  own aggregates, not a member's): the count kept is set 4 standard deviations below
+  the real pairs expected, so the real count itself (the cut of the graph by the labels,
+  which depends on each member's label) is hidden but in about 3·10^-5 of the draws,
+  when fewer turn up and all are kept.
+
+  Estimate and sensitivity: a dummy adds 0 to both sums and the weights are
+  p_ij·p_lj as before, and the real pairs kept are uniform over the positive-negative
+  pairs, so the estimator is the one of B.2.2. A member is in at most `cap` rows (the
+  cap counts dummies too) and each row's weight moves by at most |Δp_j| (the other
+  probability is at most 1), so the components' bounds are 2·cap (values at scale 2);
+  the Tester sizes the noise from the declared cap and refuses a member counted in more
+  rows (`SampledAuc.slot_sensitivity`).
+
   Under release noise this form is not usable for small groups: a pair counts for
   group j with p_ij·p_lj, so group j's denominator is about
   pairs·(T_j/#positives)·(N_j/#negatives) while the noise is σ·cap whatever the number
   of pairs; measured at 100,000 members, api (5,000 effective) errs by 0.07 rms against
   exact's 0.002. Pairs share members, so resampling pairs would ignore the members' own
   variation and give far too narrow intervals; instead the Test-Client puts its members
-  in G = 10 random groups and labels each pair with its group (both members in group g)
-  or "across"; the estimate uses all pairs, the interval is the random-groups t interval
+  in G = 10 random groups, drawn independently of labels and scores like the graph, and
+  labels each row with its group (both members in group g) or "across"; the estimate
+  uses all rows, the interval is the random-groups t interval
   over the G within-group estimates (conservative: their pair-sampling part is G times
   the full sample's).
 """
@@ -82,12 +105,12 @@ from common import paillier
 from common.metrics.base import (NOISE_HEADROOM_BITS, Cell, ClientRows, Component, Item, Metric, Param, Plan,
                                  PROBABILITY_BITS, bits,
                                  finite_column, positive_int)
-from common.metrics.scoring import DEFAULT_RANDOM_GROUPS, dense_score_rank, doubled_a_weights, sample_capped_pairs
+from common.metrics.scoring import DEFAULT_RANDOM_GROUPS, dense_score_rank, doubled_a_weights, sample_pair_graph
 from common.tables import binary_column
 
 DEFAULT_PAIRS = 100_000
 MAX_PAIRS = 50_000_000
-#: sampled: the most pairs one member may be in (the release noise is sized from it)
+#: sampled: the most rows (pairs and dummy pairs) one member may be in (the release noise is sized from it)
 DEFAULT_PAIRS_PER_MEMBER = 4
 MAX_PAIRS_PER_MEMBER = 1000
 #: bits by which the squaring mask r is wider than the masked sum (statistical hiding)
@@ -170,11 +193,11 @@ class MqosAuc(Metric):
     options = ("exact", "sampled")
     option_help = ("exact (default): linear form, random-groups intervals; sampled: Mann-Whitney pairs "
                    "(under release noise usable only for large groups)")
-    params = (Param("pairs", f"sampled: positive-negative pairs to draw (default {DEFAULT_PAIRS})",
+    params = (Param("pairs", f"sampled: positive-negative pairs to aim at (default {DEFAULT_PAIRS})",
                     positive_int(MAX_PAIRS), DEFAULT_PAIRS),
-              Param("pairs_per_member", "sampled: the most pairs one member may be in (default "
-                    f"{DEFAULT_PAIRS_PER_MEMBER}); pairs beyond what it allows are not drawn, counted in the "
-                    "result; the release noise is sized from it", positive_int(MAX_PAIRS_PER_MEMBER),
+              Param("pairs_per_member", "sampled: the most rows (pairs and dummy pairs) one member may be in "
+                    f"(default {DEFAULT_PAIRS_PER_MEMBER}); pairs beyond what it allows are not drawn, counted in "
+                    "the result; the release noise is sized from it", positive_int(MAX_PAIRS_PER_MEMBER),
                     DEFAULT_PAIRS_PER_MEMBER))
     numeric_columns = ("y_true", "score")
     verdict_rule = "below_overall"
@@ -339,8 +362,8 @@ class SampledAuc(MqosAuc):
         return int(params.get("pairs_per_member") or DEFAULT_PAIRS_PER_MEMBER)
 
     def components(self, option, params, info):
-        """Per pair 2·indicator and 2 (at scale 2^1); the bounds are one member's most, over
-        the at most `pairs_per_member` pairs it is in: 2·cap."""
+        """Per real pair 2·indicator and 2, per dummy row 0 and 0 (at scale 2^1); the bounds
+        are one member's most, over the at most `pairs_per_member` rows it is in: 2·cap."""
         cap = self._cap(params)
         return (Component("win", 1, 2 * cap), Component("two", 1, 2 * cap))
 
@@ -352,24 +375,24 @@ class SampledAuc(MqosAuc):
         return {"pairs_per_member": float(self._cap(params))}
 
     def client_rows(self, frame, file, option, params, rng):
-        """Pairs drawn uniformly from all positive-negative pairs (B.2.2) with no member in
-        more than `pairs_per_member` of them (`sample_capped_pairs`: at most
-        cap·min(#positives, #negatives) pairs; those asked for beyond are counted in
+        """The rows of a label-independent random graph over all members (`sample_pair_graph`,
+        module docstring "What the Tester sees"): no member in more than `pairs_per_member`
+        rows; a row joining a positive and a negative is a real pair valued
+        (1(s_pos > s_neg), ½ for a tie; 1), any other row a dummy valued (0; 0). About
+        `pairs` real pairs are kept (fewer when the cap allows fewer: the shortfall is
         `info["pairs_dropped"]`). For the interval, every member is put in one of G random
-        groups; a pair of two members of group g is in unit g, any other pair in unit G.
-        The estimate uses every kept pair; the interval is the random-groups t interval over
+        groups; a row of two members of group g is in unit g, any other row in unit G.
+        The estimate uses every row; the interval is the random-groups t interval over
         the G within-group estimates, which vary with the members (G groups of n/G members
         each), not only with the pairs."""
         y, scores = _labels_and_scores(frame, file)
         m = int(params["pairs"])
-        cap = self._cap(params)
-        first, second, indicator = sample_capped_pairs(y, scores, m, cap, rng, file)
+        first, second, values, kept = sample_pair_graph(y, scores, m, self._cap(params), rng, file)
         group = rng.permutation(len(y)) % self.random_groups
         units = np.where(group[first] == group[second], group[first], self.random_groups)
         ids = frame["member_id"].to_numpy(dtype=object)
-        return ClientRows(ids=(ids[first], ids[second]), values=np.column_stack([indicator, np.ones_like(indicator)]),
-                          units=units.astype(np.int64),
-                          info={"pairs": m, "pairs_kept": len(first), "pairs_dropped": m - len(first)})
+        return ClientRows(ids=(ids[first], ids[second]), values=values, units=units.astype(np.int64),
+                          info={"pairs": m, "pairs_kept": kept, "pairs_dropped": m - kept})
 
     def check_info(self, info, strata_labels):
         counts = [int(info.get(k, 0)) for k in ("pairs", "pairs_kept", "pairs_dropped")]

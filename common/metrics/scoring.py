@@ -34,6 +34,9 @@ MQOS-AUC, sampled Mann-Whitney (eq. (17))
     m positive-negative pairs drawn with replacement; each pair's members are sent in
     random order so the receiver cannot tell the positive; the pair weight is
     p_fj p_sj and the encrypted value the comparison indicator (1, 1/2 for a tie, 0).
+    What the protocol sends (``sample_pair_graph``): a random graph over all members,
+    drawn without the labels, whose positive-negative edges are the pairs and whose
+    other edges are dummies valued 0, so the graph says nothing about labels.
 
 Probabilistic count (eqs. (18)-(19), C.2)
     Pr(N_j >= T) for N_j = sum_i Bernoulli(p_ij) over a pool (Poisson-binomial tail);
@@ -63,6 +66,8 @@ __all__ = [
     "student_t_quantile",
     "sample_pairs",
     "sample_capped_pairs",
+    "pair_graph_size",
+    "sample_pair_graph",
     "count_summary",
 ]
 
@@ -399,6 +404,69 @@ def sample_capped_pairs(y: np.ndarray, scores: np.ndarray, m: int, cap: int, rng
     first = np.where(swap, l, i).astype(np.int64)
     second = np.where(swap, i, l).astype(np.int64)
     return first, second, indicator
+
+
+#: the pair graph's real pairs are aimed this many standard deviations below their
+#: expected count (`pair_graph_size`), so the count kept is fixed in advance in all but
+#: about 3·10^-5 of the draws
+PAIR_GRAPH_MARGIN_SD = 4.0
+
+
+def pair_graph_size(n_pos: int, n_neg: int, m: int, cap: int) -> tuple[int, int]:
+    """(edges, real pairs kept) of the sampled AUC's pair graph (`sample_pair_graph`), from
+    the table's aggregates alone. Every member has ``cap`` slots; an edge joins two slots
+    drawn at random, and is a real (positive-negative) pair with probability
+    q = 2·P·cap·N·cap / (S·(S − 1)), S = cap·(P + N), about 2π(1 − π) for a positive rate
+    π. The edges are the fewest whose real count R (mean E·q, sd at most sqrt(E·q·(1 − q)))
+    is at least m but with probability about 3·10^-5 (`PAIR_GRAPH_MARGIN_SD`), and at most
+    S/2 (every slot used once); the pairs kept are min(m, E·q − 4 sd)."""
+    slots = cap * (n_pos + n_neg)
+    q = 2.0 * (cap * n_pos) * (cap * n_neg) / (slots * (slots - 1.0))
+    z, spread = PAIR_GRAPH_MARGIN_SD, math.sqrt(q * (1.0 - q))
+    root = (z * spread + math.sqrt(z * z * spread * spread + 4.0 * q * m)) / (2.0 * q)
+    edges = min(math.ceil(root * root), slots // 2)
+    kept = min(int(m), max(0, math.floor(edges * q - z * math.sqrt(edges * q * (1.0 - q)))))
+    return edges, kept
+
+
+def sample_pair_graph(y: np.ndarray, scores: np.ndarray, m: int, cap: int, rng: np.random.Generator,
+                      file: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The sampled AUC's rows as a label-independent random graph (docs/metrics/mqos-auc.md,
+    "What the Tester sees"). Every member gets ``cap`` slots; ``edges`` pairs of slots are
+    drawn at random (`pair_graph_size`), an edge joining a member to itself is dropped, so
+    no member is in more than ``cap`` rows and which members a row joins depends on
+    neither labels nor scores. An edge of a positive and a negative is a real pair,
+    valued (1(s_pos > s_neg), ½ for a tie; 1); any other edge, and the real pairs beyond
+    the count kept (chosen at random), is a dummy valued (0; 0). The real pairs kept are
+    uniform over the positive-negative pairs, as `sample_capped_pairs`'s.
+
+    Returns ``first``, ``second`` (rows,) int64, ``values`` (rows, 2) float64 (win, one)
+    and the count of real pairs kept."""
+    sample_pairs(y, scores, 1, rng, file)  # the checks only
+    if int(cap) != cap or cap < 1:
+        raise InputError("must be a positive integer", parameter="pairs per member")
+    yy = np.asarray(y, dtype=np.float64)
+    s = np.asarray(scores, dtype=np.float64)
+    cap = int(cap)
+    edges, target = pair_graph_size(int((yy == 1).sum()), int((yy == 0).sum()), int(m), cap)
+    first, second = _random_edges(yy.size, cap, edges, rng)
+    real = np.flatnonzero(yy[first] != yy[second])
+    kept = real if real.size <= target else rng.choice(real, target, replace=False)
+    pos = np.where(yy[first[kept]] == 1, first[kept], second[kept])
+    neg = np.where(yy[first[kept]] == 1, second[kept], first[kept])
+    values = np.zeros((first.size, 2))
+    values[kept, 0] = np.where(s[pos] > s[neg], 1.0, np.where(s[pos] == s[neg], 0.5, 0.0))
+    values[kept, 1] = 1.0
+    return first, second, values, int(kept.size)
+
+
+def _random_edges(n: int, cap: int, edges: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``edges`` disjoint pairs of the n·cap slots (cap per member), in random order, as
+    member indices; self-pairs dropped."""
+    slots = rng.permutation(n * cap)[:2 * edges] // cap
+    first, second = slots[0::2].astype(np.int64), slots[1::2].astype(np.int64)
+    distinct = first != second
+    return first[distinct], second[distinct]
 
 
 # --------------------------------------------------------------------------- count
