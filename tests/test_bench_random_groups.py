@@ -1,0 +1,63 @@
+"""The random-group release twin in `bench/bench_random_groups.py` (POT and MQOS-AUC exact
+under the default release controls): its released form is the metric's, its noise the
+Tester's per slot, and at zero noise its report is the real sessions' report."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import bench_random_groups as bench  # noqa: E402
+from common import encoding  # noqa: E402
+from common.metrics.mqos_auc import EXACT, normaliser_bits, released_form  # noqa: E402
+from common.metrics.scoring import dense_score_rank  # noqa: E402
+from tester_service.release import RELEASE_GROUPS, ReleasePolicy  # noqa: E402
+
+
+def probabilities(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).dirichlet(np.full(bench.K, 0.4), size=n)
+
+
+def test_auc_twin_form_is_the_metrics_released_form():
+    """The twin's float64 (V, D) per replicate and cell, at the form's fixed point, equal
+    `mqos_auc.released_form`'s exact integers (estimate and every random group)."""
+    n = 400
+    rng = np.random.default_rng(3)
+    q = encoding.quantize_probabilities(probabilities(n, 3))
+    frame = bench.auc_frame(n, rng)
+    y, rank = frame["y_true"].to_numpy(), dense_score_rank(frame["score"].to_numpy())
+    units = rng.permutation(n) % EXACT.random_groups
+    q_ext = np.hstack([q, np.full((n, 1), 1 << encoding.PROBABILITY_BITS, dtype=np.int64)])
+    twin = bench.auc_form(q_ext, y, rank, units) * 2.0 ** (33 + normaliser_bits(n))
+    exact = np.array(released_form(q, y, rank, units), dtype=np.float64)
+    assert twin.shape == exact.shape == (EXACT.random_groups + 1, bench.K + 1, 2)
+    assert twin == pytest.approx(exact, rel=1e-9)
+
+
+def test_pot_twin_noise_is_the_testers_per_slot():
+    """POT: every slot's noise sd is the policy's σ₀ (estimate) or σ_b (random groups)
+    times the slot's sensitivity, "overall" √k times a group's."""
+    n = 2000
+    rng = np.random.default_rng(4)
+    policy = ReleasePolicy()
+    audit = bench.pot_audit(probabilities(n, 4), bench.pot_frame(n, rng), policy, rng, rng)
+    sd = np.array(audit.noise_sd).reshape(2, bench.K + 1, -1)
+    s0, sb = policy.sigmas(bench.POT.sensitivity_components("default", {}, audit.report.info))
+    live = sd[0] > 0
+    assert live.any() and np.all((sd[1] > 0) == live)
+    assert sd[1][live] / sd[0][live] == pytest.approx(sb / s0)
+    assert sd[0, bench.K] == pytest.approx(sd[0, 0] * math.sqrt(bench.K))
+    assert audit.values.shape[0] == RELEASE_GROUPS + 1 and audit.report.interval == "random_groups"
+
+
+@pytest.mark.slow
+def test_twin_matches_the_sessions_at_zero_noise():
+    """One POT and one MQOS-AUC exact audit through the real sessions (Tester's draws set to
+    0) report exactly what the twin reports at zero noise, with the same noise sd per slot."""
+    assert bench.check(1500) == 0
