@@ -765,9 +765,10 @@ class TesterSession:
             measured = {key: size(*key) for key in set(keys)}
             self._suppressed = [i for i, key in enumerate(keys) if not (measured[key] >= minimum and measured[key] > 0)]
         # the groups' effective sizes as decided on (noised under the controls: releasing
-        # the same draws costs nothing more), for the report
+        # the same draws costs nothing more), for the report; cut, not rounded, to 0.1, so
+        # that a size shown as 30.0 was never one decided as below 30
         self._release_info["effective_sizes"] = {
-            cell.group: round(float(measured[keys[cell.item]]), 1) for cell in plan.cells
+            cell.group: math.floor(float(measured[keys[cell.item]]) * 10.0) / 10.0 for cell in plan.cells
             if cell.kind in ("group", "curve") and cell.group in self.groups
             and plan.items[cell.item].stratum is None}
         if self.release.noisy:  # left out of the verdict on the same noised sizes (common.results)

@@ -174,3 +174,20 @@ def test_null_flag_rate_of_the_bootstrap_verdict_is_not_above_nominal_at_10k():
     datasets = 300
     s = bench_null.summary(bench_null.run(pool, 10_000, datasets, 500, seed=3))
     assert s["rate"] <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / datasets), s
+
+
+def test_a_size_decided_below_the_minimum_is_never_shown_at_it(monkeypatch):
+    """A noised effective size of 29.96 is below the minimum of 30 (the cell is withheld,
+    the group left out): the report must not show it as 30.0 (sizes are cut to 0.1, not
+    rounded), so that the sizes shown and the groups left out agree."""
+    import tester_service.protocol as tester_protocol
+    from tester_service.release import ReleasePolicy
+    from tests.helpers import local_audit
+    tester, client = _one_hot_inputs({"white": 600, "black": 320, "api": 300, "aian": 300, "multiple": 300,
+                                      "hispanic": 30}, seed=6)
+    monkeypatch.setattr(tester_protocol, "gaussian", lambda sigma: -0.04)
+    seen: list = []
+    report, _, _ = local_audit(tester, client, tap=lambda d, m: seen.append(m), release=ReleasePolicy())
+    sizes = report.release["effective_sizes"]
+    assert sizes["hispanic"] < MIN_EFFECTIVE_SIZE and "hispanic" in _header(seen).small_groups
+    assert list(_header(seen).small_groups) == sorted(g for g, v in sizes.items() if v < MIN_EFFECTIVE_SIZE)
