@@ -696,6 +696,11 @@ def _run_audit(address: str, request: pb.AuditRequest, *, timeout: float | None,
                 else:
                     return _error("protocol_error", "the Tester sent more than one final event")
         except grpc.RpcError as exc:
+            if timeout is not None and callable(getattr(exc, "code", None)) \
+                    and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return _error("deadline_exceeded", f"Tester at {address}: the audit did not finish within its "
+                                                   f"deadline of {timeout:g} s (--timeout SECONDS raises it; "
+                                                   f"docs/performance.md gives the times of large audits)")
             return _grpc_error(exc, f"Tester at {address}")
         except BaseException:  # Ctrl-C (KeyboardInterrupt) or the caller's own error: the
             call.cancel()      # Tester sees the call cancelled and ends the audit on both sides

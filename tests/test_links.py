@@ -151,6 +151,33 @@ def test_a_stalled_test_client_ends_the_audit_with_deadline_exceeded(inputs):
         fake.stop(0).wait(10)
 
 
+def test_an_audit_past_the_operators_deadline_names_the_flag_that_raises_it(inputs):
+    """The operator's own deadline (`ppre audit --timeout`) passes while the peers still
+    talk: the error says which deadline it was and the flag that raises it, not only
+    gRPC's "Deadline Exceeded"."""
+    _, _, tp, _ = inputs
+    release = threading.Event()
+
+    def slow(request_iterator, context):
+        next(request_iterator)
+        release.wait(30)
+        return iter(())
+
+    fake, fake_port = _fake_client(slow)
+    config = tester_server.TesterConfig(f"127.0.0.1:{fake_port}", lambda: read_probability_table(tp),
+                                        min_modulus_bits=TEST_BITS, settings=LinkSettings(peer_timeout_s=30.0),
+                                        release=NO_RELEASE_CONTROLS)
+    server, port, _ = serve_tester(config, 0, host="127.0.0.1")
+    try:
+        event = run_audit(f"127.0.0.1:{port}", _request(), timeout=1.5)
+        assert event.error.code == "deadline_exceeded", event
+        assert "1.5 s" in event.error.message and "--timeout" in event.error.message
+    finally:
+        release.set()
+        server.stop(0).wait(10)
+        fake.stop(0).wait(10)
+
+
 def _exchange(channel, requests):
     """Act as the Tester: the Test-Client's Exchange call over `channel`."""
     return channel.stream_stream("/ppre.v1.Client/Exchange", request_serializer=pb.PeerMessage.SerializeToString,
