@@ -638,3 +638,42 @@ def test_the_verdict_flags_a_null_family_at_most_at_the_nominal_rate(monkeypatch
         marginal += bool(np.any((low > 0) | (high < 0)))
     assert marginal / runs > 0.3  # the simulation tells the two apart
     assert flagged / runs <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / runs), flagged
+
+
+# ---------------------------------------------------------------- found by the mutation audit
+def test_second_moments_refuse_noise_beyond_the_slots_headroom_naming_the_flag():
+    """`moment_sigmas` refuses like `sigmas` (bench/RESULTS.md, mutation audit): a rho so
+    small that the noise would overflow its slot is an error naming --noise-rho, never a
+    release with clipped noise."""
+    from common.errors import InputError
+    policy = ReleasePolicy(rho=1e-15, budget=1.0)
+    with pytest.raises(InputError, match="headroom") as refused:
+        policy.moment_sigmas(2.0, squares=1)
+    assert refused.value.parameter == "noise rho"
+    assert "parameter 'noise rho'" in str(refused.value) and "use a larger rho" in str(refused.value)
+
+
+def test_a_masked_ratio_is_none_only_for_a_zero_denominator():
+    """The Test-Client's ratio of a masked pair: None for a masked Den of exactly 0 (a
+    cell the Tester never releases), the plain quotient for every other one, 1 included."""
+    from common.masking import masked_ratio
+    assert masked_ratio(7, 0) is None
+    assert masked_ratio(7, 1) == 7.0
+    assert masked_ratio(-3, 2) == -1.5
+
+
+def test_noise_slots_with_no_scale_add_nothing():
+    """A slot whose noise scale is 0 (a release without noise, or a slot the plan keeps
+    exact) gets exactly 0: no offset, not even one fixed-point unit."""
+    from tester_service.release import gaussian_slots
+    assert gaussian_slots([0.0, 0.0, 0.0], 40) == 0
+
+
+def test_a_new_identity_has_spent_nothing_and_may_spend_the_whole_budget():
+    """The pre-check a Tester service runs before any work (`check`) and the spent rho it
+    reports start at 0 for an identity it has not seen, and one charge is counted once."""
+    accountant = PrivacyAccountant(budget=1.0)
+    assert accountant.spent("new") == 0.0 and accountant.remaining("new") == 1.0
+    accountant.check("new", 1.0)
+    assert accountant.charge("other", 0.25) == 0.75
+    assert accountant.spent("other") == 0.25 and accountant.spent("new") == 0.0
