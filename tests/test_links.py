@@ -6,6 +6,7 @@ own parts. Process-level faults (kills, SIGSTOP, a cut link) are in test_faults.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -119,11 +120,10 @@ def _fake_client(behaviour) -> tuple[grpc.Server, int]:
     return server, port
 
 
-def test_a_stalled_test_client_ends_the_audit_with_deadline_exceeded(inputs):
-    """A Test-Client that accepts the call, keeps TCP open and never answers: the operator
-    gets deadline_exceeded within the Tester's peer timeout, and the Tester drops the
-    session."""
-    _, _, tp, _ = inputs
+@contextlib.contextmanager
+def _tester_before_a_stalled_client(tp, peer_timeout_s: float):
+    """A Tester whose Test-Client accepts the call, keeps TCP open and never answers:
+    yields (config, port, servicer)."""
     release = threading.Event()
 
     def stalled(request_iterator, context):
@@ -132,11 +132,22 @@ def test_a_stalled_test_client_ends_the_audit_with_deadline_exceeded(inputs):
         return iter(())
 
     fake, fake_port = _fake_client(stalled)
-    settings = LinkSettings(peer_timeout_s=2.0)
     config = tester_server.TesterConfig(f"127.0.0.1:{fake_port}", lambda: read_probability_table(tp),
-                          min_modulus_bits=TEST_BITS, settings=settings, release=NO_RELEASE_CONTROLS)
+                                        min_modulus_bits=TEST_BITS, settings=LinkSettings(peer_timeout_s=peer_timeout_s),
+                                        release=NO_RELEASE_CONTROLS)
     server, port, servicer = serve_tester(config, 0, host="127.0.0.1")
     try:
+        yield config, port, servicer
+    finally:
+        release.set()
+        server.stop(0).wait(10)
+        fake.stop(0).wait(10)
+
+
+def test_a_stalled_test_client_ends_the_audit_with_deadline_exceeded(inputs):
+    """A stalled Test-Client: the operator gets deadline_exceeded within the Tester's peer
+    timeout, and the Tester drops the session."""
+    with _tester_before_a_stalled_client(inputs[2], 2.0) as (config, port, servicer):
         t0 = time.monotonic()
         event = run_audit(f"127.0.0.1:{port}", _request(), timeout=60)
         took = time.monotonic() - t0
@@ -145,37 +156,16 @@ def test_a_stalled_test_client_ends_the_audit_with_deadline_exceeded(inputs):
         assert 2.0 <= took < 8.0, took
         assert wait_until(lambda: config.sessions == [] and servicer.active_sessions == 0)
         assert channels.check_health(f"127.0.0.1:{port}")
-    finally:
-        release.set()
-        server.stop(0).wait(10)
-        fake.stop(0).wait(10)
 
 
 def test_an_audit_past_the_operators_deadline_names_the_flag_that_raises_it(inputs):
     """The operator's own deadline (`ppre audit --timeout`) passes while the peers still
     talk: the error says which deadline it was and the flag that raises it, not only
     gRPC's "Deadline Exceeded"."""
-    _, _, tp, _ = inputs
-    release = threading.Event()
-
-    def slow(request_iterator, context):
-        next(request_iterator)
-        release.wait(30)
-        return iter(())
-
-    fake, fake_port = _fake_client(slow)
-    config = tester_server.TesterConfig(f"127.0.0.1:{fake_port}", lambda: read_probability_table(tp),
-                                        min_modulus_bits=TEST_BITS, settings=LinkSettings(peer_timeout_s=30.0),
-                                        release=NO_RELEASE_CONTROLS)
-    server, port, _ = serve_tester(config, 0, host="127.0.0.1")
-    try:
+    with _tester_before_a_stalled_client(inputs[2], 30.0) as (_, port, _servicer):
         event = run_audit(f"127.0.0.1:{port}", _request(), timeout=1.5)
         assert event.error.code == "deadline_exceeded", event
         assert "1.5 s" in event.error.message and "--timeout" in event.error.message
-    finally:
-        release.set()
-        server.stop(0).wait(10)
-        fake.stop(0).wait(10)
 
 
 def _exchange(channel, requests):
