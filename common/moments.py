@@ -229,16 +229,21 @@ def weighted_draws(plan, moments, row: Sequence[Sequence[int]], estimate: np.nda
                     or (cell.num_slot, cell.den_slot, cell.scale_shift) != \
                     (family.num_slot, family.den_slot, family.scale_shift) or cell.item in hidden:
                 continue
-            n0, d0 = float(row[cell.item][cell.num_slot]), float(row[cell.item][cell.den_slot])
-            out[1:, c] = _ratios(n0 + d_num.sum(axis=1), d0 + d_den.sum(axis=1)) * shift + cell.offset
+            out[1:, c] = _summed_draws(row, cell, d_num.sum(axis=1), d_den.sum(axis=1))
     for c, parts in moments.pooled:  # a sum of other cells' releases: the sum of their deviations
         cell = plan.cells[c]
         if cell.item in hidden or not np.isfinite(estimate[c]) or not all(p in deviations for p in parts):
             continue
-        n0, d0 = float(row[cell.item][cell.num_slot]), float(row[cell.item][cell.den_slot])
-        out[1:, c] = _ratios(n0 + sum(deviations[p][0] for p in parts),
-                             d0 + sum(deviations[p][1] for p in parts)) * 2.0 ** cell.scale_shift + cell.offset
+        out[1:, c] = _summed_draws(row, cell, sum(deviations[p][0] for p in parts),
+                                   sum(deviations[p][1] for p in parts))
     return out
+
+
+def _summed_draws(row, cell, d_num: np.ndarray, d_den: np.ndarray) -> np.ndarray:
+    """The draws of a cell whose release is a sum of others' ("overall", a pooled cell):
+    its released (Num, Den) plus the sums of its parts' deviations, as a ratio."""
+    n0, d0 = float(row[cell.item][cell.num_slot]), float(row[cell.item][cell.den_slot])
+    return _ratios(n0 + d_num, d0 + d_den) * 2.0 ** cell.scale_shift + cell.offset
 
 
 def binomial_moments(sd: np.ndarray, num: np.ndarray, den: np.ndarray) -> np.ndarray:

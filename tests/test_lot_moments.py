@@ -179,3 +179,34 @@ def test_lot_audit_under_the_controls_releases_second_moments():
         if noisy.rank_pair is None:
             assert abs(noisy.estimate - exact.estimate) < 0.03
             assert (noisy.ci_high - noisy.ci_low) < 2.5 * (exact.ci_high - exact.ci_low)
+
+
+def test_every_released_lot_item_carries_noise_the_second_moments_included(monkeypatch):
+    """Under the controls each item the Tester releases gets its own noise: the cells at
+    σ₀ and the second moments' pair items at σ_m (`ReleasePolicy.moment_sigmas`), none of
+    them with a zero scale (pooled cells are sums of noised items, no draw of their own)."""
+    from tester_service.protocol import AuditSpec, TesterSession
+    from tester_service.release import ReleasePolicy
+    from tests.helpers import local_audit
+    from tests.metric_data import random_ranked_lists
+    rng = np.random.default_rng(43)
+    lists = random_ranked_lists(300, rng, min_len=3, max_len=4, n_members=400)
+    hsm = rng.uniform(0.0, 1.0, 400)
+    tester = pd.DataFrame({"member_id": [f"m{i:06d}" for i in range(400)], "hsm": hsm, "non_hsm": 1.0 - hsm})
+    draws: list = []
+    original = TesterSession._add_noise
+
+    def recording(self, ciphertext, scales, sigma):
+        draws.append((sigma, list(scales)))
+        return original(self, ciphertext, scales, sigma)
+
+    monkeypatch.setattr(TesterSession, "_add_noise", recording)
+    policy = ReleasePolicy(rho=1.0, budget=1.0)
+    local_audit(tester, lists, spec=AuditSpec(metric="lot", client_dataset="d", bootstrap=50, seed=1),
+                release=policy)
+    sigma0, sigma_m = policy.moment_sigmas(2)
+    strata = 3  # rank pairs 1-2, 2-3, 3-4
+    assert len(draws) == strata * (2 + 3)  # per rank pair: 2 cells, 3 pair items
+    assert all(any(scale > 0 for scale in scales) for _, scales in draws)
+    assert sorted({round(sigma, 9) for sigma, _ in draws}) == sorted({round(sigma0, 9), round(sigma_m, 9)})
+    assert sum(1 for sigma, _ in draws if sigma == pytest.approx(sigma_m)) == strata * 3

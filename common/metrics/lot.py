@@ -97,11 +97,9 @@ def gap_spreads(delta: np.ndarray, rank_pair: np.ndarray, n_pairs: int) -> list[
     """Per rank pair, the spread of the gaps around their mean, Σ (ΔỸ − mean)²/n over all
     the Test-Client's rows of that rank pair (module docstring, "Interval under release
     noise")."""
-    counts = np.bincount(rank_pair, minlength=n_pairs).astype(np.float64)
-    sums = np.bincount(rank_pair, weights=delta, minlength=n_pairs)
-    squares = np.bincount(rank_pair, weights=delta * delta, minlength=n_pairs)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        spread = np.where(counts > 0, squares / np.maximum(counts, 1.0) - (sums / np.maximum(counts, 1.0)) ** 2, 0.0)
+    counts = np.maximum(np.bincount(rank_pair, minlength=n_pairs), 1).astype(np.float64)  # empty: spread 0
+    means = np.bincount(rank_pair, weights=delta, minlength=n_pairs) / counts
+    spread = np.bincount(rank_pair, weights=delta * delta, minlength=n_pairs) / counts - means ** 2
     return [round(float(x), 9) for x in np.clip(spread, 0.0, None)]
 
 
@@ -205,11 +203,11 @@ class Lot(Metric):
         pairs), with items on the products w_c·w_c' of the cells' weights (every pair
         c ≤ c' up to `FULL_MOMENTS_CELLS` cells, else the diagonal alone); the pooled cells
         are sums of their rank pairs' cells."""
-        from common.correction import CorrectionPlan, Family, pairs
+        from common.correction import CorrectionPlan, Family
         comps = self.components(option, params, info)
         labels = [f"{groups[a]}>{groups[b]}" for a, b in self._pairs(groups, params)]
         k = len(labels)
-        moment_pairs = pairs(k) if k <= FULL_MOMENTS_CELLS else [(j, j) for j in range(k)]
+        moment_pairs = self._moment_pairs(k)
         spreads = info.get(SPREAD_INFO) or []
         items, families, pooled = list(plan.items), [], []
         for s in range(len({c.rank_pair for c in plan.cells if c.rank_pair is not None})):
@@ -234,14 +232,18 @@ class Lot(Metric):
         """``w_c·w_c' / 2^64`` per row for `moment_plan`'s pairs of cells (w_c = q_ra·q_(r+1)b
         at 2^64; the product rounded back to that scale, in floating point: these weights
         only size the interval, and any rounding the Tester makes is in what it releases)."""
-        from common.correction import pairs
         qa, qb = (np.asarray(x, dtype=np.float64) / PAIR_WEIGHT_SCALE for x in q)
         cells = [qa[:, a] * qb[:, b] for a, b in self._pairs(groups, params)]
-        k = len(cells)
-        moment_pairs = pairs(k) if k <= FULL_MOMENTS_CELLS else [(j, j) for j in range(k)]
         top = float(1 << (2 * PROBABILITY_BITS))
         return [np.minimum(np.rint(cells[a] * cells[b] * top), top - 2048.0).astype(np.uint64).astype(object)
-                for a, b in moment_pairs]
+                for a, b in self._moment_pairs(len(cells))]
+
+    @staticmethod
+    def _moment_pairs(k: int) -> list[tuple[int, int]]:
+        """The pairs of a rank pair's k cells whose second moments are released: every
+        c ≤ c' up to `FULL_MOMENTS_CELLS` cells, else the diagonal alone."""
+        from common.correction import pairs
+        return pairs(k) if k <= FULL_MOMENTS_CELLS else [(j, j) for j in range(k)]
 
     @staticmethod
     def _pairs(groups, params):
