@@ -8,6 +8,8 @@ Coverage, widths and the null flag rate on 400+ datasets are in
 sensitivity of the new items, the Test-Client's facts, and an audit carrying them."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -186,7 +188,7 @@ def test_every_released_lot_item_carries_noise_the_second_moments_included(monke
     σ₀ and the second moments' pair items at σ_m (`ReleasePolicy.moment_sigmas`), none of
     them with a zero scale (pooled cells are sums of noised items, no draw of their own)."""
     from tester_service.protocol import AuditSpec, TesterSession
-    from tester_service.release import ReleasePolicy
+    from tester_service.release import MOMENT_SHARE, PAIR_FACTOR, THRESHOLD_SHARE, ReleasePolicy
     from tests.helpers import local_audit
     from tests.metric_data import random_ranked_lists
     rng = np.random.default_rng(43)
@@ -204,7 +206,9 @@ def test_every_released_lot_item_carries_noise_the_second_moments_included(monke
     policy = ReleasePolicy(rho=1.0, budget=1.0)
     local_audit(tester, lists, spec=AuditSpec(metric="lot", client_dataset="d", bootstrap=50, seed=1),
                 release=policy)
-    sigma0, sigma_m = policy.moment_sigmas(2)
+    # σ₀ and σ_m from the shares themselves (tester_service.release), not from `moment_sigmas`
+    sigma0 = math.sqrt(2 / (1.0 - MOMENT_SHARE - THRESHOLD_SHARE))
+    sigma_m = math.sqrt(PAIR_FACTOR * 2 / MOMENT_SHARE)
     strata = 3  # rank pairs 1-2, 2-3, 3-4
     assert len(draws) == strata * (2 + 3)  # per rank pair: 2 cells, 3 pair items
     assert all(any(scale > 0 for scale in scales) for _, scales in draws)
