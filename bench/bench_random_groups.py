@@ -52,6 +52,7 @@ error is about 2·1.96 times it wide) and how often the interval is undefined.
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import sys
 import time
@@ -82,6 +83,11 @@ SCALE = float(1 << encoding.PROBABILITY_BITS)
 CONFIDENCE = 0.95
 MODULUS_BITS = 2048
 POSITIVE_RATE, AUC = 0.30, 0.85
+#: the release's form (`--form`): "separate", today's (the estimate released on its own at σ₀,
+#: every random group at σ_b), or "pooled" (only the G groups are released, each at the σ of a
+#: release with no replicates, their parallel composition costing one release; the estimate is
+#: their sum, post-processing, with noise sd √G·σ per slot)
+FORM = "separate"
 MU = math.sqrt(2.0) * NormalDist().inv_cdf(AUC)
 
 
@@ -116,6 +122,16 @@ def suppression(q: np.ndarray, policy: ReleasePolicy, rng: np.random.Generator, 
     withheld = [j for j in range(K) if not sizes[j] >= policy.min_effective_size]
     small = [g for j, g in enumerate(GROUPS) if not sizes[j] >= MIN_EFFECTIVE_SIZE or j in withheld]
     return withheld, small
+
+
+def release_sigmas(policy: ReleasePolicy, components: float) -> tuple[float, float]:
+    """(σ of the estimate row, σ of each random group) for `FORM`: "separate" is
+    `ReleasePolicy.sigmas`; "pooled" gives every group `single_sigma` (the groups are disjoint,
+    so together they are one release) and the estimate, their sum, √G times it."""
+    if FORM != "pooled":
+        return policy.sigmas(components)
+    sigma = policy.single_sigma(components)
+    return math.sqrt(RELEASE_GROUPS) * sigma, sigma
 
 
 def to_slots(rows: np.ndarray) -> list[list[int]]:
@@ -158,10 +174,10 @@ def pot_audit(p: np.ndarray, frame: pd.DataFrame, policy: ReleasePolicy, rng: np
     sums = sums.reshape(RELEASE_GROUPS, K, layout.n_ciphertexts, layout.slots)
     scale = np.array([POT.slot_sensitivity(Item(0, ct), layout, comps, 1) for ct in range(layout.n_ciphertexts)],
                      dtype=np.float64)                                               # (cts, slots)
-    sigma0, sigma_b = policy.sigmas(POT.sensitivity_components("default", params, info))
+    sigma0, sigma_b = release_sigmas(policy, POT.sensitivity_components("default", params, info))
     draw = (lambda shape, sd: rng.normal(0.0, 1.0, shape) * sd) if noise else (lambda shape, sd: 0.0)
-    point = sums.sum(axis=0) + draw((K,) + scale.shape, sigma0 * scale)
     groups = sums + draw(sums.shape, sigma_b * scale)
+    point = groups.sum(axis=0) if FORM == "pooled" else sums.sum(axis=0) + draw((K,) + scale.shape, sigma0 * scale)
     reps = np.concatenate([point[None], groups])                                    # (G + 1, k, cts, slots)
     reps = np.concatenate([reps, reps.sum(axis=1, keepdims=True)], axis=1)          # overall: their sum
     items = reps.reshape(RELEASE_GROUPS + 1, (K + 1) * layout.n_ciphertexts, layout.slots)
@@ -212,9 +228,11 @@ def auc_audit(p: np.ndarray, frame: pd.DataFrame, policy: ReleasePolicy, rng: np
     form = auc_form(q_ext, y, rank, units)                                        # (G + 1, cells, 2)
     unit = 2.0 ** (33 + normaliser_bits(n))
     scales = np.array(EXACT.squares_sensitivity({"facts": {"n": n}}, 1), dtype=np.float64)
-    sigma0, sigma_b = policy.sigmas(2)
+    sigma0, sigma_b = release_sigmas(policy, 2)
     sd = np.where(np.arange(len(form))[:, None, None] == 0, sigma0, sigma_b) * scales[None, None, :]
     slots = form * unit + (rng.normal(0.0, 1.0, form.shape) * sd if noise else 0.0)
+    if FORM == "pooled":  # the estimate: the groups' sum (within-group pairs only)
+        slots[0] = slots[1:].sum(axis=0)
     noise_sd = [float(s * x) for s in (sigma0, sigma_b) for _ in range(K + 1) for x in EXACT.slot_noise(scales)]
     plan = EXACT.plan(GROUPS, (), None, "exact", {}, {})
     withheld, small = suppression(q, policy, rng, noise)
@@ -262,11 +280,17 @@ def group_intervals(metric: str, audit: Audit):
     return out
 
 
-def record(metric: str, audit: Audit) -> dict:
-    """One dataset's outcome: the verdict, the band, every group's intervals."""
+def record(metric: str, audit: Audit, clean: Audit | None = None) -> dict:
+    """One dataset's outcome: the verdict, the band, every group's intervals, and (with the
+    same release without noise, `clean`) each estimate's distance from its noiseless value."""
     v = audit.report.verdict
-    return {"flag": bool(v.significant), "inconclusive": v.severity == "inconclusive",
-            "band": band_flag(metric, audit), "cells": group_intervals(metric, audit)}
+    out = {"flag": bool(v.significant), "inconclusive": v.severity == "inconclusive",
+           "band": band_flag(metric, audit), "cells": group_intervals(metric, audit)}
+    if clean is not None:
+        noisy, plain = group_intervals(metric, audit), group_intervals(metric, clean)
+        out["noise"] = {g: [a[3] - b[3] for a, b in zip(noisy[g], plain[g]) if a[3] is not None and b[3] is not None]
+                        for g in noisy}
+    return out
 
 
 def summary(records: list[dict]) -> dict:
@@ -281,7 +305,14 @@ def summary(records: list[dict]) -> dict:
             "width": [float(np.median([hi - lo for lo, hi, _ in defined[g]])) if defined[g] else math.nan
                       for g in names],
             "rms": [math.sqrt(float(np.mean(np.square(errors[g])))) if errors[g] else math.nan for g in names],
-            "undefined": [1.0 - len(defined[g]) / len(cells[g]) if cells[g] else math.nan for g in names]}
+            "undefined": [1.0 - len(defined[g]) / len(cells[g]) if cells[g] else math.nan for g in names],
+            "noise": [_rms([x for r in records for x in r.get("noise", {}).get(g, [])]) for g in names],
+            "noise_max": [max((abs(x) for r in records for x in r.get("noise", {}).get(g, [])), default=math.nan)
+                          for g in names]}
+
+
+def _rms(xs: list[float]) -> float:
+    return math.sqrt(float(np.mean(np.square(xs)))) if xs else math.nan
 
 
 def run(metric: str, pool: np.ndarray, n: int, datasets: int, seed: int, policy: ReleasePolicy,
@@ -293,7 +324,10 @@ def run(metric: str, pool: np.ndarray, n: int, datasets: int, seed: int, policy:
     records = []
     for i in range(datasets):
         p = pool[rng.choice(len(pool), size=n, replace=False)]
-        records.append(record(metric, audit_of(p, frame_of(n, rng), policy, rng, rng)))
+        frame = frame_of(n, rng)
+        twin = copy.deepcopy(rng)  # the same rows and random groups, without the noise
+        audit = audit_of(p, frame, policy, rng, rng)
+        records.append(record(metric, audit, audit_of(p, frame, policy, twin, twin, noise=False)))
         if save and ((i + 1) % 25 == 0 or i + 1 == datasets):
             Path(save).write_bytes(pickle.dumps({"metric": metric, "members": n, "records": records}))
     return records
@@ -302,15 +336,17 @@ def run(metric: str, pool: np.ndarray, n: int, datasets: int, seed: int, policy:
 def table(rows: list[tuple[str, int, dict]]) -> list[str]:
     head = " / ".join(GROUPS + ["overall"])
     out = [f"| metric | members | datasets | verdict flagged | MC sd | some band excludes 0 | MC sd | inconclusive "
-           f"| coverage ({head}) | median width ({head}) | estimate's rms error ({head}) | interval undefined |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           f"| coverage ({head}) | median width ({head}) | estimate's rms error ({head}) | interval undefined "
+           f"| estimate − noiseless, rms / largest ({head}) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for metric, n, s in rows:
         datasets = s["datasets"]
         sd = [math.sqrt(max(x * (1 - x), 1e-12) / datasets) for x in (s["flag"], s["band"])]
         fmt = lambda xs, f: " / ".join("—" if not math.isfinite(x) else format(x, f) for x in xs)  # noqa: E731
         out.append(f"| {metric} | {n:,} | {datasets} | {s['flag']:.1%} | {sd[0]:.1%} | {s['band']:.1%} "
                    f"| {sd[1]:.1%} | {s['inconclusive']:.0%} | {fmt(s['coverage'], '.3f')} "
-                   f"| {fmt(s['width'], '.3f')} | {fmt(s['rms'], '.4f')} | {fmt(s['undefined'], '.0%')} |")
+                   f"| {fmt(s['width'], '.3f')} | {fmt(s['rms'], '.4f')} | {fmt(s['undefined'], '.0%')} "
+                   f"| {fmt(s.get('noise', [math.nan] * K), '.4f')} / {fmt(s.get('noise_max', [math.nan] * K), '.4f')} |")
     return out
 
 
@@ -390,7 +426,11 @@ def main(argv=None) -> int:
     ap.add_argument("--merge", nargs="+", metavar="FILE", help="print the table of --save files (pooled), then stop")
     ap.add_argument("--check", action="store_true", help="compare the twin with the real sessions, then stop")
     ap.add_argument("--check-members", type=int, default=4000, help="the members of --check's audits")
+    ap.add_argument("--form", choices=("separate", "pooled"), default="separate",
+                    help="the release's form (module docstring, FORM)")
     args = ap.parse_args(argv)
+    global FORM
+    FORM = args.form
     if args.check:
         return check(args.check_members)
     if args.merge:

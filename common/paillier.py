@@ -377,16 +377,22 @@ def ciphertexts_to_bytes(ciphertexts: Iterable[int], width: int) -> bytes:
 
 
 def ciphertexts_from_bytes(packed: bytes, pub: PublicKey) -> list[int]:
-    """Parse a peer's packed ciphertexts; each must be a unit of Z_{n^2}."""
+    """Parse a peer's packed ciphertexts; each must be a unit of Z_{n^2}: in (0, n²) and
+    prime to n (design §4.7). One gcd serves the whole table: with n = p·q, the product of
+    the ciphertexts mod n is divisible by p (or q) exactly when one of them is, so only a
+    table that fails it is checked ciphertext by ciphertext, to name the one at fault."""
     width = pub.ciphertext_bytes
     if len(packed) % width:
         raise ProtocolError(f"ciphertext table of {len(packed)} bytes is not a multiple of {width}")
     n2 = pub.n2
     n = mpz(pub.n)
-    out = []
-    for i in range(0, len(packed), width):
-        c = int.from_bytes(packed[i:i + width], "big")
-        if not 0 < c < n2 or gmpy2.gcd(c, n) != 1:
-            raise ProtocolError(f"ciphertext {i // width} is out of range")
-        out.append(c)
+    out = [int.from_bytes(packed[i:i + width], "big") for i in range(0, len(packed), width)]
+    product = mpz(1)
+    for i, c in enumerate(out):
+        if not 0 < c < n2:
+            raise ProtocolError(f"ciphertext {i} is out of range")
+        product = product * (c % n) % n
+    if gmpy2.gcd(product, n) != 1:
+        bad = next(i for i, c in enumerate(out) if gmpy2.gcd(c, n) != 1)
+        raise ProtocolError(f"ciphertext {bad} is out of range")
     return out

@@ -163,7 +163,8 @@ def marginal_intervals(values: np.ndarray, confidence: float, method: str) -> tu
 def simultaneous_bands(values: np.ndarray, confidence: float, method: str) -> tuple[np.ndarray, np.ndarray]:
     """Bands that hold for every column at once: est ± q·s_c, with s_c the replicates'
     standard deviation and q the confidence quantile of max_c |rep − est|/s_c
-    (bootstrap), or Bonferroni t quantiles (random groups)."""
+    (bootstrap), or Bonferroni t quantiles over the distinct tests (random groups,
+    `distinct_tests`)."""
     est = values[0]
     reps = values[1:]
     c = values.shape[1]
@@ -182,10 +183,23 @@ def simultaneous_bands(values: np.ndarray, confidence: float, method: str) -> tu
     else:
         counts = np.sum(np.isfinite(reps[:, ok]), axis=0)
         alpha = 1.0 - confidence
-        q = np.array([t_quantile(1 - alpha / (2 * ok.sum()), int(n) - 1) for n in counts])
+        tests = distinct_tests(values[:, ok])
+        q = np.array([t_quantile(1 - alpha / (2 * tests), int(n) - 1) for n in counts])
         half = q * sd / np.sqrt(counts)
     low[ok], high[ok] = est[ok] - half, est[ok] + half
     return low, high
+
+
+def distinct_tests(values: np.ndarray) -> int:
+    """How many different tests the columns of `values` ((R+1, C)) make: a column that is
+    another's negative in every row (POT's DTI a/b and b/a, a gap and its reverse) tests
+    the same hypothesis with the same two-sided band, so Bonferroni counts it once."""
+    seen: list[np.ndarray] = []
+    for col in values.T:
+        if not any(np.array_equal(col, s, equal_nan=True) or np.array_equal(-col, s, equal_nan=True)
+                   for s in seen):
+            seen.append(col)
+    return max(1, len(seen))
 
 
 # ----------------------------------------------------------------------------------

@@ -355,3 +355,17 @@ def test_an_unknown_executor_is_refused_naming_the_flag(spec):
     from common import parallel
     with pytest.raises(InputError, match="--executor"):
         parallel.executor_from_spec(spec)
+
+
+def test_a_factor_of_n_among_good_ciphertexts_is_refused_and_named(key):
+    """The table's one gcd (of the product mod n) must still catch a single non-unit
+    anywhere in it, and the error names that ciphertext."""
+    pub = key.public
+    width = pub.ciphertext_bytes
+    good = paillier.encrypt_chunk(pub.n, pub.h, list(range(9)))
+    for position in (0, 4, 9):
+        for bad in (key.p, key.q * 7, pub.n * 3):
+            table = good[:position] + [bad] + good[position:]
+            with pytest.raises(ProtocolError, match=f"ciphertext {position} is out of range"):
+                paillier.ciphertexts_from_bytes(paillier.ciphertexts_to_bytes(table, width), pub)
+    assert paillier.ciphertexts_from_bytes(paillier.ciphertexts_to_bytes(good, width), pub) == good

@@ -191,3 +191,23 @@ def test_a_size_decided_below_the_minimum_is_never_shown_at_it(monkeypatch):
     sizes = report.release["effective_sizes"]
     assert sizes["hispanic"] < MIN_EFFECTIVE_SIZE and "hispanic" in _header(seen).small_groups
     assert list(_header(seen).small_groups) == sorted(g for g, v in sizes.items() if v < MIN_EFFECTIVE_SIZE)
+
+
+def test_random_group_bands_count_a_gap_and_its_reverse_as_one_test():
+    """POT's family holds DTI a/b and b/a; Bonferroni over both would halve alpha for
+    the same two-sided test (and a gap with an unrelated third column is two tests)."""
+    from common.results import distinct_tests, simultaneous_bands
+    rng = np.random.default_rng(5)
+    gap = rng.normal(0.0, 0.01, size=11)
+    other = rng.normal(0.0, 0.01, size=11)
+    one = simultaneous_bands(gap[:, None], 0.95, "random_groups")
+    both = simultaneous_bands(np.column_stack([gap, -gap]), 0.95, "random_groups")
+    assert distinct_tests(np.column_stack([gap, -gap])) == 1
+    assert both[0][0] == pytest.approx(one[0][0]) and both[1][0] == pytest.approx(one[1][0])
+    assert both[0][1] == pytest.approx(-one[1][0]) and both[1][1] == pytest.approx(-one[0][0])
+    two = simultaneous_bands(np.column_stack([gap, -gap, other]), 0.95, "random_groups")
+    assert distinct_tests(np.column_stack([gap, -gap, other])) == 2
+    assert two[1][0] - two[0][0] > one[1][0] - one[0][0]  # two tests: a wider band than one
+    gap_nan = gap.copy()
+    gap_nan[3] = np.nan
+    assert distinct_tests(np.column_stack([gap_nan, -gap_nan])) == 1
