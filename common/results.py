@@ -853,11 +853,13 @@ def _relation(low: Any, high: Any) -> str:
     return "includes 0"
 
 
-def _needed(factor: float | None, noisy: bool | None = None) -> str:
+def _needed(factor: float | None, noisy: bool | None = None, widest: str | None = None) -> str:
     """What would make an inconclusive audit conclusive; the privacy budget only where
-    release noise is on (`noisy` None: not known, both said)."""
-    more = (f"more members (about {factor:.1f}x as many)" if factor is not None and math.isfinite(factor)
-            else "more members")
+    release noise is on (`noisy` None: not known, both said); `widest`: the comparison
+    or group that needs the factor `factor` (the others need fewer)."""
+    known = factor is not None and math.isfinite(factor)
+    more = (f"more members (about {factor:,.1f}x as many" + (f"; {widest} needs the most" if widest else "") + ")"
+            if known else "more members")
     if noisy is None:
         return (f"conclusive with {more}, fewer groups (--group-mapping) or, under the release controls, "
                 f"a larger privacy budget (rho)")
@@ -868,7 +870,8 @@ def _needed(factor: float | None, noisy: bool | None = None) -> str:
 
 def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidence: float, method: str,
                  tau: float, groups: Sequence[GroupResult] = (), *, left_out: Sequence[str] = (),
-                 left_out_factor: float | None = None, strict: Sequence[bool] | None = None,
+                 left_out_factor: float | None = None, left_out_widest: str | None = None,
+                 strict: Sequence[bool] | None = None,
                  excluded: Sequence[str] = (), noisy: bool | None = None, metric: str = "",
                  strict_significance: bool = True) -> Verdict:
     """The verdict over a family of compared differences (`values`: (R+1, C), row 0 the
@@ -876,7 +879,7 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
     could not take part as not informative; `excluded`: the groups left out of the
     verdict for their size or withheld (module docstring, "Left out"): with any of
     either, no verdict is "none"; `left_out_factor`: how many times the members they
-    would need; `noisy`: whether release noise was on (what the advice names); `metric`:
+    would need (`left_out_widest`: the one that needs it); `noisy`: whether release noise was on (what the advice names); `metric`:
     the metric's name (which size rule left groups out); `strict_significance`: whether a
     comparison with an uninformative group must clear tau to count (without release
     noise; module docstring) — either way the compared pair is picked among the
@@ -896,7 +899,7 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
             message = ("inconclusive at this size and privacy level: no two groups can be compared"
                        + (f"; not informative (interval half-width above {INFORMATIVE_SHARE:g} tau = "
                           f"{INFORMATIVE_SHARE * tau:g}): {', '.join(left_out)}" if left_out else "")
-                       + f"{excluded_words}; {_needed(left_out_factor, noisy)}")
+                       + f"{excluded_words}; {_needed(left_out_factor, noisy, left_out_widest)}")
             return Verdict(rule, tau, "inconclusive", False, False, None, (), tuple(non_overlap), message,
                            excluded_groups=tuple(excluded), uninformative=tuple(left_out),
                            members_factor=_round_factor(left_out_factor))
@@ -924,8 +927,12 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
         banded = banded & ~np.asarray(strict)
     finite_mdd = mdds[banded & np.isfinite(mdds)]
     mdd = float(finite_mdd.max()) if finite_mdd.size else None
-    factor = _with_excluded(max([f for f in ((mdd / tau) ** 2 if mdd is not None else None, left_out_factor)
-                                 if f is not None], default=None), excluded)
+    mdd_widest = labels[int(np.nanargmax(np.where(banded & np.isfinite(mdds), mdds, np.nan)))] \
+        if mdd is not None else None
+    factor, widest = max([f for f in (((mdd / tau) ** 2 if mdd is not None else None, mdd_widest),
+                                      (left_out_factor, left_out_widest)) if f[0] is not None],
+                         default=(None, None), key=lambda f: f[0])
+    factor = _with_excluded(factor, excluded)
     if significant.any():
         preferred = significant & ~np.asarray(strict, dtype=bool) if strict is not None else significant
         pick = int(np.argmax(np.where(preferred if preferred.any() else significant, adverse, -np.inf)))
@@ -958,7 +965,7 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
         if left_out:
             message += (f"; not informative (interval half-width above {INFORMATIVE_SHARE:g} tau), so not "
                         f"judged: {', '.join(left_out)}")
-        message += excluded_words + "; " + _needed(factor, noisy)
+        message += excluded_words + "; " + _needed(factor, noisy, widest)
     else:
         message = (f"significant disparity, severity {severity}: {words} {labels[pick]} = {est[pick]:+.4f}, "
                    f"{confidence:.0%} simultaneous interval {band} excludes 0 (tau {tau:g}; "
@@ -1099,18 +1106,19 @@ def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, 
         diffs = _differences(index, null_scaled(values, index, bounds), confidence, method, tau, bounds)[1]
     rule = metric.verdict_rule
     small = set(small_groups) if index else set()
-    labels, fam, left_out, factor, strict = _family(rule, cells, groups, pairs, index, diff_labels, diffs, values, small, tau,
-                                            bounds)
+    labels, fam, left_out, (factor, widest), strict = _family(rule, cells, groups, pairs, index, diff_labels, diffs,
+                                                              values, small, tau, bounds)
     excluded = tuple(g.group for g in groups if g.group in small)
-    factor = max([f for f in (factor, _factor([(g.ci_low, g.ci_high) for g in groups if g.group in small], tau))
-                  if f is not None], default=None)
+    factor, widest = max([f for f in ((factor, widest),
+                                      _widest([(g.group, g.ci_low, g.ci_high) for g in groups if g.group in small], tau))
+                          if f[0] is not None], default=(None, None), key=lambda f: f[0])
     if fam.shape[1] == 0 and not left_out and not excluded:
         verdict = Verdict(rule, tau, "insufficient data", False, False, None, (), (),
                           "insufficient data (nothing to compare)")
     else:
         verdict = verdict_from(rule, labels, fam, confidence, method, tau,
                                [g for g in groups if g.group not in small], left_out=left_out, left_out_factor=factor,
-                               strict=strict, excluded=excluded, noisy=noisy, metric=metric.name,
+                               left_out_widest=widest, strict=strict, excluded=excluded, noisy=noisy, metric=metric.name,
                                strict_significance=not noisy)
     if corrected is not None and verdict.compared and rule in ("range", "below_overall"):
         verdict = _with_attenuation(verdict, corrected, cells, index, confidence, method, bounds, groups)
@@ -1184,7 +1192,7 @@ def _family(rule, cells, groups, pairs, index, diff_labels, diffs, values, small
     else:
         left_cells = [p for p in pairs if not p.informative]
         left = left_cells
-    factor = _factor([(x.ci_low, x.ci_high) for x in left], tau)
+    factor = _widest([(_result_label(x), x.ci_low, x.ci_high) for x in left], tau)
     named = {g.group for g in groups if g.group != "overall" and g.group not in small}
     if rule == "range":
         family = [i for i, (kind, a, b) in enumerate(diff_labels) if kind == "between" and a in named and b in named]
@@ -1212,10 +1220,24 @@ def _family(rule, cells, groups, pairs, index, diff_labels, diffs, values, small
 
 
 def _factor(intervals, tau: float) -> float | None:
-    widths = [(hi - lo) / 2.0 for lo, hi in intervals if lo is not None and hi is not None]
+    return _widest([(None, lo, hi) for lo, hi in intervals], tau)[0]
+
+
+def _widest(entries, tau: float) -> tuple[float | None, str | None]:
+    """(how many times the members would make the widest of `entries` ((label, low, high))
+    informative, its label): ((half-width / (INFORMATIVE_SHARE·τ))², the largest)."""
+    widths = [((hi - lo) / 2.0, label) for label, lo, hi in entries if lo is not None and hi is not None]
     if not widths:
-        return None
-    return max((w / (INFORMATIVE_SHARE * tau)) ** 2 for w in widths)
+        return None, None
+    width, label = max(widths, key=lambda w: w[0])
+    return (width / (INFORMATIVE_SHARE * tau)) ** 2, label
+
+
+def _result_label(part) -> str:
+    """How the verdict names a group or a pair cell of the result."""
+    if isinstance(part, PairResult):
+        return f"{part.higher}>{part.lower}" + (f"@{part.rank_pair}" if part.rank_pair else "")
+    return part.group
 
 
 def _with_attenuation(verdict: Verdict, corrected, cells, index, confidence, method, bounds, groups) -> Verdict:

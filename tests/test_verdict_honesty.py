@@ -211,3 +211,15 @@ def test_random_group_bands_count_a_gap_and_its_reverse_as_one_test():
     gap_nan = gap.copy()
     gap_nan[3] = np.nan
     assert distinct_tests(np.column_stack([gap_nan, -gap_nan])) == 1
+
+
+def test_the_advice_names_the_comparison_that_needs_the_most_members():
+    """"About N× as many members" is the need of the widest comparison; the verdict says
+    which one, so that a user sees it is one small group (and can merge it) rather than
+    the whole audit."""
+    sds = [0.002, 0.002, 0.002, 0.09, 0.002, 0.002, 0.002]  # aian far too wide to judge
+    v = _finish(_values([0.1] * 7, sds, replicates=10)).verdict
+    assert v.severity == "inconclusive" and "aian" in v.uninformative
+    assert "as many; aian needs the most)" in v.message
+    wide = _finish(_values([0.1] * 7, [0.02] * 7, replicates=10)).verdict  # every gap too wide: the MDD's
+    assert wide.severity == "inconclusive" and " needs the most)" in wide.message
