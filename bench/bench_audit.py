@@ -11,7 +11,7 @@ timing both parties report, and the peak resident memory and the CPU seconds of 
 service during the audit (the service process and its worker processes together, sampled
 every 0.2 s from /proc; CPU of a worker that exits between two samples is partly missed).
 
-`--executor SPEC` is passed to both services (`common.parallel.executor_from_spec`:
+`--executor SPEC` is passed to both services (`common.executors.executor_from_spec`:
 `processes`, `processes:N`, `inline`, `dask://HOST:PORT`); with a Dask cluster the per-row
 work runs in the cluster's workers, whose CPU is not part of the services' (see
 bench/bench_scaling.py, which starts the cluster and measures it).

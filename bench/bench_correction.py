@@ -13,7 +13,7 @@ Scenarios (``--scenarios``):
 
 * ``generative/tester``: ``ppre synth``'s default mode (true race from national shares,
   BISG's posterior only approximately the model's: assumption A1 holds approximately)
-  and the probabilities the Tester computes by default: `tester_service.preparation.prepare`
+  and the probabilities the Tester computes by default: `tester_service.demographics.preparation.prepare`
   (what `prepare_from_files` runs on the files ``ppre synth`` writes), i.e. BISG, the 6%
   Self-ID rows privatised by randomized response (ε = 4.5) and clipping at the 90%-rule T;
 * ``calibrated/tester``: ``--mode calibrated`` (true race drawn from each member's BISG
@@ -42,10 +42,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import bisg, correction  # noqa: E402
+from common import correction  # noqa: E402
+from tester_service.demographics import bisg  # noqa: E402
 from common.races import RACES  # noqa: E402
 from ppre.synth import DEFAULT_DISPARITY, SynthConfig, parse_race_values, synthesize  # noqa: E402
-from tester_service.preparation import PreparationConfig, prepare  # noqa: E402
+from tester_service.demographics.preparation import PreparationConfig, prepare  # noqa: E402
 
 K = len(RACES)
 SCENARIOS = ("generative/tester", "calibrated/tester", "calibrated/bisg", "generative/bisg")

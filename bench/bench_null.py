@@ -16,8 +16,8 @@ the groups the Tester leaves out of a verdict without release noise (`common.res
 Kish effective sample size below `MIN_KISH_SIZE`) passed as `small_groups`, as the Tester does.
 
 Data: race probabilities are those `ppre synth` members get from the Tester's preparation:
-`ppre.synth.draw_population` (2010 Census surnames and ZCTAs), `common.bisg.bisg` on surname and
-ZIP, then `common.clipping.clip` at the 90% rule's threshold (`threshold_from_rule`), without the
+`ppre.synth.draw_population` (2010 Census surnames and ZCTAs), `tester_service.demographics.bisg.bisg` on surname and
+ZIP, then `tester_service.demographics.clipping.clip` at the 90% rule's threshold (`threshold_from_rule`), without the
 Self-ID rows. One pool of `POOL` members is drawn once per run; every dataset samples its members
 from it without replacement (a fresh sample, fresh outcomes and a fresh bootstrap per dataset).
 Outcomes: y_true ~ Bernoulli(0.3), y_pred ~ Bernoulli(0.8) for positives and Bernoulli(0.1) for
@@ -60,7 +60,7 @@ SMALL = ("aian", "multiple")
 
 def probability_pool(size: int = POOL, seed: int = 12345) -> np.ndarray:
     """(size, 6) prepared BISG probabilities of `ppre synth` members (module docstring)."""
-    from common import bisg, clipping
+    from tester_service.demographics import bisg, clipping
     from ppre import synth
     rng = np.random.default_rng(seed)
     _, surname, zipcode = synth.draw_population(size, rng)

@@ -35,7 +35,7 @@ def main() -> int:
     from ppre.local import local_services
     from ppre.synth import SynthConfig, synthesize
     from proto import ppre_pb2 as pb
-    from tester_service.preparation import PreparationConfig
+    from tester_service.demographics.preparation import PreparationConfig
     from tester_service.release import PrivacyAccountant, ReleasePolicy
     from tester_service.server import prepare_from_files, run_audit
 

@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import bisg, clipping, randomized_response  # noqa: E402
+from tester_service.demographics import bisg, clipping, randomized_response  # noqa: E402
 from common.races import RACE_INDEX  # noqa: E402
 from ppre.synth import SynthConfig, synthesize  # noqa: E402
 

@@ -1,7 +1,7 @@
 """MQOS-AUC under the default release noise, in plaintext (docs/metrics/mqos-auc.md).
 
 Reads a `ppre synth` population, computes the Tester's probabilities as an audit does
-(`tester_service.preparation.prepare`) and joins the Test-Client's `mqos_auc.csv`.
+(`tester_service.demographics.preparation.prepare`) and joins the Test-Client's `mqos_auc.csv`.
 Then, per group, the exact form's released sums (`common.metrics.mqos_auc`, "Released
 form": V = (U − T·N/2)/S with noise sd σ₀/2, D = T·N/S with σ₀, AUC = ½ + V/D; the 10
 random groups with σ_b) and the sampled form's (pairs capped per member, noise σ₀·cap
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common.encoding import quantize_probabilities  # noqa: E402
 from common.metrics.scoring import dense_score_rank, doubled_a_weights, sample_pair_graph  # noqa: E402
 from common.results import marginal_intervals  # noqa: E402
-from tester_service.preparation import prepare, read_members, read_self_id  # noqa: E402
+from tester_service.demographics.preparation import prepare, read_members, read_self_id  # noqa: E402
 
 RHO = 0.2
 SIGMA0 = math.sqrt(2 / (RHO * 0.7))

@@ -51,7 +51,7 @@ moments (`common.moments`), the finishing party decides on the released M
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -94,6 +94,40 @@ def check_method(method: str) -> str:
 def pairs(k: int) -> list[tuple[int, int]]:
     """The upper triangle of M, row by row: (0,0), (0,1), …, (k−1,k−1)."""
     return [(j, r) for j in range(k) for r in range(j, k)]
+
+
+#: a probability's fixed-point scale in the slots (common.metrics.base.PROBABILITY_BITS)
+WEIGHT_SCALE = float(1 << 32)
+
+
+def psd(matrix: np.ndarray, floor: float = 0.0) -> np.ndarray:
+    """The nearest symmetric matrix whose eigenvalues are at least `floor` ≥ 0 (the
+    positive semidefinite cone for 0)."""
+    sym = (matrix + matrix.T) / 2.0
+    if not sym.size or not np.all(np.isfinite(sym)):
+        return np.zeros_like(sym)
+    vals, vecs = np.linalg.eigh(sym)
+    return (vecs * np.clip(vals, floor, None)) @ vecs.T
+
+
+def pair_matrix(row: Sequence[Sequence[float]], family, slot: int, k: int,
+                items: Sequence[int] | None = None) -> np.ndarray:
+    """The symmetric k × k matrix of one slot of the family's pair items (S^f or S^d;
+    `items`: other pair items, those of the squares). A family with one item per group
+    holds the diagonal alone: its off-diagonal entries are 0 (draws independent across
+    groups, which widens a simultaneous band, never narrows it: Šidák's inequality)."""
+    items = family.pair_items if items is None else items
+    where = pairs(k) if len(items) == len(pairs(k)) else [(j, j) for j in range(k)]
+    out = np.zeros((k, k))
+    for p, (a, b) in enumerate(where):
+        out[a, b] = out[b, a] = float(row[items[p]][slot])
+    return out
+
+
+def noise_of(noise_sd: Sequence[float], item: int, slot: int, item_slots: int) -> float:
+    """The estimate's noise sd of one item slot (the header's first half; 0 without noise)."""
+    k = item * item_slots + slot
+    return float(noise_sd[k]) if k < len(noise_sd) // 2 else 0.0
 
 
 def pair_weights(q: np.ndarray) -> list[np.ndarray]:
@@ -153,7 +187,6 @@ def bounded_solve(num: np.ndarray, m: np.ndarray, lo: float, hi: float, *, itera
     answer, else the bounded fit (a noised M is projected onto the positive
     semidefinite cone first). Projected Newton with an Armijo search (Bertsekas 1982),
     exact for the k ≤ a dozen groups of an audit."""
-    from common.moments import psd
     x = _lstsq(m, num)
     if np.all((x >= lo) & (x <= hi)) and np.all(np.linalg.eigvalsh((m + m.T) / 2) > 0):
         return x  # M positive definite and M⁻¹·Num in range: the unconstrained solution
@@ -225,7 +258,7 @@ class Family:
 
     cells: tuple[int, ...]        # plan cell per group
     #: plan item per pair (`pairs`), holding M's entries; or one per group, the diagonal
-    #: alone (`common.moments.pair_matrix`: the covariances across groups taken as 0)
+    #: alone (`pair_matrix`: the covariances across groups taken as 0)
     pair_items: tuple[int, ...]
     num_slot: int
     den_slot: int
@@ -363,7 +396,6 @@ class CorrectionPlan:
         return [g for g in self.groups if g in hidden], threshold
 
     def _family_identifiability(self, row, noise_sd, plan, family: Family) -> tuple[list[str], float]:
-        from common.moments import WEIGHT_SCALE, noise_of, pair_matrix, psd
         k = len(self.groups)
         floor = max(noise_of(noise_sd, i, family.den_slot, plan.item_slots) for i in family.pair_items)
         m = psd(pair_matrix(row, family, family.den_slot, k), floor) / (WEIGHT_SCALE * family.unit)
@@ -396,7 +428,8 @@ def extend(plan, groups: Sequence[str], *, square: tuple[int, int] | None = None
     per-group cells sit on weight column j for group j). `square`: the (ciphertext,
     slot) of the rows' f² (`Metric.moment_squares`), whose pair items join too where
     they are on another ciphertext; `unit`, `span`, `den_square`, `spread`: `Family`'s."""
-    from common.metrics.base import Item, Plan
+    # The plan's own types (`common.metrics.base`'s Plan and Item), copied from the plan and
+    # its items: this module sits below the metric layer and does not import it.
     k = len(groups)
     first_weight = k + 1
     index = {g: j for j, g in enumerate(groups)}
@@ -415,7 +448,8 @@ def extend(plan, groups: Sequence[str], *, square: tuple[int, int] | None = None
     def pair_items(ciphertext: int, stratum) -> tuple[int, ...]:
         if (ciphertext, stratum) not in where:
             where[(ciphertext, stratum)] = tuple(range(len(items), len(items) + len(pairs(k))))
-            items.extend(Item(first_weight + p, ciphertext, stratum) for p in range(len(pairs(k))))
+            items.extend(replace(plan.items[0], weight=first_weight + p, ciphertext=ciphertext, stratum=stratum)
+                         for p in range(len(pairs(k))))
         return where[(ciphertext, stratum)]
 
     families = []
@@ -427,5 +461,5 @@ def extend(plan, groups: Sequence[str], *, square: tuple[int, int] | None = None
         squares = {} if square is None else {"sq_items": pair_items(square[0], stratum), "sq_slot": square[1]}
         families.append(Family(tuple(cells), held, num_slot, den_slot, shift, unit=unit, span=span,
                                den_square=den_square, spread=spread, **squares))
-    return (Plan(plan.cells, tuple(items), plan.item_slots),
+    return (replace(plan, items=tuple(items)),
             CorrectionPlan(tuple(groups), tuple(families), len(plan.items)))

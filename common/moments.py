@@ -63,11 +63,11 @@ from typing import Sequence
 
 import numpy as np
 
+from common.correction import WEIGHT_SCALE, finish_corrected, noise_of, pair_matrix, pairs, psd
+
 #: the AggregatesHeader's interval for this release form (the report's intervals are the
 #: draws' percentile intervals: `common.results` reads them as "percentile")
 FORM = "parametric"
-#: a probability's fixed-point scale in the slots (common.metrics.base.PROBABILITY_BITS)
-WEIGHT_SCALE = float(1 << 32)
 
 
 def estimate_bounds(metric, option: str, params: dict) -> tuple[float, float] | None:
@@ -83,37 +83,12 @@ def draw_seed(row: Sequence[Sequence[int]]) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
-def psd(matrix: np.ndarray, floor: float = 0.0) -> np.ndarray:
-    """The nearest symmetric matrix whose eigenvalues are at least `floor` ≥ 0 (the
-    positive semidefinite cone for 0)."""
-    sym = (matrix + matrix.T) / 2.0
-    if not sym.size or not np.all(np.isfinite(sym)):
-        return np.zeros_like(sym)
-    vals, vecs = np.linalg.eigh(sym)
-    return (vecs * np.clip(vals, floor, None)) @ vecs.T
-
-
 def gaussian_draws(cov: np.ndarray, replicates: int, rng: np.random.Generator) -> np.ndarray:
     """(replicates, n) draws of N(0, cov), cov projected onto the PSD cone first."""
     sym = psd(cov)
     vals, vecs = np.linalg.eigh(sym)
     root = vecs * np.sqrt(np.clip(vals, 0.0, None))
     return rng.standard_normal((replicates, len(cov))) @ root.T
-
-
-def pair_matrix(row: Sequence[Sequence[float]], family, slot: int, k: int,
-                items: Sequence[int] | None = None) -> np.ndarray:
-    """The symmetric k × k matrix of one slot of the family's pair items (S^f or S^d;
-    `items`: other pair items, those of the squares). A family with one item per group
-    holds the diagonal alone: its off-diagonal entries are 0 (draws independent across
-    groups, which widens a simultaneous band, never narrows it: Šidák's inequality)."""
-    from common.correction import pairs
-    items = family.pair_items if items is None else items
-    where = pairs(k) if len(items) == len(pairs(k)) else [(j, j) for j in range(k)]
-    out = np.zeros((k, k))
-    for p, (a, b) in enumerate(where):
-        out[a, b] = out[b, a] = float(row[items[p]][slot])
-    return out
 
 
 def moment_matrices(row, family, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -130,7 +105,6 @@ def pooled_spread(plan, family, row, k: int) -> float:
     (c = 1 on the diagonal, 2 off it: Σ_i f_i²·(Σ_a p_ia)² = Σ_i f_i²); clipped to
     [0, (span/2)²], the most a value in the declared range can spread. Where the
     Test-Client states the spread from its own rows (`Family.spread`: MQOS-NDCG), that."""
-    from common.correction import pairs
     if family.spread is not None:
         return float(family.spread)
     cell = next((c for c in plan.cells if c.group == "overall" and c.kind == "group"
@@ -190,12 +164,6 @@ def residual_moments(row, family, k: int, spread: float = 0.0) -> np.ndarray:
         return sd * spread
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(sd > 0, sf - sf ** 2 / np.where(sd > 0, sd, 1.0), 0.0)
-
-
-def noise_of(noise_sd: Sequence[float], item: int, slot: int, item_slots: int) -> float:
-    """The estimate's noise sd of one item slot (the header's first half; 0 without noise)."""
-    k = item * item_slots + slot
-    return float(noise_sd[k]) if k < len(noise_sd) // 2 else 0.0
 
 
 def weighted_draws(plan, moments, row: Sequence[Sequence[int]], estimate: np.ndarray, noise_sd: Sequence[float],
@@ -317,7 +285,6 @@ def finish_release(plan, moments, row: Sequence[Sequence[int]], noise_sd: Sequen
     values = weighted_draws(plan, moments, row, estimate, noise_sd, replicates, rng, withheld)
     if not correct:
         return values, None
-    from common.correction import finish_corrected
     rows = corrected_rows(plan, moments, row, noise_sd, replicates, rng)  # row 0: the release as it is
     return values, finish_corrected(moments, [s for r in rows for s in r], plan, withheld, (), noise_sd,
                                     bounds=bounds)

@@ -20,7 +20,9 @@ never the key object itself, which refuses pickling). Three executors:
 * `DaskExecutor` (`dask://HOST:PORT`, `common.dask_executor`): a Dask distributed
   cluster, for a service whose per-row work should run on more cores than its host has.
 
-`executor_from_spec` turns the text form into one; `shutdown()` stops it.
+This module holds the interface and the local executors and imports no executor module;
+`common.executors.executor_from_spec` (the factory, which imports them all) turns the
+text form into one; `shutdown()` stops it.
 """
 from __future__ import annotations
 
@@ -38,8 +40,6 @@ from common.errors import InputError
 CHECKPOINT_CHUNKS = 16
 #: how often a worker checks that the service that started it is still alive
 PARENT_CHECK_S = 1.0
-#: the environment variable that names a service's executor (`executor_from_spec`)
-EXECUTOR_ENV = "PPRE_EXECUTOR"
 
 
 def worker_count() -> int:
@@ -234,25 +234,3 @@ class ProcessExecutor(Executor):
                 process.terminate()
             for process in workers:
                 process.join(timeout=2)
-
-
-def executor_from_spec(spec: str | None = None) -> Executor:
-    """An executor from its text form (`--executor`, else `PPRE_EXECUTOR`, else
-    `processes`): `inline`, `processes` (PPRE_WORKERS or the CPU count),
-    `processes:N`, or `dask://HOST:PORT` (a Dask distributed scheduler)."""
-    text = (spec if spec is not None else os.environ.get(EXECUTOR_ENV, "")).strip() or "processes"
-    if text == "inline":
-        return InlineExecutor()
-    if text == "processes":
-        return ProcessExecutor()
-    if text.startswith("processes:"):
-        count = text.split(":", 1)[1]
-        if not count.isdigit() or int(count) < 1:
-            raise InputError(f"'{text}': the number of processes must be a whole number of at least 1",
-                             parameter="--executor")
-        return ProcessExecutor(int(count))
-    if text.startswith(("dask://", "tcp://", "tls://")):
-        from common.dask_executor import DaskExecutor
-        return DaskExecutor(text)
-    raise InputError(f"'{text}' is not an executor: inline, processes, processes:N or dask://HOST:PORT",
-                     parameter="--executor")

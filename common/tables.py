@@ -1,7 +1,7 @@
 """Reading the parties' input files: one reader, one member-id rule (docs/inputs.md).
 
 Every input goes through here: the Tester's members and Self-ID files (design
-§2, via `tester_service.preparation`), its prepared probability table and the
+§2, via `tester_service.demographics.preparation`), its prepared probability table and the
 Test-Client's datasets (`read_table`). Errors are `InputError`s that name the file and,
 where there is one, the column and the row (rows are data records numbered from 1, the
 first record after the header; blank lines are not records; CSV messages also give the
@@ -59,7 +59,6 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from common.bisg import arrow_to_numpy, fill_empty, string_scalar, strings_to_arrow
 from common.errors import InputError
 
 if TYPE_CHECKING:  # pandas is imported where it is needed (start-up time of ``ppre bisg``)
@@ -70,6 +69,74 @@ MAX_INPUT_BYTES_ENV = "PPRE_MAX_INPUT_BYTES"
 DEFAULT_MAX_INPUT_BYTES = 1 << 30  # 1 GiB
 PARQUET_SUFFIXES = (".parquet", ".pq")
 CSV_SUFFIXES = (".csv", ".txt", "")
+
+
+# --------------------------------------------------------------------------------------
+# Arrow <-> numpy without pandas. pyarrow imports pandas (about half a second) the first
+# time `pa.array`, `pa.scalar` (also implicit: ``pc.equal(arr, "")``) or ``to_numpy`` is
+# used; these helpers build arrays from buffers instead, so reading a file (and ``ppre
+# bisg``) never loads it.
+# --------------------------------------------------------------------------------------
+_NP_TYPES = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64,
+             pa.uint8(): np.uint8, pa.uint16(): np.uint16, pa.uint32(): np.uint32, pa.uint64(): np.uint64,
+             pa.float32(): np.float32, pa.float64(): np.float64}
+
+
+def _bits(buf: pa.Buffer, offset: int, n: int) -> np.ndarray:
+    """An Arrow bitmap (validity or boolean values) as a numpy bool array."""
+    return np.unpackbits(np.frombuffer(buf, dtype=np.uint8), count=offset + n,
+                         bitorder="little")[offset:].astype(bool)
+
+
+def arrow_to_numpy(arr: pa.Array | pa.ChunkedArray, null: object = None) -> np.ndarray:
+    """Numeric or boolean Arrow values as a new (writable) numpy array; nulls become
+    ``null`` (required when there are nulls). Like ``to_numpy`` but without pandas."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n, off = len(arr), arr.offset
+    bufs = arr.buffers()
+    if pa.types.is_boolean(arr.type):
+        out = _bits(bufs[1], off, n) if n else np.zeros(0, dtype=bool)
+    elif arr.type in _NP_TYPES:
+        dt = np.dtype(_NP_TYPES[arr.type])
+        out = np.frombuffer(bufs[1], dtype=dt, count=n, offset=off * dt.itemsize).copy() if n \
+            else np.zeros(0, dtype=dt)
+    else:  # pragma: no cover - other types keep pyarrow's own conversion
+        return arr.to_numpy(zero_copy_only=False, writable=True)
+    if arr.null_count:
+        if null is None:
+            raise ValueError("nulls need a fill value")
+        out[~_bits(bufs[0], off, n)] = null
+    return out
+
+
+def numpy_to_arrow(values: np.ndarray) -> pa.Array:
+    """1-D numeric or boolean numpy values as an Arrow array (no nulls), without pandas."""
+    v = np.ascontiguousarray(values)
+    if v.dtype == bool:
+        return pa.Array.from_buffers(pa.bool_(), len(v), [None, pa.py_buffer(np.packbits(v, bitorder="little"))])
+    return pa.Array.from_buffers(pa.from_numpy_dtype(v.dtype), len(v), [None, pa.py_buffer(v)])
+
+
+def strings_to_arrow(values: Sequence[str]) -> pa.Array:
+    """Python strings (no None) as an Arrow string array, without pandas."""
+    encoded = [v.encode("utf-8") for v in values]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), out=offsets[1:])
+    if offsets[-1] >= 2**31:  # pragma: no cover - more than 2 GB of text
+        return pa.array(list(values), type=pa.string())
+    return pa.StringArray.from_buffers(len(encoded), pa.py_buffer(offsets.astype(np.int32)),
+                                       pa.py_buffer(b"".join(encoded)))
+
+
+def string_scalar(value: str) -> pa.Scalar:
+    """An Arrow string scalar (for compute functions), without pandas."""
+    return strings_to_arrow([value])[0]
+
+
+def fill_empty(arr: pa.Array) -> pa.Array:
+    """``arr.fill_null("")`` for a string array."""
+    return arr.fill_null(string_scalar("")) if arr.null_count else arr
 
 
 # --------------------------------------------------------------------------------------

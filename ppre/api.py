@@ -60,7 +60,7 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
 
     `client_data`: the Test-Client's dataset for `metric` (a DataFrame, or a CSV/Parquet
     file). The Tester's side: `members` (and optionally `self_id`), prepared per audit
-    with `preparation` (a `tester_service.preparation.PreparationConfig`; default: the
+    with `preparation` (a `tester_service.demographics.preparation.PreparationConfig`; default: the
     service's defaults), or a ready `probabilities` table (member_id + group columns).
     `params`: the metric's parameters (`ppre audit --metric-param`). `release_controls`:
     False turns them off (exact results, no protection: docs/threat-model.md,
@@ -171,7 +171,7 @@ def _tester_loader(members, self_id, probabilities, preparation,
                    columns: Mapping[str, str] | None = None) -> Callable[[], pd.DataFrame]:
     """The Tester's probabilities per audit, from DataFrames (in memory) or files."""
     from common.errors import InputError
-    from tester_service.preparation import PreparationConfig, prepare
+    from tester_service.demographics.preparation import PreparationConfig, prepare
 
     if (members is None) == (probabilities is None):
         raise InputError("give the Tester's members (and self_id) or a probabilities table, not both",
@@ -182,7 +182,7 @@ def _tester_loader(members, self_id, probabilities, preparation,
         return lambda: read_probability_table(probabilities, cfg.group_mapping, columns)  # a file or a DataFrame
     if isinstance(members, pd.DataFrame):
         from common.tables import DATAFRAME_LABEL
-        from tester_service.preparation import read_self_id
+        from tester_service.demographics.preparation import read_self_id
         if self_id is None or isinstance(self_id, pd.DataFrame):
             survey, label = None if self_id is None else _renamed(self_id, columns or {}), DATAFRAME_LABEL
         else:

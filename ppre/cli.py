@@ -50,7 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser, sub = _base_parser()
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    _install_settings(sub)
     return parser
+
+
+def _install_settings(sub: argparse._SubParsersAction) -> None:
+    """``--config FILE``, ``check-config`` and ``config-table`` on the services' commands
+    registered in `sub` (`ppre.config`, which sits above the command modules)."""
+    if any(name in sub.choices for name in ("tester", "client")):
+        from ppre.config import install_services
+        install_services(sub)
 
 
 def _parser_for(argv: list[str] | None) -> argparse.ArgumentParser:
@@ -63,6 +72,7 @@ def _parser_for(argv: list[str] | None) -> argparse.ArgumentParser:
         return build_parser()
     parser, sub = _base_parser()
     importlib.import_module(module).register(sub)
+    _install_settings(sub)
     return parser
 
 

@@ -22,7 +22,10 @@ key, the file and the type expected. An empty environment variable counts as uns
 **How.** `install` adds ``--config`` to a serve parser, records which flags the command
 line gave (each action notes itself when argparse calls it) and wraps the command's
 function so that the file is applied before it runs; it also adds ``check-config``
-(the same options, `check_tester` / `check_client`) and ``config-table``.
+(the same options, `check_tester` / `check_client`) and ``config-table``. This module
+sits above the service command modules (it reads their parsers and uses their helpers):
+they never import it, and `ppre.cli` calls `install_services` once they have registered.
+The column mapping flags are `ppre.columns`'.
 
 **check-config** reads the settings and every file they name without opening a port or
 contacting anyone, and lists every problem (one per independent check: the file, each
@@ -35,7 +38,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import functools
-import importlib
 import json
 import math
 import os
@@ -45,9 +47,10 @@ import threading
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable
 
 from common.errors import InputError, PPREError
+from ppre.columns import client_columns, tester_columns
 
 #: the environment variable that names the configuration file
 CONFIG_ENV = "PPRE_CONFIG"
@@ -63,82 +66,10 @@ PATH_KEYS = frozenset({"members", "self_id", "probabilities", "audit_log", "hist
 LIST_KEYS = frozenset({"excluded_states"})
 #: options that are no setting
 NOT_SETTINGS = frozenset({"help", "config"})
-#: environment variables of the column mapping (services only; `ppre audit --local` has flags)
-ID_COLUMN_ENV = "PPRE_ID_COLUMN"
-COLUMNS_ENV = "PPRE_COLUMNS"
 
 _GIVEN = "_ppre_given"
 _SOURCES = "config_sources"
 _PROBLEMS = "config_problems"
-
-
-# --------------------------------------------------------------------------------------
-# Column mapping flags (`common.tables.parse_column_mapping` reads them)
-# --------------------------------------------------------------------------------------
-def add_column_arguments(s: argparse.ArgumentParser, prefix: str = "", *, env: bool = True,
-                         whose: str = "the files") -> None:
-    """``--[PREFIX]id-column NAME`` and ``--[PREFIX]column OURS=THEIRS`` (repeatable); with
-    ``env``, their defaults come from ``PPRE_ID_COLUMN`` and ``PPRE_COLUMNS`` (a comma list)."""
-    from ppre.commands import _Names
-    dest = prefix.replace("-", "_")
-    s.add_argument(f"--{prefix}id-column", dest=f"{dest}id_column", metavar="NAME",
-                   default=os.environ.get(ID_COLUMN_ENV) if env else None,
-                   help=f"the column of {whose} that holds the member ids, if it is not 'member_id' "
-                        f"(same as --{prefix}column member_id=NAME)" + (f" (env {ID_COLUMN_ENV})" if env else ""))
-    s.add_argument(f"--{prefix}column", dest=f"{dest}column", action=_Names, metavar="OURS=THEIRS",
-                   default=os.environ.get(COLUMNS_ENV, "") if env else "",
-                   help=f"read the column THEIRS of {whose} as PPRE's column OURS, e.g. y_pred=prediction "
-                        "(repeatable)" + (f" (env {COLUMNS_ENV}: a comma-separated list)" if env else ""))
-
-
-def column_mapping(args: argparse.Namespace, prefix: str = "") -> dict[str, str]:
-    """The column mapping of `add_column_arguments` (a flag list, the env's comma list, or
-    a TOML table), checked: {our name: the file's name}."""
-    from common.tables import parse_column_mapping
-    dest = prefix.replace("-", "_")
-    items = getattr(args, f"{dest}column", None) or ()
-    if isinstance(items, str):
-        items = [x for x in items.split(",") if x.strip()]
-    return parse_column_mapping(getattr(args, f"{dest}id_column", None), items, parameter=f"--{prefix}column")
-
-
-def _check_known(mapping: Mapping[str, str], known: Iterable[str], parameter: str, what: str) -> None:
-    known = sorted(set(known))
-    for ours in mapping:
-        if ours not in known:
-            close = difflib.get_close_matches(ours, known, n=1, cutoff=0.6)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise InputError(f"'{ours}' is not a column {what} reads{hint}; the columns are: {', '.join(known)}",
-                             parameter=parameter)
-
-
-def tester_columns(args: argparse.Namespace, prefix: str = "") -> dict[str, str]:
-    """The Tester's column mapping, for its members and Self-ID files (or its probability
-    table, whose group columns may have any name)."""
-    from tester_service.preparation import MEMBER_OPTIONAL, MEMBER_REQUIRED, SELF_ID_REQUIRED
-    mapping = column_mapping(args, prefix)
-    if getattr(args, "members", None) or getattr(args, "tester_members", None):
-        opt_out = (getattr(args, "opt_out_column", None) or "opt_out").strip().lower()
-        _check_known(mapping, (*MEMBER_REQUIRED, *MEMBER_OPTIONAL, *SELF_ID_REQUIRED, opt_out),
-                     f"--{prefix}column", "the Tester's members or Self-ID file")
-    return mapping
-
-
-def client_columns(args: argparse.Namespace, prefix: str = "") -> dict[str, str]:
-    """The Test-Client's column mapping, for every dataset; its names are the metrics' columns."""
-    mapping = column_mapping(args, prefix)
-    _check_known(mapping, client_column_names(), f"--{prefix}column", "a Test-Client dataset")
-    return mapping
-
-
-def client_column_names() -> set[str]:
-    from common.metrics import METRICS
-    from common.tables import ID_COLUMN
-    names = {ID_COLUMN}
-    for metric in METRICS.values():
-        names.update(metric.numeric_columns, metric.text_columns, metric.optional_columns,
-                     getattr(metric, "threshold_columns", ()))
-    return names
 
 
 # --------------------------------------------------------------------------------------
@@ -187,6 +118,12 @@ def _help_text(text: str) -> str:
 _BUILD_LOCK = threading.Lock()
 
 
+def _register(service: str) -> Callable[[argparse._SubParsersAction], None]:
+    """The `register` of the service's command module (this module sits above them)."""
+    from ppre.commands import client, tester
+    return {"tester": tester.register, "client": client.register}[service]
+
+
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -222,7 +159,7 @@ def settings(service: str) -> tuple[Setting, ...]:
         try:
             root = argparse.ArgumentParser(prog="ppre")
             sub = root.add_subparsers(dest="command")
-            importlib.import_module(f"ppre.commands.{module}").register(sub)
+            _register(service)(sub)
         finally:
             del os.environ.get
             argparse._ActionsContainer.add_argument = original_add
@@ -447,6 +384,16 @@ def layered(func: Callable[[argparse.Namespace], int], service: str, *, collect:
     return run
 
 
+def install_services(commands: argparse._SubParsersAction) -> None:
+    """`install` on each service whose command `commands` holds (`ppre.cli` calls it once
+    the command modules have registered: they do not import this module)."""
+    for service, (module, action) in SERVICES.items():
+        parser = commands.choices.get(module)
+        if parser is not None:
+            actions = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            install(actions, actions.choices[action], service)
+
+
 def install(actions: argparse._SubParsersAction, serve: argparse.ArgumentParser, service: str) -> None:
     """`--config` on `ppre SERVICE serve` (call once its options and `func` are set), and
     the sub-commands ``check-config`` (the same options, and ``--json``) and ``config-table``."""
@@ -597,11 +544,11 @@ def _check_service_settings(report: Report, names_flag: str, names_role: str) ->
                lambda a: f"{names_role}s allowed: {', '.join(parse_names(getattr(args, dest)))}")
 
     def executor():
-        from common import parallel
+        from common.executors import executor_from_spec
         spec = args.executor
         if spec and spec.strip().startswith(("dask://", "tcp://", "tls://")):
             return f"{spec.strip()} (the scheduler is not contacted here)"
-        return parallel.executor_from_spec(spec).name
+        return executor_from_spec(spec).name
     report.run("executor", executor, lambda name: name)
 
 
@@ -647,11 +594,12 @@ def check_tester(args: argparse.Namespace) -> int:
     """`ppre tester check-config`."""
     import pyarrow as pa
 
-    from common.bisg import SOURCES
+    from tester_service.demographics.bisg import SOURCES
     from common.tables import check_member_ids, clean_member_ids
     from ppre.commands.tester import preparation_config
+    from tester_service.demographics.preparation import (prepare, read_members, read_self_id, self_id_categories,
+                                                         validate_members)
     from tester_service.inputs import read_probability_table
-    from tester_service.preparation import prepare, read_members, read_self_id, self_id_categories, validate_members
     from tester_service.release import PrivacyAccountant, ReleasePolicy
 
     report = Report("tester", args)

@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
 HTML_NAME = "report.html"
 JSON_NAME = "report.json"
 
-#: where the race/ethnicity probabilities come from (design §2; `common.bisg`)
+#: where the race/ethnicity probabilities come from (design §2; `tester_service.demographics.bisg`)
 PROVENANCE = (
     "Race/ethnicity probabilities are BISG estimates (Bayesian Improved Surname Geocoding): "
     "Pr(race | surname) from the 2010 Census surname list (\u201cFrequently Occurring Surnames "

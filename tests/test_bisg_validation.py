@@ -1,5 +1,5 @@
 """`ppre tester validate-bisg`: BISG variants against Self-ID (paper appendix D;
-`tester_service.bisg_validation`)."""
+`tester_service.demographics.bisg_validation`)."""
 from __future__ import annotations
 
 import importlib.resources
@@ -16,11 +16,11 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from common import bisg as B
 from common.errors import InputError
 from common.races import RACES
 from ppre.cli import main
-from tester_service import bisg_validation as V
+from tester_service.demographics import bisg as B
+from tester_service.demographics import bisg_validation as V
 from tests.processes import child_env, ppre_argv
 
 SURGEO_COLS = ["white", "black", "api", "native", "multiple", "hispanic"]
@@ -361,7 +361,7 @@ def test_sends_nothing(population, monkeypatch, capsys):
     assert main(["tester", "validate-bisg", "--members", str(d / "members.csv"),
                  "--self-id", str(d / "self_id.csv"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["self_id"]["used"] == 2000
-    code = ("import sys; from tester_service.bisg_validation import format_report, validate; "
+    code = ("import sys; from tester_service.demographics.bisg_validation import format_report, validate; "
             f"format_report(validate({str(d / 'members.csv')!r}, {str(d / 'self_id.csv')!r}, first_names=True)); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'requests', 'urllib3') "
             "or m in ('tester_service.server', 'tester_service.protocol', 'common.tls')))")

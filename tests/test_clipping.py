@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common import clipping
 from common.errors import InputError
+from tester_service.demographics import clipping
 
 
 def random_rows(rng, n=20_000):

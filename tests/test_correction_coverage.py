@@ -5,8 +5,8 @@ Data: ``ppre synth --mode calibrated`` (`ppre.synth.SynthConfig(mode="calibrated
 real surname frequencies and ZCTAs, each member's true race redrawn from the BISG
 posterior of their surname and ZCTA, so the BISG probabilities are calibrated by
 construction (the correction's assumption A1) and the ERO outcome depends on the true
-race only (A2). The Tester's probabilities are `common.bisg.bisg` on the members'
-surnames and ZIPs, as `tester_service.preparation.prepare` computes them, but WITHOUT
+race only (A2). The Tester's probabilities are `tester_service.demographics.bisg.bisg` on the members'
+surnames and ZIPs, as `tester_service.demographics.preparation.prepare` computes them, but WITHOUT
 the Self-ID rows and WITHOUT clipping: the privatised one-hot Self-ID rows and the
 clipped rows are no longer calibrated (a clipped row's top race is more likely than its
 probability says; a randomised-response row's reported race is the true one with
@@ -37,11 +37,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from common import bisg, correction
 from common import bootstrap as boot
+from common import correction
 from common.races import RACES
 from common.results import marginal_intervals
 from ppre.synth import SynthConfig, synthesize
+from tester_service.demographics import bisg
 
 K = len(RACES)
 N_MEMBERS = 30_000

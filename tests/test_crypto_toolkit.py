@@ -328,8 +328,8 @@ def test_run_chunks_keeps_order_and_stops_at_a_failing_checkpoint(spec):
     """common.parallel: results in order, inline and on a pool; a checkpoint that
     raises (a cancelled session) ends the call after the chunk it follows; `stream`
     yields in order too, and a failing chunk's error reaches the caller."""
-    from common import parallel
-    executor = parallel.executor_from_spec(spec)
+    from common.executors import executor_from_spec
+    executor = executor_from_spec(spec)
     try:
         tasks = [(3, e) for e in range(12)]
         assert executor.run_chunks(pow, tasks) == [3 ** e for e in range(12)]
@@ -352,9 +352,9 @@ def test_run_chunks_keeps_order_and_stops_at_a_failing_checkpoint(spec):
 
 @pytest.mark.parametrize("spec", ["processes:0", "process", "dask:/x", "threads"])
 def test_an_unknown_executor_is_refused_naming_the_flag(spec):
-    from common import parallel
+    from common.executors import executor_from_spec
     with pytest.raises(InputError, match="--executor"):
-        parallel.executor_from_spec(spec)
+        executor_from_spec(spec)
 
 
 def test_a_factor_of_n_among_good_ciphertexts_is_refused_and_named(key):

@@ -36,6 +36,7 @@ import yaml
 from client_service.datasets import DatasetRegistry
 from common import parallel
 from common.dask_executor import DaskExecutor, parse_address
+from common.executors import executor_from_spec
 from common.errors import InputError, ShuttingDownError
 from common.results import AuditReport
 from ppre.local import local_services
@@ -111,7 +112,7 @@ def test_audit_on_a_dask_cluster_matches_inline_and_leaves_nothing_at_rest(tmp_p
     try:
         observer = distributed.Client(cluster, set_as_default=False)
         address = cluster.scheduler_address.replace("tcp://", "dask://")
-        executor = parallel.executor_from_spec(address)
+        executor = executor_from_spec(address)
         assert isinstance(executor, DaskExecutor) and executor.name == address
         submitted = []
         real = executor.submit
@@ -217,7 +218,7 @@ def test_a_spilling_worker_that_joins_later_gets_no_task(monkeypatch):
 def test_a_malformed_address_is_refused(spec):
     t0 = time.monotonic()
     with pytest.raises(InputError) as info:
-        parallel.executor_from_spec(spec)
+        executor_from_spec(spec)
     assert info.value.parameter == "--executor" and "dask://HOST:PORT" in str(info.value)
     assert time.monotonic() - t0 < 1
 

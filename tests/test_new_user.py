@@ -143,9 +143,9 @@ def test_a_setting_that_needs_an_unused_column_names_the_close_one(own_files):
 
 
 def test_validate_bisg_and_the_audit_share_the_survey_rule(own_files):
-    from tester_service.bisg_validation import self_id_sample
+    from tester_service.demographics.bisg_validation import self_id_sample
     from tester_service.server import prepare_from_files
-    from tester_service.preparation import PreparationConfig
+    from tester_service.demographics.preparation import PreparationConfig
     sample = self_id_sample(own_files / "members.csv", own_files / "self_id.csv")
     prepared = prepare_from_files(own_files / "members.csv", own_files / "self_id.csv", PreparationConfig(seed=0))
     stats = prepared.attrs["preparation"]
@@ -154,7 +154,7 @@ def test_validate_bisg_and_the_audit_share_the_survey_rule(own_files):
 
 
 def test_rows_are_numbered_as_data_rows(tmp_path):
-    from tester_service.preparation import read_members, validate_members
+    from tester_service.demographics.preparation import read_members, validate_members
     path = tmp_path / "members.csv"
     path.write_text("member_id,surname,zip\na,Smith,60601\nb,1234,60601\n")
     with pytest.raises(InputError) as err:
@@ -284,7 +284,7 @@ def test_the_api_hints_name_its_parameters_and_maps_columns(own_files):
     import pandas as pd
 
     from ppre import AuditFailed, audit_local
-    from tester_service.preparation import PreparationConfig
+    from tester_service.demographics.preparation import PreparationConfig
     outputs = pd.read_csv(own_files / "syn" / "client" / "ero.csv", dtype=str).rename(
         columns={"y_true": "truth", "member_id": "Member ID"})
     with pytest.raises(AuditFailed) as failed:
@@ -306,7 +306,7 @@ def test_the_api_maps_columns_as_the_flags_do(own_files):
     import pandas as pd
 
     from ppre import audit_local
-    from tester_service.preparation import PreparationConfig
+    from tester_service.demographics.preparation import PreparationConfig
     outputs = pd.read_csv(own_files / "syn" / "client" / "ero.csv", dtype=str).rename(
         columns={"y_true": "truth", "member_id": "Member ID"})
     report = audit_local(outputs, members=own_files / "members.csv", self_id=own_files / "self_id.csv",

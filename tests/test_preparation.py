@@ -7,12 +7,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common import bisg as bisg_mod
-from common import clipping, randomized_response
 from common.errors import InputError
 from common.races import RACES, GroupMapping
-from tester_service import preparation
-from tester_service.preparation import (PreparationConfig, prepare, read_members, read_members_table,
+from tester_service.demographics import bisg as bisg_mod
+from tester_service.demographics import clipping, randomized_response
+from tester_service.demographics import preparation
+from tester_service.demographics.preparation import (PreparationConfig, prepare, read_members, read_members_table,
                                         read_self_id, validate_members)
 
 MEMBERS = pd.DataFrame({
@@ -55,7 +55,7 @@ def prepare_files(members: Path, self_id: Path | None = None, config: Preparatio
 
 
 def rule_value(probs: np.ndarray) -> float:
-    """Design §2.4's default T, computed here without `common.clipping`: the value under
+    """Design §2.4's default T, computed here without `tester_service.demographics.clipping`: the value under
     which 90% of the rows' largest probabilities fall (numpy's default linear quantile),
     kept within [0.5, 0.99]."""
     top = np.sort(probs.max(axis=1))
@@ -164,7 +164,7 @@ def test_self_id_rows_are_privatised_with_the_configured_epsilon(epsilon, low, h
 @pytest.mark.parametrize("first_names, geo", [(True, "tract"), (True, "zcta"), (False, "tract")])
 def test_first_names_and_tract(first_names, geo):
     # Without Self-ID the preparation is BIFSG/BISG followed by clipping with the seeded
-    # generator: it must equal common.bisg called directly, then clipped the same way.
+    # generator: it must equal tester_service.demographics.bisg called directly, then clipped the same way.
     m = MEMBERS.assign(first_name=["Hiroshi", "Maria", "", "Zzq", "Ana", "Sean"],
                        tract=["17031070200", "", "25025000100", "", "", ""])
     t = 0.95

@@ -337,7 +337,7 @@ def test_json_debug_logs_hold_no_member_data_and_no_key(tmp_path, captured):
     from ppre.local import local_services
     from ppre.synth import SynthConfig, synthesize
     from proto import ppre_pb2 as pb
-    from tester_service.preparation import PreparationConfig
+    from tester_service.demographics.preparation import PreparationConfig
     from tester_service.release import ReleasePolicy
     from tester_service.server import prepare_from_files, run_audit
     from tests.helpers import TEST_BITS

@@ -34,14 +34,15 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from client_service import protocol as client_protocol
 from client_service.datasets import DatasetRegistry
-from common import commutative, paillier, parallel, randomized_response, symmetric
+from common import commutative, paillier, parallel, symmetric
 from common.errors import PPREError
 from common.masking import AdditiveMask, RatioMask
 from common.races import RACES
 from ppre.local import local_services
 from proto import ppre_pb2 as pb
+from tester_service.demographics import randomized_response
+from tester_service.demographics.preparation import PreparationConfig
 from tester_service.inputs import read_probability_table
-from tester_service.preparation import PreparationConfig
 from tester_service.protocol import AuditSpec, TesterSession
 from tester_service.release import ReleasePolicy
 from tester_service.server import run_audit
@@ -228,7 +229,7 @@ def test_no_randomized_response_secret_in_debug_logs_output_or_files(monkeypatch
     nor any file under the working directory/TMPDIR/HOME holds it in any form; the epochs'
     fingerprints are logged (so the search looked at the lines that name them)."""
     from ppre.synth import SynthConfig, synthesize
-    from tester_service import preparation
+    from tester_service.demographics import preparation
     from tester_service.server import TesterConfig
     caplog.set_level(logging.DEBUG)
     made: list = []  # (secret, fingerprint) of every epoch, as it is made

@@ -5,11 +5,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common.bisg import bisg
 from common.errors import InputError
 from common.races import RACES
 from ppre.cli import main
 from ppre.synth import METRIC_DATASETS, SynthConfig, metric_datasets, parse_race_values, synthesize
+from tester_service.demographics.bisg import bisg
 
 #: the columns of each Test-Client dataset `ppre synth` writes
 DATASET_COLUMNS = {
@@ -243,7 +243,7 @@ def test_metric_datasets_injected_disparity():
 
 
 # --------------------------------------------------------------------------------------
-# Real name frequencies (ppre.census_names) and the calibrated mode
+# Real name frequencies (ppre.synth_names) and the calibrated mode
 # --------------------------------------------------------------------------------------
 #: people in the 2010 Census surname file, listed surnames and ALL OTHER NAMES together
 CENSUS_PEOPLE = 294_979_229
@@ -252,8 +252,8 @@ CENSUS_PEOPLE = 294_979_229
 def test_surnames_follow_the_census_counts():
     """Pr(s|r) ∝ Pr(r|s)·count(s): the most common surnames are drawn as often as they
     occur in the 2010 Census (drawing uniformly over the list, the top 100 would cover 0.06%)."""
-    from common.bisg import surname_table
-    from ppre.census_names import surname_counts
+    from tester_service.demographics.bisg import surname_table
+    from ppre.synth_names import surname_counts
 
     d = synthesize(SynthConfig(members=200_000, seed=2))
     surname, race = d.members["surname"], d.truth["race"]
@@ -273,8 +273,8 @@ def test_surnames_follow_the_census_counts():
 def test_first_names_are_drawn_per_race():
     """Pr(f|r) ∝ obs(f)·share_r(f) (Tzioumis 2018), unlisted first names invented at that
     data's rate per race; BIFSG runs on them and beats BISG."""
-    from common.bisg import first_name_table
-    from ppre.census_names import first_names
+    from tester_service.demographics.bisg import first_name_table
+    from ppre.synth_names import first_names
 
     d = synthesize(SynthConfig(members=200_000, seed=2))
     first, race = d.members["first_name"], d.truth["race"]

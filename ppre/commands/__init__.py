@@ -48,10 +48,10 @@ def add_executor_argument(s: argparse.ArgumentParser) -> None:
 
 
 def make_executor(args: argparse.Namespace):
-    """The service's executor (`common.parallel`), started now: a local pool's workers
+    """The service's executor (`common.executors`), started now: a local pool's workers
     are ready before the first audit, a Dask cluster is checked before anything listens."""
-    from common import parallel
-    executor = parallel.executor_from_spec(args.executor)
+    from common.executors import executor_from_spec
+    executor = executor_from_spec(args.executor)
     start = getattr(executor, "start", None)
     if start is not None:
         start()

@@ -97,7 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--tester-members", help="--local: members file (BISG + Self-ID + clipping per audit), "
                                             "instead of --tester-probabilities")
     add_preparation_arguments(s, prefix="tester-")
-    from ppre.config import add_column_arguments  # --tester-id-column, --tester-column, --client-...
+    from ppre.columns import add_column_arguments  # --tester-id-column, --tester-column, --client-...
     add_column_arguments(s, "tester-", env=False, whose="--local: the Tester's files")
     add_column_arguments(s, "client-", env=False, whose="--local: the Test-Client's --client-data")
     add_release_arguments(s, local=True)
@@ -209,7 +209,7 @@ def _run(args: argparse.Namespace, progress) -> int:
         if bool(args.tester_probabilities) == bool(args.tester_members) or not args.client_data:
             raise InputError("--local needs --client-data and one of --tester-probabilities, --tester-members",
                              parameter="--local")
-        from ppre.config import client_columns, tester_columns
+        from ppre.columns import client_columns, tester_columns
         columns = tester_columns(args, "tester-")
         if args.tester_probabilities:
             path, mapping = args.tester_probabilities, preparation_config(args).group_mapping

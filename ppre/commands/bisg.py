@@ -2,9 +2,11 @@
 
 Reads ``member_id, surname, zip`` (optional ``first_name``, ``tract``) from CSV or
 Parquet (``--geo none`` leaves the geography out: BISF with ``--first-names``,
-`common.bisg`), validates it (`tester_service.preparation.read_members_table`, `validate_members`), and writes
-``member_id``, the six probability columns (`common.races.RACES`) and ``source``
-(`common.bisg.SOURCES`) as CSV, or Parquet when the output ends in ``.parquet``.
+`tester_service.demographics.bisg`), validates it
+(`tester_service.demographics.preparation.read_members_table`, `validate_members`), and
+writes ``member_id``, the six probability columns (`common.races.RACES`) and ``source``
+(`tester_service.demographics.bisg.SOURCES`) as CSV, or Parquet when the output ends in
+``.parquet``.
 The output is written to a temporary file next to it and renamed into place, so an
 error never leaves a half-written file. This is a diagnostic tool: an audit itself
 never writes probabilities to disk (design §2).
@@ -25,10 +27,11 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from common.bisg import GEOS, SOURCES, bisg, numpy_to_arrow, strings_to_arrow
 from common.errors import InputError
 from common.races import RACES
-from tester_service.preparation import read_members_table, validate_members
+from common.tables import numpy_to_arrow, strings_to_arrow
+from tester_service.demographics.bisg import GEOS, SOURCES, bisg
+from tester_service.demographics.preparation import read_members_table, validate_members
 
 log = logging.getLogger(__name__)
 

@@ -40,10 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_tls_arguments(s, "client")
     add_names_argument(s, "--allow-tester", "PPRE_ALLOW_TESTERS", "tester.ppre.local",
                        "a Tester identity (certificate SAN or CN) allowed to open audit sessions")
-    from ppre.config import add_column_arguments, install
+    from ppre.columns import add_column_arguments
     add_column_arguments(s, whose="the datasets")
-    s.set_defaults(func=run)
-    install(actions, s, "client")  # --config FILE, `check-config`, `config-table` (ppre/config.py)
+    s.set_defaults(func=run)  # `ppre.cli` then adds --config FILE, `check-config`, `config-table` (ppre/config.py)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from common.tls import parse_names
 
     tls = tls_identity(args)
-    from ppre.config import client_columns
+    from ppre.columns import client_columns
     from client_service.results import ResultStore
     results = ResultStore(args.results_dir)  # checked before the service starts
     registry = DatasetRegistry(args.data_dir, _named(args.dataset), client_columns(args))

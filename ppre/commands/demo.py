@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from ppre.local import local_services
     from ppre.synth import SynthConfig, synthesize
     from proto import ppre_pb2 as pb
-    from tester_service.preparation import PreparationConfig
+    from tester_service.demographics.preparation import PreparationConfig
     from tester_service.server import prepare_from_files, run_audit
     data = synthesize(SynthConfig(members=args.members, seed=args.seed, disparity={"black": args.disparity}))
     if args.write_data:

@@ -1,13 +1,13 @@
 """`ppre tester serve`: run the Tester service (P1); `ppre tester validate-bisg`: check its
-BISG against the Self-ID answers (paper appendix D; `tester_service.bisg_validation`)."""
+BISG against the Self-ID answers (paper appendix D; `tester_service.demographics.bisg_validation`)."""
 from __future__ import annotations
 
 import argparse
 import os
 
-from common.bisg import GEO_TABLES, GEOS
 from common.errors import InputError
 from ppre.commands import add_names_argument, add_service_arguments, add_tls_arguments, link_settings, tls_identity
+from tester_service.demographics.bisg import GEO_TABLES, GEOS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,15 +45,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--client-identity", default=os.environ.get("PPRE_CLIENT_IDENTITY", "client.ppre.local"),
                    metavar="NAME", help="the identity the Test-Client's certificate must carry, whatever address "
                                         "--client names (env PPRE_CLIENT_IDENTITY, default client.ppre.local)")
-    from ppre.config import add_column_arguments, install
+    from ppre.columns import add_column_arguments
     add_column_arguments(s, whose="the members and Self-ID files (or the probability table)")
-    s.set_defaults(func=run)
-    install(actions, s, "tester")  # --config FILE, `check-config`, `config-table` (ppre/config.py)
+    s.set_defaults(func=run)  # `ppre.cli` then adds --config FILE, `check-config`, `config-table` (ppre/config.py)
     register_validate_bisg(actions)
 
 
 def register_validate_bisg(actions: argparse._SubParsersAction) -> None:
-    from tester_service import bisg_validation as bv
+    from tester_service.demographics import bisg_validation as bv
     env = os.environ.get
     v = actions.add_parser("validate-bisg", help="compare BISG variants with the Self-ID answers (paper appendix D)",
                            description="Cross-entropy and calibration of BISG (and, with --first-names, BIFSG "
@@ -86,7 +85,7 @@ def run_validate_bisg(args: argparse.Namespace) -> int:
     """Print the validation report (text, or JSON with --json) to stdout."""
     import json
 
-    from tester_service.bisg_validation import format_report, validate
+    from tester_service.demographics.bisg_validation import format_report, validate
     states = tuple(x.strip() for x in args.excluded_states.split(",") if x.strip())
     report = validate(args.members, args.self_id, geo=args.geo, first_names=args.first_names, bins=args.bins,
                       min_bin_count=args.min_bin_count, excluded_states=states, opt_out_column=args.opt_out_column)
@@ -221,7 +220,7 @@ def audit_log(args: argparse.Namespace):
 
 def preparation_config(args: argparse.Namespace):
     from common.races import GroupMapping
-    from tester_service.preparation import PreparationConfig
+    from tester_service.demographics.preparation import PreparationConfig
 
     states = tuple(x.strip() for x in args.excluded_states.split(",") if x.strip())
     mapping = GroupMapping.parse(args.group_mapping) if args.group_mapping else None
@@ -238,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("give exactly one of --probabilities (a prepared table) and --members",
                          parameter="--probabilities/--members")
     from common.tls import parse_names
-    from ppre.config import tester_columns
+    from ppre.columns import tester_columns
     columns = tester_columns(args)  # --id-column, --column: how the files name PPRE's columns
     tls = tls_identity(args)
     release = release_settings(args)  # refused here without a ledger (noise on), before any file is made

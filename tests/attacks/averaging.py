@@ -33,10 +33,10 @@ import numpy as np
 from scipy.stats import binom
 
 from client_service.datasets import DatasetRegistry
-from common import randomized_response
 from ppre.local import local_services
 from proto import ppre_pb2 as pb
-from tester_service.preparation import PreparationConfig
+from tester_service.demographics import randomized_response
+from tester_service.demographics.preparation import PreparationConfig
 from tester_service.release import ReleasePolicy
 from tester_service.server import prepare_from_files, run_audit
 from tests.attacks.harness import (CHANCE_ALPHA, K, KEY_BITS, Outcome, Population, Release, ReleaseTally, _parse,
@@ -60,7 +60,7 @@ def one_draw_rate(epsilon: float = EPSILON, k: int = K) -> float:
 
 
 def per_audit_epochs(seed: int):
-    """The defence removed: a stand-in for `tester_service.preparation.process_epoch` that
+    """The defence removed: a stand-in for `tester_service.demographics.preparation.process_epoch` that
     gives every preparation (every audit) a new epoch, seeded so that a run repeats."""
     count = iter(range(10**9))
     return lambda: randomized_response.ResponseEpoch.from_seed(1_000_000 * seed + next(count))

@@ -81,7 +81,7 @@ def noiseless_tester(root: Path) -> list[Line]:
 
 def averaging_reads(root: Path) -> list[Line]:
     """(e) averaging repeated reads of a Self-ID answer (`averaging`, `test_averaging`)."""
-    from tester_service import preparation
+    from tester_service.demographics import preparation
     from tests.attacks import averaging
     from tests.attacks.harness import make_population
     from tests.attacks.test_averaging import N_TARGETS, POPULATION

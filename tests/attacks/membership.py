@@ -34,7 +34,7 @@ from client_service.protocol import ClientSession
 from ppre.local import local_services
 from proto import ppre_pb2 as pb
 from tester_service.audit_log import AuditLog
-from tester_service.preparation import PreparationConfig
+from tester_service.demographics.preparation import PreparationConfig
 from tester_service.release import PrivacyAccountant, ReleasePolicy
 from tester_service.server import prepare_from_files, run_audit
 from tests.attacks.harness import _quiet

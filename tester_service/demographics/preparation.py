@@ -5,16 +5,16 @@ never stored).
 
 1. Drop opted-out members, members outside the US (``country`` not blank/US/USA) and
    members in excluded states (`drop_out_of_scope`).
-2. BISG / BIFSG for the remaining members (`common.bisg`, design §2.2).
+2. BISG / BIFSG for the remaining members (`tester_service.demographics.bisg`, design §2.2).
 3. Self-ID members: their reported race, one-hot and privatised by k-ary randomized
-   response (`common.randomized_response`, design §2.3), replaces their BISG row. Each
+   response (`tester_service.demographics.randomized_response`, design §2.3), replaces their BISG row. Each
    member's draw is fixed for the Tester's epoch (`process_epoch`): every audit of one
    Tester process releases the same privatised answer, so audits cannot average it away.
    Self-ID rows of dropped members are dropped too (an opt-out wins), and so are rows
    of people who are not in the members file at all (a survey often covers people the
    members export left out): counted (``self_id_not_among_members``), not an error —
    unless no row at all matches a member (the wrong file or id column, surely).
-4. Probabilistic clipping of every row (`common.clipping`, design §2.4) with ``T``
+4. Probabilistic clipping of every row (`tester_service.demographics.clipping`, design §2.4) with ``T``
    fixed or, by default, from the 90% rule over the kept members' BISG rows.
 
 Then an optional `common.races.GroupMapping` sums the six categories into groups.
@@ -37,13 +37,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from common import bisg as bisg_mod
-from common.bisg import arrow_to_numpy, fill_empty, string_scalar
-from common import clipping, randomized_response
 from common.errors import InputError
 from common.races import RACES, GroupMapping, race_label_to_index
-from common.tables import (_HOW, MissingColumn, check_member_ids, clean_member_ids, did_you_mean, file_columns,
-                           first_row, misspelling_hint, read_text_table)
+from common.tables import (_HOW, MissingColumn, arrow_to_numpy, check_member_ids, clean_member_ids, did_you_mean,
+                           file_columns, fill_empty, first_row, misspelling_hint, read_text_table, string_scalar)
+from tester_service.demographics import bisg as bisg_mod
+from tester_service.demographics import clipping, randomized_response
 
 if TYPE_CHECKING:  # pandas is imported where it is needed (startup time of ``ppre bisg``)
     import pandas as pd
@@ -73,7 +72,7 @@ class PreparationConfig:
     epsilon: float = randomized_response.DEFAULT_EPSILON
     threshold: float | None = None  # fixed T, or None for the 90% rule
     excluded_states: tuple[str, ...] = ()
-    geo: str = "zcta"  # 'zcta', 'tract' or 'none' (no geography: `common.bisg.GEOS`)
+    geo: str = "zcta"  # 'zcta', 'tract' or 'none' (no geography: `tester_service.demographics.bisg.GEOS`)
     first_names: bool = False  # BIFSG when the members have a first_name column
     group_mapping: GroupMapping | None = None
     opt_out_column: str = "opt_out"

@@ -1,0 +1,229 @@
+"""The code's layers, read from its imports (docs/development.md, "Layout").
+
+Every ``.py`` file of the product packages is parsed with `ast` and every import it makes
+is an edge: at module level, inside functions and under ``if TYPE_CHECKING`` alike, since
+a function-local import still ties the two modules together, and ``importlib`` calls that
+name their module in the text (`_dynamic_import`). The graph must have
+
+* no cycle (two modules that import each other, directly or around a longer ring);
+* `common/` importing no party and not the CLI (`tester_service`, `client_service`, `ppre`);
+* the parties importing not each other (`tester_service` <-> `client_service`), and the
+  Tester's demographics importing only `common` and themselves;
+* no Tester-only module in `common/` (BISG, census names, clipping, randomized response
+  live in `tester_service/demographics/`).
+
+The checks are plain functions over a graph, so the tests below also feed them graphs
+with a breach and show they report it.
+"""
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("common", "tester_service", "client_service", "ppre", "proto")
+
+#: (importer prefix, imported prefix): imports that break the layering
+FORBIDDEN = (
+    ("common", "tester_service"), ("common", "client_service"), ("common", "ppre"),
+    ("tester_service", "client_service"), ("client_service", "tester_service"),
+)
+#: packages whose imports are confined: {package: the project packages it may import}
+CONFINED = {"tester_service.demographics": ("common", "tester_service.demographics")}
+#: module names that only the Tester runs: they may not sit in common/
+TESTER_ONLY = ("bisg", "census_names", "clipping", "randomized_response")
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _resolve(node: ast.ImportFrom, importer: str, is_package: bool) -> str:
+    """The absolute module an ``from X import ...`` names (relative levels resolved)."""
+    if not node.level:
+        return node.module or ""
+    base = importer.split(".")
+    base = base if is_package else base[:-1]
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(path: Path, importer: str, modules: set[str]) -> set[str]:
+    """The project modules `path` imports anywhere in its body (``from P import m`` names
+    the module ``P.m`` when it is one, else the package ``P``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(node, importer, path.name == "__init__.py")
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                     for alias in node.names]
+        elif isinstance(node, ast.Call):
+            names = _dynamic_import(node, modules)
+        else:
+            continue
+        out.update(_nearest_module(name, modules) for name in names)
+    out.discard(None)
+    out.discard(importer)
+    return out
+
+
+def _dynamic_import(call: ast.Call, modules: set[str]) -> list[str]:
+    """``importlib.import_module("a.b")``: the module; ``import_module(f"a.b.{name}")``:
+    every module under ``a.b.`` (a registry loading its members). A name held in a
+    variable is not followed."""
+    func = call.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if called != "import_module" or not call.args:
+        return []
+    arg = call.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return [arg.value]
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        prefix = str(arg.values[0].value)
+        return sorted(m for m in modules if m.startswith(prefix) and m != prefix.rstrip("."))
+    return []
+
+
+def _nearest_module(name: str, modules: set[str]) -> str | None:
+    parts = name.split(".")
+    while parts:
+        if ".".join(parts) in modules:
+            return ".".join(parts)
+        parts.pop()
+    return None
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """{module: the project modules it imports} over `PACKAGES` under `root`."""
+    files = {module_name(p, root): p for pkg in PACKAGES for p in sorted((root / pkg).rglob("*.py"))
+             if "__pycache__" not in p.parts}
+    modules = set(files)
+    return {name: imports_of(path, name, modules) for name, path in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted:
+    every import cycle lies within one of them."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def breaches(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that crosses a `FORBIDDEN` boundary or leaves a `CONFINED` package's
+    allowance, as ``importer -> imported``."""
+    crossing = {f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                for low, high in FORBIDDEN if _under(a, low) and _under(b, high)}
+    confined = {f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                for package, allowed in CONFINED.items()
+                if _under(a, package) and not any(_under(b, ok) for ok in allowed)}
+    return sorted(crossing | confined)
+
+
+def party_modules_in_common(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(m for m in graph if _under(m, "common") and m.rsplit(".", 1)[-1] in TESTER_ONLY)
+
+
+# --------------------------------------------------------------------------------------
+# The tree as it is
+# --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return import_graph()
+
+
+def test_the_graph_sees_the_imports_the_code_makes(graph):
+    # module level, function-local and relative imports all count
+    assert "common.errors" in graph["common.tables"]
+    assert "tester_service.demographics.bisg" in graph["tester_service.demographics.census_names"] \
+        or "tester_service.demographics.census_names" in graph["tester_service.demographics.bisg"]
+    assert "tester_service.server" in graph["ppre.commands.tester"]  # imported inside `run`
+    assert "common.metrics.ero" in graph["common.metrics"]  # importlib.import_module(f"common.metrics.{m}")
+    assert len(graph) > 60
+
+
+def test_no_import_cycle(graph):
+    assert cycles(graph) == [], "modules that import each other (directly or in a ring)"
+
+
+def test_common_imports_no_party_and_the_parties_not_each_other(graph):
+    assert breaches(graph) == []
+
+
+def test_common_holds_no_tester_only_module(graph):
+    assert party_modules_in_common(graph) == []
+
+
+# --------------------------------------------------------------------------------------
+# The checks report a breach
+# --------------------------------------------------------------------------------------
+def test_cycles_are_found_direct_and_in_a_ring():
+    graph = {"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"e"}, "e": {"c", "f"}, "f": set(), "g": {"g"}}
+    assert cycles(graph) == [["a", "b"], ["c", "d", "e"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_breaches_are_found():
+    graph = {"common.tables": {"ppre.config"}, "tester_service.server": {"client_service.results"},
+             "client_service.server": {"common.tables"}, "ppre.cli": {"tester_service.server"},
+             "tester_service.demographics.bisg": {"common.tables", "tester_service.demographics.census_names",
+                                                  "tester_service.release"}}
+    assert breaches(graph) == ["common.tables -> ppre.config",
+                               "tester_service.demographics.bisg -> tester_service.release",
+                               "tester_service.server -> client_service.results"]
+    assert party_modules_in_common({"common.bisg": set(), "tester_service.demographics.bisg": set()}) \
+        == ["common.bisg"]
+
+
+def test_a_function_local_import_cycle_in_a_copy_of_the_tree_is_found(tmp_path):
+    for pkg in PACKAGES:
+        shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    assert cycles(import_graph(tmp_path)) == []
+    errors = tmp_path / "common" / "errors.py"
+    errors.write_text(errors.read_text(encoding="utf-8")
+                      + "\n\ndef _late():\n    from .tables import ID_COLUMN  # noqa\n    return ID_COLUMN\n",
+                      encoding="utf-8")
+    graph = import_graph(tmp_path)
+    assert "common.tables" in graph["common.errors"]
+    assert any({"common.errors", "common.tables"} <= set(c) for c in cycles(graph))
