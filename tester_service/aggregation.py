@@ -13,12 +13,15 @@ an executor (`common.parallel`) can send it to worker processes.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
 from gmpy2 import mpz
 
+from common import bootstrap as boot
 from common import paillier
+from tester_service.release import RELEASE_GROUPS, IntersectionRefused
 
 
 def bucket_sums_chunk(n: int, jobs: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]]) -> list[list[int]]:
@@ -140,3 +143,170 @@ def mask_chunk(n: int, h: int, ciphertexts: Sequence[int], ratio_masks: Sequence
             x = paillier.add_plain(n, x, additive_pads[i])
         out.append(x)
     return paillier.rerandomize_chunk(n, h, out)
+
+
+# ------------------------------------------------------------------ the steps of step 6
+# Pure steps of the Tester's aggregation (`TesterSession._aggregate`, design §3.6 and §8),
+# in the order the session runs them; each takes arrays, integers and lists only.
+
+def canonical_order(q: Sequence[np.ndarray]) -> np.ndarray:
+    """Design §3.6: the joined rows' order of our own, by their quantized probability
+    vectors (`q`: one (rows, k) array per id slot); a stable sort, so rows with identical
+    vectors keep the order they came in."""
+    return np.lexsort([col for qs in reversed(q) for col in reversed(qs.T)])
+
+
+def resampling_units(resampling: str, units: np.ndarray | None, n: int, rng: np.random.Generator, *,
+                     moments_form: bool, groups_instead: bool, random_groups: int,
+                     n_buckets: int) -> tuple[np.ndarray | None, int]:
+    """Design §4.8 and §8.4: each of the `n` rows' resampling unit, and the number of units.
+    "unit": the Test-Client's units (queries), renumbered 0..; one unit for a release of
+    second moments (`moments_form`); under release noise (`groups_instead`) the units go
+    at random to `RELEASE_GROUPS` disjoint groups, and fewer units than that is a refusal
+    (`IntersectionRefused`). "client_groups": the Test-Client's own groups (`units` as
+    they are) and the estimate's. Otherwise: random buckets of the rows (`random_groups`
+    for a random-groups metric, else `RELEASE_GROUPS` under noise, one for second
+    moments, or `n_buckets`)."""
+    if resampling == "unit":
+        used = np.unique(units)
+        units = np.searchsorted(used, units)
+        n_units = len(used)
+        if moments_form:  # the estimate alone: one unit (`common.moments`)
+            units, n_units = np.zeros_like(units), 1
+        elif groups_instead:
+            if n_units < RELEASE_GROUPS:
+                # the count itself stays here: it moves with who joined (design §8)
+                # and it counts as a refused audit (`PrivacyAccountant.refuse`): one yes/no answer
+                raise IntersectionRefused(f"the joined rows fall in fewer than {RELEASE_GROUPS} resampling units "
+                                          f"(queries); an interval under release noise needs {RELEASE_GROUPS} "
+                                          f"or more")
+            units = (rng.permutation(n_units) % RELEASE_GROUPS)[units]
+            n_units = min(n_units, RELEASE_GROUPS)
+    elif resampling == "client_groups":
+        n_units = random_groups + 1
+    else:
+        count = random_groups if resampling == "random_groups" else \
+            (RELEASE_GROUPS if groups_instead else 1 if moments_form else n_buckets)
+        buckets = boot.assign_buckets(n, count, rng)
+        units = np.empty(n, dtype=np.int64)
+        for m, idx in enumerate(buckets):
+            units[idx] = m
+        n_units = len(buckets)
+    return units, n_units
+
+
+def bucket_rows(units: np.ndarray, strata: np.ndarray | None, n_strata: int,
+                strata_cells: bool) -> tuple[list[np.ndarray], list[int]]:
+    """Design §3.6: the rows of each (unit, stratum) bucket (positions in the canonical
+    order, ascending within a bucket) and each bucket's key, unit·`n_strata` + stratum
+    (the stratum 0 unless the metric keeps its strata apart, `strata_cells`)."""
+    key = units * n_strata + (strata if strata_cells else 0)
+    order = np.argsort(key, kind="stable")
+    bounds = np.flatnonzero(np.diff(key[order])) + 1
+    groups_idx = np.split(order, bounds)
+    keys = [int(key[idx[0]]) for idx in groups_idx]
+    return groups_idx, keys
+
+
+def weight_kinds(weights: Sequence) -> tuple[list[int], list[int]]:
+    """Design §3.6: the weight columns given row by row (explicit) and the constant ones
+    (an int: the constant times the bucket's Enc(Σ v)); a tuple is a sum of others."""
+    explicit = [w for w, col in enumerate(weights) if not isinstance(col, (int, tuple))]
+    const = [w for w, col in enumerate(weights) if isinstance(col, int)]
+    return explicit, const
+
+
+def combine_bucket_sums(sums: Sequence[Sequence[int]], keys: Sequence[int], weights: Sequence, n: int, n2: int,
+                        n_cts: int) -> dict[int, list[list[int]]]:
+    """Design §3.6: agg[key][w][t] from `bucket_sums_packed`'s rows (one per bucket and
+    row ciphertext t: the explicit columns' sums, then the plain Enc(Σ v) where a constant
+    column needs it): every weight column, explicit, constant or a sum of others."""
+    explicit, const = weight_kinds(weights)
+    # agg[key][w][t]: every weight column, explicit, constant or a sum of others
+    agg: dict[int, list[list[int]]] = {}
+    for g, kk in enumerate(keys):
+        per_w: list[list[int] | None] = [None] * len(weights)
+        for t in range(n_cts):
+            row = sums[g * n_cts + t]
+            for pos, w in enumerate(explicit):
+                per_w[w] = (per_w[w] or []) + [row[pos]]
+            for w in const:
+                per_w[w] = (per_w[w] or []) + [paillier.scalar_pow(n, row[-1], weights[w])]
+        for w, col in enumerate(weights):
+            if isinstance(col, tuple):
+                prod = [1] * n_cts
+                for other in col:
+                    prod = [a * b % n2 for a, b in zip(prod, per_w[other])]
+                per_w[w] = prod
+        agg[kk] = per_w
+    return agg
+
+
+def count_rows(n_units: int, replicates: int, bootstrap: int, rng: np.random.Generator, *,
+               moments_form: bool, groups: bool) -> list[list[int]]:
+    """Design §4.8 and §8.4: each released row's count of every unit. Row 0 is the
+    estimate (every unit once); a release of second moments has no other row; random
+    groups (`groups`) have each of the `replicates` groups alone; a bootstrap draws
+    `bootstrap` rows of multinomial counts from `rng`."""
+    if moments_form:  # the estimate alone: the interval comes from its second moments
+        return np.ones((1, n_units), dtype=np.int64).tolist()
+    if groups:
+        # row 0 every unit (the estimate), then each of the G groups alone
+        return np.vstack([np.ones((1, n_units), dtype=np.int64),
+                          np.eye(replicates, n_units, dtype=np.int64)]).tolist()
+    # bootstrap: replicate r draws the units with multinomial counts (row 0: all ones)
+    counts = boot.resample_counts(n_units, bootstrap, rng)
+    return np.vstack([np.ones((1, n_units), dtype=np.int64), counts]).tolist()
+
+
+def direct_columns(plan_items: Sequence, direct: Sequence[int], agg: dict[int, list[list[int]]], n_units: int,
+                   n_strata: int, strata_cells: bool, n2: int) -> list[list[int]]:
+    """Design §3.6: per direct item (one formed by no others), its ciphertext in every
+    unit: the product over the unit's buckets of the item's strata (all of them for a
+    pooled item of a metric with `strata_cells`); 1 (Enc(0)) for a unit without rows."""
+    columns = []
+    for i in direct:
+        item = plan_items[i]
+        col = []
+        for u in range(n_units):
+            c = 1
+            strata_range = range(n_strata) if (strata_cells and item.stratum is None) else \
+                [item.stratum if strata_cells else 0]
+            for s in strata_range:
+                part = agg.get(u * n_strata + s)
+                if part is not None:
+                    c = c * part[item.weight][item.ciphertext] % n2
+            col.append(c)
+        columns.append(col)
+    return columns
+
+
+def composite_scales(scales: Sequence[Sequence[float]], direct: Sequence[int], parts_of: dict[int, list[int]],
+                     n_items: int) -> list:
+    """Design §8.3: every item's slot scales of its noise; a direct item's own, and an item
+    made of others the root of the sum of their squares."""
+    # an item made of others (overall) carries the sum of their noises
+    by_item = {i: scales[d] for d, i in enumerate(direct)}
+    for i, parts in parts_of.items():
+        by_item[i] = [math.sqrt(sum(float(by_item[p][k]) ** 2 for p in parts)) for k in range(len(scales[0]))]
+    return [by_item[i] for i in range(n_items)]
+
+
+def compose_items(computed: Sequence[int], n_rows: int, direct: Sequence[int], parts_of: dict[int, list[int]],
+                  n_items: int, n2: int) -> list[int]:
+    """Design §3.6: every row's items in the plan's order, from the rows of direct items
+    (`computed`: `n_rows` rows of len(direct)): an item made of others is the product of
+    its parts in the same row."""
+    slot = {i: d for d, i in enumerate(direct)}
+    items = []
+    for r in range(n_rows):
+        row = computed[r * len(direct):(r + 1) * len(direct)]
+        for i in range(n_items):
+            if i in parts_of:
+                c = 1
+                for p in parts_of[i]:
+                    c = c * row[slot[p]] % n2
+                items.append(c)
+            else:
+                items.append(row[slot[i]])
+    return items

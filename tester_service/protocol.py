@@ -486,47 +486,70 @@ class TesterSession:
 
     # ------------------------------------------------------------------ step 6: aggregate
     def _aggregate(self) -> Iterator[pb.PeerMessage]:
-        metric = self.metric
+        """Step 6 (design §3.6, release controls §8): the named steps below, in order."""
+        q, units, strata, canonical = self._ordered_rows()
+        rng = np.random.default_rng(self.spec.seed)
+        groups_instead = self._groups_instead()
+        units, n_units = self._resampling_units(units, self.n_matched, rng, groups_instead)
+        facts, weights = self._weights_and_plan(q, strata, units)
+        del q
+        self._suppress_small(weights, strata)
+        self._lap("open_probabilities")
+        agg = self._bucket_sums(weights, units, strata, canonical)
+        if self.metric.needs_squares:
+            del weights
+            yield from self._request_squares(agg, n_units, facts)
+            return
+        count_rows = self._count_rows(n_units, rng, groups_instead)
+        parts_of, direct, columns = self._direct_items(agg, weights, n_units)
+        sigma0, sigma_b, item_sigma, scales, beta = self._item_noise(direct, weights)
+        del weights
+        point, columns = self._noised_point_and_groups(columns, direct, scales, item_sigma, sigma_b)
+        computed = point + self._replicate_rows(columns, count_rows)
+        n_items = len(self._plan.items)
+        self._note_noise(round(beta, 3), sigma0, sigma_b,
+                         aggregation.composite_scales(scales, direct, parts_of, n_items),
+                         item_sigma if self._moments_form() else None)
+        items = aggregation.compose_items(computed, len(count_rows), direct, parts_of, n_items, self._pub.n2)
+        yield from self._send_items(items, self._replicates())
+
+    def _ordered_rows(self) -> tuple[list[np.ndarray], np.ndarray | None, np.ndarray | None, np.ndarray]:
+        """Design §3.6: open the joined rows (`_open`), quantize their probabilities, and
+        put rows, units and strata in our canonical order; also that order (`canonical`:
+        the rows' places as they arrived)."""
         probs, units, strata = self._open()
         q = [encoding.quantize_probabilities(p, encoding.PROBABILITY_BITS) for p in probs]
         del probs
-        n = self.n_matched
         # The Test-Client sends its rows in a random order; put them in an order of our
         # own (by probability vectors) so that --seed fixes the buckets and the resampling
         # (rows with identical vectors keep their random order among themselves).
-        canonical = np.lexsort([col for qs in reversed(q) for col in reversed(qs.T)])
+        canonical = aggregation.canonical_order(q)
         q = [qs[canonical] for qs in q]
         units = units[canonical] if units is not None else None
         strata = strata[canonical] if strata is not None else None
-        rng = np.random.default_rng(self.spec.seed)
+        return q, units, strata, canonical
+
+    def _groups_instead(self) -> bool:
+        """Design §8.4: with release noise, a bootstrap metric's interval comes from disjoint
+        random groups instead (`_interval`)."""
         # With release noise, a bootstrap metric's interval comes from disjoint random
         # groups instead (`_interval`): the Test-Client's units go to the groups at random.
-        groups_instead = self._interval() == "random_groups" and metric.interval == "percentile"
-        if metric.resampling == "unit":
-            used = np.unique(units)
-            units = np.searchsorted(used, units)
-            n_units = len(used)
-            if self._moments_form():  # the estimate alone: one unit (`common.moments`)
-                units, n_units = np.zeros_like(units), 1
-            elif groups_instead:
-                if n_units < RELEASE_GROUPS:
-                    # the count itself stays here: it moves with who joined (design §8)
-                    # and it counts as a refused audit (`PrivacyAccountant.refuse`): one yes/no answer
-                    raise IntersectionRefused(f"the joined rows fall in fewer than {RELEASE_GROUPS} resampling units "
-                                              f"(queries); an interval under release noise needs {RELEASE_GROUPS} "
-                                              f"or more")
-                units = (rng.permutation(n_units) % RELEASE_GROUPS)[units]
-                n_units = min(n_units, RELEASE_GROUPS)
-        elif metric.resampling == "client_groups":
-            n_units = metric.random_groups + 1
-        else:
-            count = metric.random_groups if metric.resampling == "random_groups" else \
-                (RELEASE_GROUPS if groups_instead else 1 if self._moments_form() else self._n_buckets)
-            buckets = boot.assign_buckets(n, count, rng)
-            units = np.empty(n, dtype=np.int64)
-            for m, idx in enumerate(buckets):
-                units[idx] = m
-            n_units = len(buckets)
+        return self._interval() == "random_groups" and self.metric.interval == "percentile"
+
+    def _resampling_units(self, units: np.ndarray | None, n: int, rng: np.random.Generator,
+                          groups_instead: bool) -> tuple[np.ndarray | None, int]:
+        """Design §4.8 and §8.4: every row's resampling unit and their number
+        (`aggregation.resampling_units`)."""
+        return aggregation.resampling_units(self.metric.resampling, units, n, rng,
+                                            moments_form=self._moments_form(), groups_instead=groups_instead,
+                                            random_groups=self.metric.random_groups, n_buckets=self._n_buckets)
+
+    def _weights_and_plan(self, q: list[np.ndarray], strata: np.ndarray | None, units: np.ndarray | None) -> tuple:
+        """Design §3.6, §8.4: the groups left out of the verdict, the metric's facts and
+        weight columns, and its plan (with, for the correction or a release of second
+        moments, M's items and their weights: `Metric.moment_plan`); returns (facts,
+        weights)."""
+        metric = self.metric
         # groups left out of the verdict (common.results, "Left out"): without release noise
         # by their exact Kish size among the joined rows (first member of a row); with it
         # by the noised sizes only (`_suppress_small`), never by exact ones
@@ -544,20 +567,23 @@ class TesterSession:
             assert max(item.weight for item in self._plan.items) < len(weights)
             if self.spec.correction != "none" and not self.release.noisy:
                 self._check_identifiable(q[0])  # with noise: on the released M (`correction.finish_corrected`)
-        del q
-        self._suppress_small(weights, strata)
-        self._lap("open_probabilities")
+        return facts, weights
 
+    def _n_strata(self) -> int:
+        """Design §3.6: the strata kept apart in the buckets: all of them for a metric
+        with `strata_cells`, else one."""
+        return len(self._strata_labels) if self.metric.strata_cells else 1
+
+    def _bucket_sums(self, weights: list, units: np.ndarray, strata: np.ndarray | None,
+                     canonical: np.ndarray) -> dict[int, list[list[int]]]:
+        """Design §3.6: agg[key][w][t], Enc(Σ w·v) per (unit, stratum) bucket, weight
+        column and row ciphertext, summed by the executor (`aggregation.bucket_sums_packed`)."""
+        metric = self.metric
+        n = self.n_matched
         # aggregate: per (unit, stratum) and weight column and row ciphertext
         n_cts = self._layout.n_ciphertexts
-        n_strata = len(self._strata_labels) if metric.strata_cells else 1
-        key = units * n_strata + (strata if metric.strata_cells else 0)
-        order = np.argsort(key, kind="stable")
-        bounds = np.flatnonzero(np.diff(key[order])) + 1
-        groups_idx = np.split(order, bounds)
-        keys = [int(key[idx[0]]) for idx in groups_idx]
-        explicit = [w for w, col in enumerate(weights) if not isinstance(col, (int, tuple))]
-        const = [w for w, col in enumerate(weights) if isinstance(col, int)]
+        groups_idx, keys = aggregation.bucket_rows(units, strata, self._n_strata(), metric.strata_cells)
+        explicit, const = aggregation.weight_kinds(weights)
         need_ones = bool(const)
         pub = self._pub
         width = pub.ciphertext_bytes
@@ -583,66 +609,47 @@ class TesterSession:
         sums = [s for part in self._executor.stream(aggregation.bucket_sums_packed, (task(p) for p in parts),
                                                     checkpoint=ticks) for s in part]
         del cts, packed, columns_of
-        # agg[key][w][t]: every weight column, explicit, constant or a sum of others
-        agg: dict[int, list[list[int]]] = {}
-        n2 = pub.n2
-        for g, kk in enumerate(keys):
-            per_w: list[list[int] | None] = [None] * len(weights)
-            for t in range(n_cts):
-                row = sums[g * n_cts + t]
-                for pos, w in enumerate(explicit):
-                    per_w[w] = (per_w[w] or []) + [row[pos]]
-                for w in const:
-                    per_w[w] = (per_w[w] or []) + [paillier.scalar_pow(pub.n, row[-1], weights[w])]
-            for w, col in enumerate(weights):
-                if isinstance(col, tuple):
-                    prod = [1] * n_cts
-                    for other in col:
-                        prod = [a * b % n2 for a, b in zip(prod, per_w[other])]
-                    per_w[w] = prod
-            agg[kk] = per_w
+        agg = aggregation.combine_bucket_sums(sums, keys, weights, pub.n, pub.n2, n_cts)
         self._lap("aggregation")
         self._progress("aggregation", f"aggregated {n} rows into {len(keys)} buckets x {len(weights)} weights")
+        return agg
 
-        if metric.needs_squares:
-            self._squares_state, requests = metric.square_requests(agg, n_units, pub, facts)
-            del weights
-            self.phase = Phase.WAIT_SQUARES
-            self._reader = wire.TableReader(wire.ciphertext_table(pb.SQUARES, pub.ciphertext_bytes))
-            yield from wire.table_messages(wire.ciphertext_table(pb.SQUARE_REQUEST, pub.ciphertext_bytes),
-                                           len(requests),
-                                           ciphertexts=paillier.ciphertexts_to_bytes(requests, pub.ciphertext_bytes))
-            return
+    def _request_squares(self, agg: dict, n_units: int, facts) -> Iterator[pb.PeerMessage]:
+        """Design §5.6, MQOS-AUC exact: send the square requests (`Metric.square_requests`) and wait for
+        the squares (`_after_squares`)."""
+        pub = self._pub
+        self._squares_state, requests = self.metric.square_requests(agg, n_units, pub, facts)
+        self.phase = Phase.WAIT_SQUARES
+        self._reader = wire.TableReader(wire.ciphertext_table(pb.SQUARES, pub.ciphertext_bytes))
+        yield from wire.table_messages(wire.ciphertext_table(pb.SQUARE_REQUEST, pub.ciphertext_bytes),
+                                       len(requests),
+                                       ciphertexts=paillier.ciphertexts_to_bytes(requests, pub.ciphertext_bytes))
 
-        if self._moments_form():  # the estimate alone: the interval comes from its second moments
-            count_rows = np.ones((1, n_units), dtype=np.int64).tolist()
-        elif metric.resampling == "client_groups" or groups_instead:
-            # row 0 every unit (the estimate), then each of the G groups alone
-            count_rows = np.vstack([np.ones((1, n_units), dtype=np.int64),
-                                    np.eye(self._replicates(), n_units, dtype=np.int64)]).tolist()
-        else:
-            # bootstrap: replicate r draws the units with multinomial counts (row 0: all ones)
-            counts = boot.resample_counts(n_units, self.spec.bootstrap, rng)
-            count_rows = np.vstack([np.ones((1, n_units), dtype=np.int64), counts]).tolist()
+    def _count_rows(self, n_units: int, rng: np.random.Generator, groups_instead: bool) -> list[list[int]]:
+        """Design §4.8, §8.4: each released row's count of every unit (`aggregation.count_rows`)."""
+        groups = self.metric.resampling == "client_groups" or groups_instead
+        return aggregation.count_rows(n_units, self._replicates() if groups else 0, self.spec.bootstrap, rng,
+                                      moments_form=self._moments_form(), groups=groups)
+
+    def _direct_items(self, agg: dict, weights: list, n_units: int) -> tuple[dict, list[int], list[list[int]]]:
+        """Design §3.6: the items formed from others (item -> its parts), the direct items,
+        and each direct item's ciphertext per unit (`aggregation.direct_columns`)."""
+        metric = self.metric
+        n_strata = self._n_strata()
         # An item whose weight is a sum of other columns (e.g. "overall") is, in every
         # replicate, the product of those columns' items: no multi-exponentiation of its own.
         plan_items = list(self._plan.items)
         parts_of = composite_items(plan_items, weights, strata=n_strata if metric.strata_cells else 0)
         direct = [i for i in range(len(plan_items)) if i not in parts_of]
-        columns = []
-        for i in direct:
-            item = plan_items[i]
-            col = []
-            for u in range(n_units):
-                c = 1
-                strata_range = range(n_strata) if (metric.strata_cells and item.stratum is None) else \
-                    [item.stratum if metric.strata_cells else 0]
-                for s in strata_range:
-                    part = agg.get(u * n_strata + s)
-                    if part is not None:
-                        c = c * part[item.weight][item.ciphertext] % n2
-                col.append(c)
-            columns.append(col)
+        columns = aggregation.direct_columns(plan_items, direct, agg, n_units, n_strata, metric.strata_cells,
+                                             self._pub.n2)
+        return parts_of, direct, columns
+
+    def _item_noise(self, direct: list[int], weights: list) -> tuple:
+        """Design §8.3, §8.4: σ₀ and σ_b (or σ_m for the second moments), σ per item, and each
+        direct item's slot scales; returns (sigma0, sigma_b, item_sigma, scales, beta)."""
+        metric = self.metric
+        plan_items = list(self._plan.items)
         # Release noise (design §8): the estimate is the sum of the noiseless units plus its own
         # noise (σ₀); every replicate is formed from units that each carry noise (σ_b): with
         # noise, the units are disjoint random groups and each replicate is one of them.
@@ -660,7 +667,13 @@ class TesterSession:
         if squares:  # a group item's squares belong to the second moments: σ_m, not σ₀
             scales = [self._square_scales(plan_items[i], scale, len(comps) - squares, sigma_m / sigma0)
                       if i < self._correction.first_item else scale for i, scale in zip(direct, scales)]
-        del weights
+        return sigma0, sigma_b, item_sigma, scales, beta
+
+    def _noised_point_and_groups(self, columns: list[list[int]], direct: list[int], scales: list,
+                                 item_sigma: list[float], sigma_b: float) -> tuple[list[int], list[list[int]]]:
+        """Design §8.3, §8.4: the estimate's row (each direct item's product over the units, noised
+        with its σ), then every unit noised with σ_b where the replicates are random groups."""
+        n2 = self._pub.n2
         point = []
         for d, col in enumerate(columns):
             c = 1
@@ -669,30 +682,17 @@ class TesterSession:
             point.append(self._add_noise(c, scales[d], item_sigma[direct[d]]))
         if sigma_b > 0:
             columns = [[self._add_noise(x, scales[d], sigma_b) for x in col] for d, col in enumerate(columns)]
+        return point, columns
+
+    def _replicate_rows(self, columns: list[list[int]], count_rows: list[list[int]]) -> list[int]:
+        """Design §3.6: every replicate's (or random group's) direct items, Π_u C[u]^count,
+        by the executor (`aggregation.replicate_chunk`); row 0 (the estimate) is not among them."""
+        pub = self._pub
         tasks = [(pub.n, columns, part) for part in
                  parallel.split(count_rows[1:], self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS))]
         ticks = chunk_ticks(len(tasks), partial(self._tick, "bootstrap"))
-        computed = point + [c for part in self._executor.run_chunks(aggregation.replicate_chunk, tasks, checkpoint=ticks)
-                            for c in part]
-        # an item made of others (overall) carries the sum of their noises
-        by_item = {i: scales[d] for d, i in enumerate(direct)}
-        for i, parts in parts_of.items():
-            by_item[i] = [math.sqrt(sum(float(by_item[p][k]) ** 2 for p in parts)) for k in range(len(scales[0]))]
-        self._note_noise(round(beta, 3), sigma0, sigma_b, [by_item[i] for i in range(len(plan_items))],
-                         item_sigma if self._moments_form() else None)
-        slot = {i: d for d, i in enumerate(direct)}
-        items = []
-        for r in range(len(count_rows)):
-            row = computed[r * len(direct):(r + 1) * len(direct)]
-            for i in range(len(plan_items)):
-                if i in parts_of:
-                    c = 1
-                    for p in parts_of[i]:
-                        c = c * row[slot[p]] % n2
-                    items.append(c)
-                else:
-                    items.append(row[slot[i]])
-        yield from self._send_items(items, self._replicates())
+        return [c for part in self._executor.run_chunks(aggregation.replicate_chunk, tasks, checkpoint=ticks)
+                for c in part]
 
     def _after_squares(self) -> Iterator[pb.PeerMessage]:
         """MQOS-AUC exact: the squares are back; form the released (V, D) of every cell in

@@ -5,9 +5,11 @@ verdict. Each test fails on the mutant it is named after in the note and passes 
 code."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
+import re
 
 import pytest
 
@@ -152,14 +154,15 @@ def test_every_kind_of_handler_is_guarded_and_only_health_is_open():
 
     def behaviour(request, context):
         ran.append(request)
-        return "answer"
+        return ("answer", context)
     makers = {"unary_unary": grpc.unary_unary_rpc_method_handler,
               "unary_stream": grpc.unary_stream_rpc_method_handler,
               "stream_unary": grpc.stream_unary_rpc_method_handler,
               "stream_stream": grpc.stream_stream_rpc_method_handler}
     for kind, make in makers.items():
         original = make(behaviour, request_deserializer=bytes.decode, response_serializer=str.encode)
-        handler = interceptor.intercept_service(lambda details: original, _Details("/ppre.v1.Tester/RunAudit"))
+        handler = interceptor.intercept_service(lambda details: {"/ppre.v1.Tester/RunAudit": original}[details.method],
+                                                _Details("/ppre.v1.Tester/RunAudit"))
         assert handler is not original and getattr(handler, kind) is not None, kind
         assert handler.request_deserializer is bytes.decode and handler.response_serializer is str.encode, kind
         assert handler.request_streaming == original.request_streaming, kind
@@ -168,7 +171,8 @@ def test_every_kind_of_handler_is_guarded_and_only_health_is_open():
         with pytest.raises(PermissionError):
             getattr(handler, kind)("request", refused)
         assert ran == [], kind
-        assert getattr(handler, kind)("request", _Context(x509_common_name=["operator.ppre.local"])) == "answer"
+        allowed = _Context(x509_common_name=["operator.ppre.local"])
+        assert getattr(handler, kind)("request", allowed) == ("answer", allowed)
         assert ran == ["request"], kind
         ran.clear()
     health = grpc.unary_unary_rpc_method_handler(behaviour)
@@ -200,25 +204,21 @@ def test_a_heartbeat_carries_a_short_printable_phase():
             check_heartbeat(pb.Heartbeat(phase=bad))
 
 
-def _masked_plaintexts_refused(tamper):
-    """An ERO audit whose result goes to the Tester, driven to the end with `tamper`
-    applied to each batch of the Test-Client's messages: the Tester's refusal (None if
-    it accepted them all)."""
+def _tester_refusal(spec, tester_df, client_df, tamper):
+    """Both sessions driven to the end with `tamper` applied to each batch of the
+    Test-Client's messages: the Tester's refusal (None if it accepted them all)."""
     from client_service.protocol import ClientSession
     from common.errors import ProtocolError
-    from tester_service.protocol import AuditSpec, TesterSession
+    from tester_service.protocol import TesterSession
     from tester_service.release import ReleasePolicy
-    from tests.helpers import TEST_BITS, make_inputs
-    tester_df, client_df = make_inputs(60, 60, 60, seed=41)
+    from tests.helpers import TEST_BITS
     client_df = client_df.assign(member_id=client_df["member_id"].astype(str))
-    spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=3, seed=1, result_recipient="tester")
     tester = TesterSession(spec, tester_df, min_modulus_bits=TEST_BITS, release=ReleasePolicy.off())
     client = ClientSession(lambda name, metric: client_df.copy(), modulus_bits=TEST_BITS, allow_insecure=True)
     try:
         pending = list(tester.start())
         while pending:
-            replies = [r for msg in pending for r in client.receive(msg)]
-            replies = tamper(replies)
+            replies = tamper([r for msg in pending for r in client.receive(msg)])
             try:
                 pending = [out for r in replies for out in tester.receive(r)]
             except ProtocolError as exc:
@@ -228,6 +228,15 @@ def _masked_plaintexts_refused(tamper):
     finally:
         tester.close()
         client.close()
+
+
+def _masked_plaintexts_refused(tamper):
+    """An ERO audit whose result goes to the Tester (masked plaintexts come back)."""
+    from tester_service.protocol import AuditSpec
+    from tests.helpers import make_inputs
+    tester_df, client_df = make_inputs(60, 60, 60, seed=41)
+    spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=3, seed=1, result_recipient="tester")
+    return _tester_refusal(spec, tester_df, client_df, tamper)
 
 
 def _masked(replies):
@@ -265,4 +274,221 @@ def test_an_empty_chunk_of_masked_plaintexts_that_is_not_the_last_is_refused():
     def once(replies):
         return pad(replies) if _masked(replies) else replies
     assert "empty chunk" in str(_masked_plaintexts_refused(once))
+
+
+
+# ---------------------------------------------------------------- the verdict
+def test_a_group_is_informative_when_its_half_width_is_at_most_half_tau():
+    from common.results import INFORMATIVE_SHARE, is_informative
+    tau = 0.05
+    edge = INFORMATIVE_SHARE * tau
+    assert is_informative(0.1, 0.1 + 2 * edge, tau)
+    assert not is_informative(0.1, 0.1 + 2 * edge + 1e-6, tau)
+    assert not is_informative(None, 0.2, tau) and not is_informative(0.1, None, tau)
+    assert not is_informative(float("nan"), 0.2, tau)
+
+
+def test_only_informative_groups_of_an_unbounded_metric_take_part_in_the_verdict():
+    """Without bounds, `_eligible` follows the group's informative flag and half-width:
+    a wide (uninformative) group never takes part, a narrow one does, and a group
+    missing its estimate or either end of its interval never does."""
+    from common.results import GroupResult, _eligible
+    tau = 0.05
+    narrow = GroupResult("a", 0.3, 0.29, 0.31, informative=True)
+    wide = GroupResult("b", 0.3, 0.1, 0.5, informative=False)
+    overall = GroupResult("overall", 0.3, 0.295, 0.305, informative=True)
+    assert _eligible(narrow, overall, None, tau)
+    assert not _eligible(wide, overall, None, tau)
+    assert not _eligible(dataclasses.replace(narrow, informative=False), overall, None, tau)
+    for missing in ("estimate", "ci_low", "ci_high"):
+        assert not _eligible(dataclasses.replace(narrow, **{missing: None}), overall, None, tau), missing
+        assert not _eligible(dataclasses.replace(narrow, **{missing: None}), overall, (0.0, 1.0), tau), missing
+
+
+def _eligible_by_the_docs(g, overall, bounds, tau) -> bool:
+    """`_eligible` as its docstring states it, written independently."""
+    import math
+    if g.estimate is None or g.ci_low is None or g.ci_high is None:
+        return False
+    if bounds is None and not g.informative:
+        return False
+    half = (g.ci_high - g.ci_low) / 2
+    if bounds is not None and overall is not None and overall.estimate is not None:
+        lo, hi = bounds
+        own = (g.estimate - lo) * (hi - g.estimate)
+        if own <= 0:
+            return False
+        half = half * math.sqrt((overall.estimate - lo) * (hi - overall.estimate) / own)
+    return half <= 0.5 * tau + 1e-12
+
+
+@pytest.mark.parametrize("bounds", [(0.0, 1.0), (0.2, 1.2), (-1.0, 1.0), None])
+def test_a_bounded_groups_half_width_is_judged_at_the_overalls_spread(bounds):
+    """A rate near a bound has a narrow interval because of where it sits, not because
+    it is well measured: its half-width is rescaled from its own spread (x − lo)(hi − x)
+    to the overall's before it is compared with half of tau. Checked against the rule
+    written out independently, for groups and overalls on both sides of the threshold
+    (and without an overall, or without bounds, no rescaling)."""
+    import numpy as np
+    from common.results import GroupResult, _eligible
+    tau = 0.05
+    lo, hi = bounds if bounds is not None else (0.0, 1.0)
+    rng = np.random.default_rng(44)
+    agree = decided = 0
+    for _ in range(400):
+        x, o = lo + (hi - lo) * rng.uniform(0.01, 0.99, 2)
+        half = 0.5 * tau * rng.uniform(0.3, 2.5)
+        g = GroupResult("g", float(x), float(x - half), float(x + half), informative=bool(rng.random() < 0.5))
+        overall = None if rng.random() < 0.1 else GroupResult("overall", float(o), float(o) - 0.01, float(o) + 0.01)
+        expected = _eligible_by_the_docs(g, overall, bounds, tau)
+        assert _eligible(g, overall, bounds, tau) == expected, (g, overall, bounds)
+        agree += 1
+        decided += expected
+    assert 0 < decided < agree  # both outcomes occur
+    if bounds is not None:  # at a bound a group is never eligible
+        edge = GroupResult("e", lo, lo, lo + 0.001, informative=True)
+        assert not _eligible(edge, GroupResult("overall", (lo + hi) / 2, 0.0, 0.0), bounds, tau)
+
+
+def _squares_refused(tamper):
+    """An MQOS-AUC exact audit (the Test-Client returns the squares the Tester asked for)."""
+    import numpy as np
+    import pandas as pd
+    from tester_service.protocol import AuditSpec
+    from tests.helpers import make_inputs
+    tester_df, _ = make_inputs(120, 120, 120, seed=42)
+    rng = np.random.default_rng(42)
+    y = rng.integers(0, 2, len(tester_df))
+    client_df = pd.DataFrame({"member_id": list(tester_df.member_id), "y_true": y,
+                              "score": (rng.random(len(y)) + 0.5 * y).round(3)})
+    spec = AuditSpec(metric="mqos-auc", metric_option="exact", client_dataset="d", seed=1)
+    return _tester_refusal(spec, tester_df, client_df, tamper)
+
+
+def _resize_squares(delta: int):
+    """Make the squares table `delta` rows longer (a copy of its first row) or shorter,
+    its chunk and its end consistent with each other."""
+    from proto import ppre_pb2 as pb
+    done = []
+
+    def tamper(replies):
+        for r in replies:
+            kind = r.WhichOneof("body")
+            if kind == "chunk" and r.chunk.table == pb.SQUARES and not done:
+                width = len(r.chunk.ciphertexts) // r.chunk.rows
+                cts = r.chunk.ciphertexts
+                r.chunk.ciphertexts = cts + cts[:width] if delta > 0 else cts[:-width]
+                r.chunk.rows += delta
+                done.append(1)
+            elif kind == "table_end" and r.table_end.table == pb.SQUARES:
+                r.table_end.rows += delta
+        return replies
+    return tamper
+
+
+@pytest.mark.parametrize("delta", [1, -1])
+def test_a_squares_table_of_another_length_than_requested_is_refused(delta):
+    """MQOS-AUC exact: one square per request, no more and no fewer, though the chunk
+    and the end agree with each other."""
+    assert _squares_refused(lambda replies: replies) is None  # untouched: accepted
+    assert re.search("announced", str(_squares_refused(_resize_squares(delta))))
+
+
+def test_a_chunk_past_the_announced_row_count_is_refused_on_arrival():
+    """The Test-Client's rows one more than its HelloAck announced (chunk and end
+    consistent): refused as the chunk arrives, not only at the table's end."""
+    from proto import ppre_pb2 as pb
+    from tester_service.protocol import AuditSpec
+    from tests.helpers import make_inputs
+    grown = []
+
+    def grow(replies):
+        for r in replies:
+            kind = r.WhichOneof("body")
+            if kind == "chunk" and r.chunk.table == pb.CLIENT_ROWS and not grown:
+                rows = r.chunk.rows
+                for column in ("points", "sealed", "ciphertexts", "units", "strata"):
+                    data = getattr(r.chunk, column)
+                    if data:
+                        setattr(r.chunk, column, data + data[:len(data) // rows])
+                r.chunk.rows = rows + 1
+                grown.append(1)
+            elif kind == "table_end" and r.table_end.table == pb.CLIENT_ROWS:
+                r.table_end.rows += 1
+        return replies
+    tester_df, client_df = make_inputs(60, 60, 60, seed=43)
+    spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=3, seed=1)
+    refusal = _tester_refusal(spec, tester_df, client_df, grow)
+    assert grown and "more than the" in str(refusal), refusal
+
+
+def _auc_inputs(n: int, seed: int):
+    import numpy as np
+    import pandas as pd
+    from tests.helpers import make_inputs
+    tester_df, _ = make_inputs(n, n, n, seed=seed)
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, len(tester_df))
+    return tester_df, pd.DataFrame({"member_id": list(tester_df.member_id), "y_true": y,
+                                    "score": (rng.random(len(y)) + 0.5 * y).round(3)})
+
+
+@pytest.mark.parametrize("metric, option", [("lot", ""), ("mqos-auc", "sampled")])
+def test_a_rows_resampling_bucket_out_of_range_is_refused(metric, option):
+    """Each of the Test-Client's rows names a resampling bucket below the Tester's
+    bucket count (LOT's queries), or a random group 0..G of the metric's own (MQOS-AUC
+    sampled): a value out of range is refused as the chunk arrives."""
+    import numpy as np
+    from common.metrics import get_metric
+    from proto import ppre_pb2 as pb
+    from tester_service.protocol import AuditSpec
+    from tests.helpers import make_inputs
+    from tests.metric_data import random_ranked_lists
+    if metric == "lot":
+        tester_df, _ = make_inputs(300, 300, 300, seed=45)
+        client_df = random_ranked_lists(60, np.random.default_rng(45), min_len=3, max_len=5, n_members=60)
+        bad = (1 << 32) - 1
+    else:
+        tester_df, client_df = _auc_inputs(120, 45)
+        bad = get_metric(metric).for_option(option).random_groups + 1
+    spec = AuditSpec(metric=metric, metric_option=option, client_dataset="d", bootstrap=3, seed=1)
+    changed = []
+
+    def out_of_range(replies):
+        for r in replies:
+            if r.WhichOneof("body") == "chunk" and r.chunk.table == pb.CLIENT_ROWS and not changed:
+                assert r.chunk.units, "the rows carry their buckets"
+                r.chunk.units = bad.to_bytes(4, "big") + r.chunk.units[4:]
+                changed.append(1)
+        return replies
+    assert _tester_refusal(spec, tester_df, client_df, lambda replies: replies) is None  # untouched: accepted
+    assert "out of range" in str(_tester_refusal(spec, tester_df, client_df, out_of_range))
+
+
+def _family(estimates, sds, replicates: int = 400, seed: int = 0):
+    """(R+1, C): row 0 the estimates, then normal replicates around them."""
+    import numpy as np
+    est = np.asarray(estimates, dtype=np.float64)
+    reps = est + np.random.default_rng(seed).normal(size=(replicates, est.size)) * np.asarray(sds)
+    return np.vstack([est, reps])
+
+
+@pytest.mark.parametrize("rule, below_tau, beyond_tau", [
+    ("range", 0.03, 0.10), ("below_overall", 0.03, 0.10), ("negative_cells", -0.03, -0.10),
+    ("nonzero_pairs", -0.03, -0.10), ("nonzero_pairs", 0.03, 0.10)])
+def test_a_comparison_with_an_uninformative_group_counts_only_when_its_band_clears_tau(rule, below_tau, beyond_tau):
+    """Without release noise (`strict_significance`), a comparison involving a group left
+    out as not informative is significant only when its whole band lies beyond tau; a
+    gap whose band excludes 0 but not tau does not count (its interval may under-cover)."""
+    from common.results import verdict_from
+    tau, sure = 0.05, [0.002]
+    v = verdict_from(rule, ["a - b"], _family([below_tau], sure), 0.95, "percentile", tau)
+    assert v.significant and v.severity == "low"  # a full member of the family: counts
+    v = verdict_from(rule, ["a - b"], _family([below_tau], sure), 0.95, "percentile", tau, strict=[True])
+    assert not v.significant and v.severity not in ("low", "moderate", "high"), v
+    v = verdict_from(rule, ["a - b"], _family([beyond_tau], sure), 0.95, "percentile", tau, strict=[True])
+    assert v.significant and v.severity == "high"
+    v = verdict_from(rule, ["a - b"], _family([below_tau], sure), 0.95, "percentile", tau, strict=[True],
+                     strict_significance=False)
+    assert v.significant and v.severity == "low"  # with release noise: compared like the others
 

@@ -1,4 +1,4 @@
-"""`ppre/report.py`: the audit report people read (report.html) and its JSON (report.json).
+"""`ppre/report/`: the audit report people read (report.html) and its JSON (report.json).
 
 Fast tests render the real results saved in ``tests/data/reports/`` (aggregates only, from
 ``ppre audit --local --json`` on ``ppre synth --members 3000 --seed 1``; see the README

@@ -332,7 +332,7 @@ def print_event(event, *, as_json: bool, insecure: bool = False, report_dir: str
         print(f"run id: {event.result.run_id}", file=sys.stderr, flush=True)
     if insecure and not as_json:
         print(f"WARNING: this audit ran over {INSECURE_TRANSPORT} (--insecure)")
-    if report_dir:  # --report DIR: the page and exactly the --json object (ppre/report.py)
+    if report_dir:  # --report DIR: the page and exactly the --json object (ppre/report/)
         from ppre.report import write_report
         try:
             paths = write_report(report, report_dir, run_id=getattr(event.result, "run_id", "") or None)

