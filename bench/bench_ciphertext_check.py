@@ -26,7 +26,7 @@ from gmpy2 import mpz
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import paillier  # noqa: E402
+from common.crypto import paillier  # noqa: E402
 from common.errors import ProtocolError  # noqa: E402
 
 

@@ -49,7 +49,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import numpy as np  # noqa: E402
 
 from common import bootstrap as boot  # noqa: E402
-from common import correction, encoding, moments  # noqa: E402
+from common import correction, moments  # noqa: E402
+from common.crypto import encoding  # noqa: E402
 from common.metrics.base import SECOND_MOMENTS, Item, Layout  # noqa: E402
 from common.metrics.ero import METRIC as ERO  # noqa: E402
 from common.metrics.output import METRIC as OUTPUT  # noqa: E402

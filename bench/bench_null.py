@@ -7,7 +7,7 @@ often it finds one that is (ERO, release controls off).
 A plaintext twin of the protocol's bootstrap (`tester_service.protocol.TesterSession._aggregate`
 without release noise): the joined rows go into `common.bootstrap.DEFAULT_BUCKETS` random buckets
 (`assign_buckets`), the bucket sums of q_ij·f and q_ij·d are formed per group (q the quantised
-probabilities, 2^32 per row, `common.encoding.quantize_probabilities`; "overall" the sum of the
+probabilities, 2^32 per row, `common.crypto.encoding.quantize_probabilities`; "overall" the sum of the
 groups' columns, as its weight column is), a replicate is the multinomial count-weighted sum of the
 bucket sums (`resample_counts`; row 0 every count 1) and a cell's value is Num/Den, as the
 Test-Client decodes the masked ratio. The (B+1, cells) matrix then goes through the real
@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from common import bootstrap as boot  # noqa: E402
-from common import encoding  # noqa: E402
+from common.crypto import encoding  # noqa: E402
 from common.metrics.base import Layout  # noqa: E402
 from common.metrics.ero import METRIC as ERO  # noqa: E402
 from common.races import RACES  # noqa: E402

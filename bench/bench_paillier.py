@@ -59,7 +59,7 @@ def phe_encrypt_chunk(n: int, plaintexts: list[int]) -> list[int]:
 
 
 def ours_public_chunk(n: int, h: int, plaintexts: list[int]) -> list[int]:
-    from common import paillier
+    from common.crypto import paillier
 
     return paillier.encrypt_chunk(n, h, plaintexts)
 
@@ -97,7 +97,8 @@ def main() -> int:
     from phe import paillier as phe_paillier
     from phe import util as phe_util
 
-    from common import paillier, parallel
+    from common import parallel
+    from common.crypto import paillier
 
     load_before = os.getloadavg()
     rng = random.Random(args.seed)

@@ -1,4 +1,4 @@
-"""Benchmark: our PSI (`common.commutative`, X25519) against openmined-psi's (P-256), side by
+"""Benchmark: our PSI (`common.crypto.commutative`, X25519) against openmined-psi's (P-256), side by
 side in one run on the same id sets, each on one core and on all cores.
 
     .venv/bin/python bench/bench_psi.py [--size 100000] [--overlap 0.5] [--seed 7] [--repeat 1]
@@ -245,7 +245,7 @@ def ours_psi(a: list[str], b: list[str], executor) -> list[int]:
 
     import numpy as np
 
-    from common import commutative
+    from common.crypto import commutative
 
     key_a, key_b = commutative.CommutativeKey.generate(), commutative.CommutativeKey.generate()
     salt = commutative.session_salt(secrets.token_bytes(32), secrets.token_bytes(32))

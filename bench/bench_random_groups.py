@@ -74,7 +74,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from common import bootstrap as boot  # noqa: E402
-from common import encoding  # noqa: E402
+from common.crypto import encoding  # noqa: E402
 from common.metrics.base import Item  # noqa: E402
 from common.metrics.mqos_auc import EXACT, normaliser_bits  # noqa: E402
 from common.metrics.pot import METRIC as POT  # noqa: E402

@@ -28,10 +28,11 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import pandas as pd
 
-from common import commutative, encoding, moments, paillier, parallel, validation, wire
+from common import moments, parallel, validation, wire
+from common.crypto import commutative, encoding, paillier
 from common.correction import finish_corrected
 from common.errors import EncodingOverflowError, InputError, ProtocolError
-from common.masking import masked_ratio
+from common.crypto.masking import masked_ratio
 from common.metrics.base import Layout, Metric
 from common.results import AuditReport, finish
 from common.session import PhaseClock, chunk_ticks, expect_phase
@@ -405,7 +406,7 @@ class ClientSession:
         zero_tests = self._aggregates[len(self._aggregates) - header.zero_tests:]
         self._aggregates = self._aggregates[:len(self._aggregates) - header.zero_tests]
         empty = [i for i, z in enumerate(self._paillier.decrypt_task()(zero_tests)) if z == 0]
-        # workers get the narrow decryption task (p and h_p), never the key (common.paillier)
+        # workers get the narrow decryption task (p and h_p), never the key (common.crypto.paillier)
         decrypt = self._paillier.decrypt_task(signed=True)
         parts = parallel.split(self._aggregates, self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS))
         tasks = [(part,) for part in parts]

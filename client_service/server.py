@@ -26,7 +26,8 @@ import grpc
 from client_service.datasets import DatasetRegistry
 from client_service.protocol import ClientSession, Phase
 from client_service.results import ResultStore
-from common import channels, logs, paillier, parallel, validation
+from common import channels, logs, parallel, validation
+from common.crypto import paillier
 from common import tls as tls_
 from common.admission import SessionTable
 from common.errors import InputError, PeerAborted, PPREError, ProtocolError, ShuttingDownError

@@ -31,7 +31,7 @@ the metric's plan, the Tester aggregates, buckets, masks and sends them like the
 items, and both parties finish with `CorrectionPlan.values`. With ratio masks the
 Test-Client must solve a system that mixes cells, so every item of a replicate shares
 one mask factor (`tester_service.protocol`), each slot still with its own noise as large
-as that factor (`common.masking`: the gcd and continued-fraction attacks stay closed);
+as that factor (`common.crypto.masking`: the gcd and continued-fraction attacks stay closed);
 the price is that the Test-Client learns ratios between cells of different groups
 (design §9.4).
 

@@ -4,7 +4,7 @@ Protocol code never chooses where its work runs: each session is handed an `Exec
 (its service's, made once at start-up from `--executor` / `PPRE_EXECUTOR`) and calls
 `executor.run_chunks(fn, argument_tuples)`, `executor.stream(...)` or
 `executor.submit(...)` with top-level functions over raw integers and bytes
-(`common.paillier.*_chunk`, `tester_service.aggregation`) or a narrow, picklable task
+(`common.crypto.paillier.*_chunk`, `tester_service.aggregation`) or a narrow, picklable task
 object built by a key for that one operation (`PrivateKey.decrypt_task()`,
 `PrivateKey.encrypt_task()`, `CommutativeKey.multiply_task()`, `SessionSalt.hash_task()`:
 never the key object itself, which refuses pickling). Three executors:

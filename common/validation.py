@@ -52,13 +52,14 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from common import commutative, correction, paillier, wire
+from common import correction, wire
+from common.crypto import commutative, paillier
 from common.errors import EncodingOverflowError, InputError, PeerAborted, ProtocolError
 from common.logs import valid_audit_id
 from common.metrics import get_metric
 from common.metrics.base import SECOND_MOMENTS
 from common.session import PhaseError
-from common.symmetric import sealed_width
+from common.crypto.symmetric import sealed_width
 from proto import ppre_pb2 as pb
 
 #: bytes a session accepts from its peer in all (the backstop: per-table totals are tighter)

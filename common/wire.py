@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from common.commutative import POINT_BYTES
+from common.crypto.commutative import POINT_BYTES
 from common.errors import ProtocolError
 from proto import ppre_pb2 as pb
 

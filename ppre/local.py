@@ -27,7 +27,7 @@ from client_service.datasets import DatasetRegistry
 from client_service.results import ResultStore
 from client_service.server import ClientConfig, ClientServicer
 from client_service.server import serve as serve_client
-from common import paillier
+from common.crypto import paillier
 from common import channels
 from common.channels import LinkSettings
 from common.parallel import Executor

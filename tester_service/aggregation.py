@@ -20,7 +20,7 @@ import numpy as np
 from gmpy2 import mpz
 
 from common import bootstrap as boot
-from common import paillier
+from common.crypto import paillier
 from tester_service.release import RELEASE_GROUPS, IntersectionRefused
 
 

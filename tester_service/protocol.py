@@ -37,16 +37,17 @@ import numpy as np
 import pandas as pd
 
 from common import bootstrap as boot
-from common import commutative, correction, encoding, moments, paillier, parallel, validation, wire
+from common import correction, moments, parallel, validation, wire
+from common.crypto import commutative, encoding, paillier
 from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.logs import new_audit_id
-from common.masking import AdditiveMask, RatioMask
+from common.crypto.masking import AdditiveMask, RatioMask
 from common.metrics import correcting_metrics, get_metric
 from common.metrics.base import SECOND_MOMENTS, Layout, composite_items, sensitivity_rows
 from common.correction import finish_corrected
 from common.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, AuditReport, finish, receipt, small_for_verdict
 from common.session import PhaseClock, chunk_ticks, expect_phase
-from common.symmetric import RowSealer, sealed_width
+from common.crypto.symmetric import RowSealer, sealed_width
 from proto import ppre_pb2 as pb
 from tester_service import aggregation
 from tester_service.release import (RELEASE_GROUPS, REPORT_DELTA, IntersectionRefused, ReleasePolicy, gaussian,

@@ -21,7 +21,8 @@ import grpc
 import pandas as pd
 
 from common import bootstrap as boot_defaults
-from common import channels, paillier, parallel
+from common import channels, parallel
+from common.crypto import paillier
 from common import logs
 from common import tls as tls_
 from common import validation

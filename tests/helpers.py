@@ -26,7 +26,7 @@ def one_key_inline_chunks():
     (no key generation per audit) and the per-row work runs inline (no worker pool)."""
     import pytest
 
-    from common import paillier
+    from common.crypto import paillier
     key = paillier.generate_keypair(TEST_BITS, allow_insecure=True)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PPRE_WORKERS", "1")

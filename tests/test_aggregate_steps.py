@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from common import bootstrap as boot
-from common import paillier
+from common.crypto import paillier
 from common.metrics.base import Item
 from tester_service import aggregation
 from tester_service.release import RELEASE_GROUPS, IntersectionRefused

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_random_groups as bench  # noqa: E402
-from common import encoding  # noqa: E402
+from common.crypto import encoding  # noqa: E402
 from common.metrics.mqos_auc import EXACT, normaliser_bits, released_form  # noqa: E402
 from common.metrics.scoring import dense_score_rank  # noqa: E402
 from tester_service.release import RELEASE_GROUPS, ReleasePolicy  # noqa: E402

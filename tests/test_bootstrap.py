@@ -93,8 +93,8 @@ def test_small_samples_are_the_row_bootstrap_exactly():
 
 def test_encrypted_bootstrap_equals_its_plaintext_twin():
     """The HE aggregation computes exactly the plaintext bucket bootstrap (same buckets, counts)."""
-    from common import encoding, paillier
-    from common.masking import masked_ratio
+    from common.crypto import encoding, paillier
+    from common.crypto.masking import masked_ratio
     from tester_service import aggregation
 
     key = paillier.generate_keypair(1024, allow_insecure=True)
@@ -110,7 +110,7 @@ def test_encrypted_bootstrap_equals_its_plaintext_twin():
     counts = boot.resample_counts(len(buckets), 30, rng)
     sums = aggregation.bucket_sums_chunk(
         pub.n, [([cts[i] for i in idx], [q[idx, j].tolist() for j in range(3)]) for idx in buckets])
-    from common.masking import RatioMask
+    from common.crypto.masking import RatioMask
     masks = [[(m.r, m.e_num + (m.e_den << 200)) for m in (RatioMask.draw() for _ in range(3))] for _ in counts]
     reps = aggregation.replicate_chunk(pub.n, [[s[j] for s in sums] for j in range(3)], counts.tolist())
     out = aggregation.mask_chunk(pub.n, pub.h, reps, [m for row in masks for m in row], None)
@@ -141,7 +141,7 @@ def test_replicate_chunk_equals_one_multi_exponentiation_per_replicate():
     zeros, and counts of 2^16 and above."""
     import secrets as _secrets
 
-    from common import paillier
+    from common.crypto import paillier
     from tester_service.aggregation import replicate_chunk
     n = (2 ** 127 - 1) * (2 ** 89 - 1)
     n2 = n * n

@@ -1,4 +1,4 @@
-"""Configuration files, check-config, column mapping and ERO from scores (`ppre/config.py`).
+"""Configuration files, check-config, column mapping and ERO from scores (`ppre/config/`).
 
 * Precedence for every setting of both services: flag > environment > TOML file > default.
 * A file's unknown key and wrong type are errors naming the key and the file.

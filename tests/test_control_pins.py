@@ -23,7 +23,8 @@ import pandas as pd
 import pytest
 
 from client_service.protocol import ClientSession
-from common import encoding, paillier, validation
+from common import validation
+from common.crypto import encoding, paillier
 from common.errors import ProtocolError
 from common.races import RACES
 from proto import ppre_pb2 as pb
@@ -562,7 +563,7 @@ def small_order_u() -> set[int]:
 
 
 def test_small_order_points_enumerated_from_the_curve_are_all_refused():
-    from common import commutative
+    from common.crypto import commutative
     found = small_order_u()
     assert len(found) == 4 and {0, 1} <= found  # order 2 (u = 0), 4 (u = 1) and the two of order 8
     for u in found:
@@ -656,7 +657,7 @@ def test_second_moments_refuse_noise_beyond_the_slots_headroom_naming_the_flag()
 def test_a_masked_ratio_is_none_only_for_a_zero_denominator():
     """The Test-Client's ratio of a masked pair: None for a masked Den of exactly 0 (a
     cell the Tester never releases), the plain quotient for every other one, 1 included."""
-    from common.masking import masked_ratio
+    from common.crypto.masking import masked_ratio
     assert masked_ratio(7, 0) is None
     assert masked_ratio(7, 1) == 7.0
     assert masked_ratio(-3, 2) == -1.5

@@ -10,10 +10,10 @@ import gmpy2
 import numpy as np
 import pytest
 
-from common import commutative, encoding, paillier
+from common.crypto import commutative, encoding, paillier
 from common.errors import EncodingOverflowError, InputError, ProtocolError
-from common.masking import PRECISION_BITS, AdditiveMask, RatioMask, masked_ratio
-from common.symmetric import RowSealer, sealed_width
+from common.crypto.masking import PRECISION_BITS, AdditiveMask, RatioMask, masked_ratio
+from common.crypto.symmetric import RowSealer, sealed_width
 from tests.helpers import apply_ratio_mask
 
 BITS = 1024

@@ -622,7 +622,7 @@ def test_eight_concurrent_audits_match_the_lone_audit(deploy, tiny, request):
     for event in events:
         assert json.loads(event.result.report_json)["n_matched"] == N_TINY_OVERLAP
         got = _proto_estimates(event)
-        # Each audit draws fresh masks and pads; the ratios agree to about 1e-11 (common.masking).
+        # Each audit draws fresh masks and pads; the ratios agree to about 1e-11 (common.crypto.masking).
         assert [g[:2] for g in got] == [g[:2] for g in reference], (got, reference)
         assert all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
                    for g, r in zip(got, reference) for a, b in zip(g[2:], r[2:])), (got, reference)

@@ -37,7 +37,8 @@ from client_service.datasets import DatasetRegistry
 from client_service.protocol import ClientSession
 from client_service.server import ClientConfig
 from client_service.server import serve as serve_client
-from common import channels, paillier, validation, wire
+from common import channels, validation, wire
+from common.crypto import paillier
 from common.channels import LinkSettings
 from common.errors import InputError, PeerAborted, ProtocolError
 from common.session import PhaseError

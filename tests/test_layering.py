@@ -9,6 +9,8 @@ name their module in the text (`_dynamic_import`). The graph must have
 * `common/` importing no party and not the CLI (`tester_service`, `client_service`, `ppre`);
 * the parties importing not each other (`tester_service` <-> `client_service`), and the
   Tester's demographics importing only `common` and themselves;
+* `common.crypto` (the hazmat fence: Paillier, the curve, AEAD, masking, fixed-point
+  encoding) importing nothing of ours but `common.errors` and itself;
 * no Tester-only module in `common/` (BISG, census names, clipping, randomized response
   live in `tester_service/demographics/`).
 
@@ -32,7 +34,8 @@ FORBIDDEN = (
     ("tester_service", "client_service"), ("client_service", "tester_service"),
 )
 #: packages whose imports are confined: {package: the project packages it may import}
-CONFINED = {"tester_service.demographics": ("common", "tester_service.demographics")}
+CONFINED = {"tester_service.demographics": ("common", "tester_service.demographics"),
+            "common.crypto": ("common.errors", "common.crypto")}
 #: module names that only the Tester runs: they may not sit in common/
 TESTER_ONLY = ("bisg", "census_names", "clipping", "randomized_response")
 
@@ -180,6 +183,8 @@ def test_the_graph_sees_the_imports_the_code_makes(graph):
         or "tester_service.demographics.census_names" in graph["tester_service.demographics.bisg"]
     assert "tester_service.server" in graph["ppre.commands.tester"]  # imported inside `run`
     assert "common.metrics.ero" in graph["common.metrics"]  # importlib.import_module(f"common.metrics.{m}")
+    assert "common.crypto.encoding" in graph["common.crypto.paillier"]  # imported inside a method
+    assert "common.errors" in graph["common.crypto.paillier"]
     assert len(graph) > 60
 
 
@@ -214,6 +219,25 @@ def test_breaches_are_found():
                                "tester_service.server -> client_service.results"]
     assert party_modules_in_common({"common.bisg": set(), "tester_service.demographics.bisg": set()}) \
         == ["common.bisg"]
+
+
+def test_the_crypto_fence_admits_only_errors_and_itself():
+    graph = {"common.crypto.paillier": {"common.errors", "common.crypto.encoding"},
+             "common.crypto.masking": {"common.parallel"},
+             "common.crypto.symmetric": {"common.metrics.base", "common.crypto.commutative"},
+             "common.crypto": set(), "common.parallel": {"common.crypto.paillier"}}
+    assert breaches(graph) == ["common.crypto.masking -> common.parallel",
+                               "common.crypto.symmetric -> common.metrics.base"]
+
+
+def test_a_crypto_import_of_the_executor_in_a_copy_of_the_tree_is_found(tmp_path):
+    for pkg in PACKAGES:
+        shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    masking = tmp_path / "common" / "crypto" / "masking.py"
+    masking.write_text(masking.read_text(encoding="utf-8")
+                       + "\n\ndef _late():\n    from common import parallel  # noqa\n    return parallel\n",
+                       encoding="utf-8")
+    assert "common.crypto.masking -> common.parallel" in breaches(import_graph(tmp_path))
 
 
 def test_a_function_local_import_cycle_in_a_copy_of_the_tree_is_found(tmp_path):

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from client_service.datasets import DatasetRegistry
-from common import encoding, paillier
+from common.crypto import encoding, paillier
 from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.metrics import METRICS, get_metric
 from common.metrics.base import Component

@@ -13,7 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from common import correction, encoding, moments
+from common import correction, moments
+from common.crypto import encoding
 from common.errors import ProtocolError
 from common.metrics.base import SECOND_MOMENTS, Layout
 from common.metrics.ero import METRIC as ERO

@@ -492,3 +492,71 @@ def test_a_comparison_with_an_uninformative_group_counts_only_when_its_band_clea
                      strict_significance=False)
     assert v.significant and v.severity == "low"  # with release noise: compared like the others
 
+
+
+def test_announced_labels_are_few_non_empty_and_short():
+    """Group and strata labels from the peer: at most `most` of them, none empty, none
+    longer than MAX_LABEL_CHARS."""
+    from common.errors import ProtocolError
+    from common.validation import MAX_LABEL_CHARS, _labels
+    assert _labels(["g"] * 4, "groups", 4) == ("g",) * 4
+    assert _labels(["x" * MAX_LABEL_CHARS], "groups", 4) == ("x" * MAX_LABEL_CHARS,)
+    for bad in (["g"] * 5, ["a", ""], ["x" * (MAX_LABEL_CHARS + 1)]):
+        with pytest.raises(ProtocolError):
+            _labels(bad, "groups", 4)
+
+
+def test_no_green_none_when_a_judged_difference_has_no_band():
+    """"none" needs every judged difference to have a defined band and a detectable gap
+    of tau among the informative groups' comparisons: a difference without a band (too
+    few defined replicates) beside a comparison with a group left out as not informative
+    leaves the audit inconclusive."""
+    import numpy as np
+    from common.results import verdict_from
+    values = _family([0.0, 0.005], [0.004, 0.004])
+    values[1:, 0] = np.nan  # no defined replicate: no band
+    v = verdict_from("range", ["no band", "with an uninformative group"], values, 0.95, "percentile", 0.05,
+                     strict=[False, True])
+    assert v.severity == "inconclusive" and v.mdd is None, v
+
+
+def test_a_rows_stratum_out_of_range_is_refused():
+    """LOT: each row's stratum (rank pair) indexes the strata labels the HelloAck
+    announced; the first index past them is refused as the chunk arrives."""
+    import numpy as np
+    from proto import ppre_pb2 as pb
+    from tester_service.protocol import AuditSpec
+    from tests.helpers import make_inputs
+    from tests.metric_data import random_ranked_lists
+    tester_df, _ = make_inputs(300, 300, 300, seed=46)
+    lists = random_ranked_lists(60, np.random.default_rng(46), min_len=3, max_len=5, n_members=60)
+    spec = AuditSpec(metric="lot", client_dataset="d", bootstrap=3, seed=1)
+    labels = []
+
+    def past_the_labels(replies):
+        for r in replies:
+            kind = r.WhichOneof("body")
+            if kind == "hello_ack":
+                labels.extend(r.hello_ack.strata_labels)
+            elif kind == "chunk" and r.chunk.table == pb.CLIENT_ROWS and labels:
+                r.chunk.strata = len(labels).to_bytes(4, "big") + r.chunk.strata[4:]
+                labels.clear()
+        return replies
+    assert _tester_refusal(spec, tester_df, lists, lambda replies: replies) is None  # untouched: accepted
+    assert "stratum is out of range" in str(_tester_refusal(spec, tester_df, lists, past_the_labels))
+
+
+def test_the_severity_comes_from_the_informative_groups_significant_comparison_first():
+    """Among significant comparisons, those between informative groups are picked first
+    and give the severity; a larger gap that is not significant never does; only
+    without such a comparison does one with an uninformative group (clearing tau) count."""
+    from common.results import verdict_from
+    tau, sd = 0.05, 0.002
+    labels = ["informative, low", "uninformative, beyond tau", "informative, not significant"]
+    values = _family([0.03, 0.12, 0.2], [sd, sd, 0.3])
+    v = verdict_from("range", labels, values, 0.95, "percentile", tau, strict=[False, True, False])
+    assert v.compared["label"] == labels[0] and v.severity == "low" and not v.flagged, v
+    assert set(v.significant_comparisons) == set(labels[:2])
+    values = _family([0.005, 0.12], [0.004, sd])
+    v = verdict_from("range", [labels[2], labels[1]], values, 0.95, "percentile", tau, strict=[False, True])
+    assert v.compared["label"] == labels[1] and v.severity == "high", v

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from client_service.protocol import ClientSession
-from common import bootstrap as boot, commutative, encoding, paillier
+from common import bootstrap as boot
+from common.crypto import commutative, encoding, paillier
 from tester_service import aggregation
 from common.errors import ProtocolError
-from common.masking import PRECISION_BITS, R_MAX_BITS, R_MIN_BITS, STATISTICAL_BITS, AdditiveMask, RatioMask
+from common.crypto.masking import PRECISION_BITS, R_MAX_BITS, R_MIN_BITS, STATISTICAL_BITS, AdditiveMask, RatioMask
 from proto import ppre_pb2 as pb
 from tester_service.protocol import AuditSpec, TesterSession
 from tests.helpers import TEST_BITS, apply_ratio_mask, exact_session, local_audit, make_inputs, run_sessions

@@ -18,7 +18,7 @@ import pytest
 
 from client_service.datasets import DatasetRegistry
 from client_service.protocol import ClientSession
-from common import encoding
+from common.crypto import encoding
 from common.errors import InputError, ProtocolError
 from common.races import RACES
 from ppre.cli import main as ppre_main
@@ -449,7 +449,7 @@ def test_auc_exact_encrypted_combine_releases_the_plaintext_form():
     """`ExactAuc.combine` under encryption (the masked squaring round trip included)
     yields the slots `released_form` computes in plaintext, for the estimate and every
     random group; the noise hook sees each V and D before they are packed."""
-    from common import paillier
+    from common.crypto import paillier
     from common.metrics.base import Layout
     from common.metrics.mqos_auc import EXACT, released_form
     from common.metrics.scoring import dense_score_rank

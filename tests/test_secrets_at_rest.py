@@ -34,9 +34,10 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from client_service import protocol as client_protocol
 from client_service.datasets import DatasetRegistry
-from common import commutative, paillier, parallel, symmetric
+from common import parallel
+from common.crypto import commutative, paillier, symmetric
 from common.errors import PPREError
-from common.masking import AdditiveMask, RatioMask
+from common.crypto.masking import AdditiveMask, RatioMask
 from common.races import RACES
 from ppre.local import local_services
 from proto import ppre_pb2 as pb

@@ -14,9 +14,10 @@ import pytest
 
 from client_service.datasets import DatasetRegistry
 from common.results import AuditReport
-from common import channels, commutative, paillier
+from common import channels
+from common.crypto import commutative, paillier
 from common.races import RACES
-from common.symmetric import RowSealer
+from common.crypto.symmetric import RowSealer
 from ppre.cli import main as ppre_main
 from ppre.local import local_services
 from proto import ppre_pb2 as pb

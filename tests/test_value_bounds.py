@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 
 from client_service.protocol import ClientSession
-from common import encoding
+from common.crypto import encoding
 from common.errors import InputError, ProtocolError
 from common.metrics import get_metric
 from common.metrics.base import SECOND_MOMENTS, composite_items, sensitivity_rows

@@ -548,7 +548,7 @@ class Metric:
                recipient: str, modulus_bits: int) -> Layout:
         """The slot plan both parties derive (design §4.4): from the metric, the Test-Client's row
         count, the resampling units, the mask the result recipient implies and the key."""
-        from common.masking import mask_bits
+        from common.crypto.masking import mask_bits
         comps = self.components(option, params, info)
         return choose_layout(self.item_bits(n_rows, n_units, comps), mask_bits(recipient), len(comps), modulus_bits)
 

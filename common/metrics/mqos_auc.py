@@ -101,7 +101,7 @@ import secrets
 
 import numpy as np
 
-from common import paillier
+from common.crypto import paillier
 from common.metrics.base import (NOISE_HEADROOM_BITS, Cell, ClientRows, Component, Item, Metric, Param, Plan,
                                  PROBABILITY_BITS, bits,
                                  finite_column, positive_int)

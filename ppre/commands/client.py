@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "a Tester identity (certificate SAN or CN) allowed to open audit sessions")
     from ppre.columns import add_column_arguments
     add_column_arguments(s, whose="the datasets")
-    s.set_defaults(func=run)  # `ppre.cli` then adds --config FILE, `check-config`, `config-table` (ppre/config.py)
+    s.set_defaults(func=run)  # `ppre.cli` then adds --config FILE, `check-config`, `config-table` (ppre/config/)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                         "--client names (env PPRE_CLIENT_IDENTITY, default client.ppre.local)")
     from ppre.columns import add_column_arguments
     add_column_arguments(s, whose="the members and Self-ID files (or the probability table)")
-    s.set_defaults(func=run)  # `ppre.cli` then adds --config FILE, `check-config`, `config-table` (ppre/config.py)
+    s.set_defaults(func=run)  # `ppre.cli` then adds --config FILE, `check-config`, `config-table` (ppre/config/)
     register_validate_bisg(actions)
 
 

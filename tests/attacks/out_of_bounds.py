@@ -29,7 +29,7 @@ import pytest
 
 from client_service.protocol import ClientSession
 from common import moments
-from common.encoding import PROBABILITY_BITS
+from common.crypto.encoding import PROBABILITY_BITS
 from common.metrics.base import Component
 from common.metrics.ero import Ero
 from common.races import RACES

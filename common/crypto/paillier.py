@@ -1,7 +1,7 @@
 """Paillier helpers on raw integers (design §4.6).
 
 Hazardous-primitive layer, in the spirit of pyca/cryptography's `hazmat`: plain
-functions over Python/gmpy2 integers, no encoding policy (that is `common.encoding`)
+functions over Python/gmpy2 integers, no encoding policy (that is `common.crypto.encoding`)
 and no protocol policy (that is each party's `protocol` module).
 
 * Keys: `phe` generates the primes (2048-bit modulus; smaller refused unless
@@ -16,7 +16,7 @@ and no protocol policy (that is each party's `protocol` module).
   Pippenger's bucket method; weights are non-negative integers.
 * Decryption: the key owner decrypts modulo p only (`PrivateKey.decrypt_mod_p`),
   half the cost of full CRT decryption; every plaintext the protocol forms is
-  bounded far below p/3 by its slot plan (`common.encoding`), and the signed
+  bounded far below p/3 by its slot plan (`common.crypto.encoding`), and the signed
   decoding applies the thirds rule in Z_p, so an overflow is still detected.
 * Decryption on worker processes (`PrivateKey.decrypt_task`): what travels to a
   worker, pickled into each chunk's task, is a `ModPDecryption`, the one operation
@@ -152,7 +152,7 @@ class ModPDecryption:
         plain = _decrypt_mod_p(self._p, self._p2, self._pm1, self._hp, ciphertexts)
         if not self._signed:
             return plain
-        from common.encoding import decode_signed
+        from common.crypto.encoding import decode_signed
         p = int(self._p)
         return [decode_signed(m, p) for m in plain]
 
