@@ -11,7 +11,7 @@ timing both parties report, and the peak resident memory and the CPU seconds of 
 service during the audit (the service process and its worker processes together, sampled
 every 0.2 s from /proc; CPU of a worker that exits between two samples is partly missed).
 
-`--executor SPEC` is passed to both services (`common.executors.executor_from_spec`:
+`--executor SPEC` is passed to both services (`common.execution.executors.executor_from_spec`:
 `processes`, `processes:N`, `inline`, `dask://HOST:PORT`); with a Dask cluster the per-row
 work runs in the cluster's workers, whose CPU is not part of the services' (see
 bench/bench_scaling.py, which starts the cluster and measures it).
@@ -153,7 +153,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=None, help="PPRE_WORKERS of each service")
     ap.add_argument("--executor", default=None, metavar="SPEC",
                     help="--executor of both services: processes (default), processes:N, inline or "
-                         "dask://HOST:PORT (see common/parallel.py, common/dask_executor.py)")
+                         "dask://HOST:PORT (see common/execution/parallel.py, common/execution/dask_executor.py)")
     ap.add_argument("--data", type=Path, default=None, help="keep the generated files here (reused)")
     ap.add_argument("--json", type=Path, default=None, help="also write the measurements here")
     ap.add_argument("--no-release-controls", action="store_true",
@@ -226,7 +226,7 @@ def main() -> int:
     if event.WhichOneof("event") != "result":
         print("audit failed:", event.error.code, event.error.message)
         return 1
-    from common.results import AuditReport
+    from common.stats.results import AuditReport
     r = AuditReport.from_proto(event.result)
     out = {
         "members_each_side": args.members, "overlap": args.overlap, "bootstrap": args.bootstrap,

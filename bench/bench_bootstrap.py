@@ -11,7 +11,7 @@ wall(B = 1000) / wall(B = 100) < 2 for every metric.
 
 Per metric one dataset (fixed data seed 7), then the same audit (audit seed `--seed`) at
 B = `--low` and at B = `--high`, both services in this process (`ppre.local`, mutual
-TLS, one `common.parallel.ProcessExecutor` shared by both services and started before
+TLS, one `common.execution.parallel.ProcessExecutor` shared by both services and started before
 the first audit, so worker start-up is not billed to an audit), 2048-bit Paillier, each
 metric's default option:
 
@@ -127,7 +127,7 @@ def estimates(report) -> dict[str, float | None]:
 
 def run_metric(metric: str, args, executor) -> dict:
     from client_service.datasets import DatasetRegistry
-    from common.results import AuditReport
+    from common.stats.results import AuditReport
     from ppre.local import local_services
     from proto import ppre_pb2 as pb
     from tester_service.release import ReleasePolicy
@@ -205,7 +205,7 @@ def main() -> int:
         if m not in METRICS:
             ap.error(f"unknown metric {m!r}")
 
-    from common import parallel
+    from common.execution import parallel
 
     executor = parallel.ProcessExecutor(args.workers).start()
     print(f"release controls OFF (ReleasePolicy.off()): with them on, intervals come from noised random groups "

@@ -1,4 +1,4 @@
-"""The attenuation correction's remaining error, in plaintext (`common.correction`).
+"""The attenuation correction's remaining error, in plaintext (`common.stats.correction`).
 
 Per group, over several synthetic populations (`ppre.synth`, a fresh one per seed, with
 an injected disparity on the ERO false-positive rate: black +0.08 unless ``--disparity``
@@ -42,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import correction  # noqa: E402
+from common.stats import correction  # noqa: E402
 from tester_service.demographics import bisg  # noqa: E402
 from common.races import RACES  # noqa: E402
 from ppre.synth import DEFAULT_DISPARITY, SynthConfig, parse_race_values, synthesize  # noqa: E402

@@ -51,8 +51,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from client_service.datasets import DatasetRegistry
-    from common import parallel
-    from common.results import AuditReport
+    from common.execution import parallel
+    from common.stats.results import AuditReport
     from ppre.local import local_services
     from proto import ppre_pb2 as pb
     from tester_service.inputs import read_probability_table

@@ -1,4 +1,4 @@
-"""Benchmark: ERO's intervals under the default release controls (second moments, `common.moments`).
+"""Benchmark: ERO's intervals under the default release controls (second moments, `common.stats.moments`).
 
     .venv/bin/python bench/bench_intervals.py [--metric ero|output] [--sizes 10000,100000] [--datasets 400]
                                               [--bootstrap 1000] [--power 10000:0.05,100000:0.02] [--seed 1]
@@ -6,11 +6,11 @@
 A plaintext twin of the release (`tester_service.protocol.TesterSession._aggregate` under the
 default `ReleasePolicy`, correction on): per group the noised aggregates Num_j = Σ q_ij·f_i and
 Den_j = Σ q_ij·d_i (q the quantised probabilities, 2^32 per row), "overall" their sum, and the
-pair items Σ w_ab·f, Σ w_ab·d on the pair weights `common.correction.pair_weights`, each slot with
+pair items Σ w_ab·f, Σ w_ab·d on the pair weights `common.stats.correction.pair_weights`, each slot with
 Gaussian noise of the policy's σ₀ (group items) or σ_m (pair items) times 2^32 (a member's largest
 contribution), the group items whose noised effective size Σ_i p_ij is below the minimum
-suppressed; then the same finishing code as both parties (`common.moments.finish_release`, with
-the correction) and the real `common.results.finish()`.
+suppressed; then the same finishing code as both parties (`common.stats.moments.finish_release`, with
+the correction) and the real `common.stats.results.finish()`.
 
 Data: the prepared BISG probabilities of `ppre synth` members (`bench_null.probability_pool`),
 each dataset a fresh sample of n members, their true race drawn from their probability row (the
@@ -48,14 +48,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy as np  # noqa: E402
 
-from common import bootstrap as boot  # noqa: E402
-from common import correction, moments  # noqa: E402
+from common.stats import bootstrap as boot  # noqa: E402
+from common.stats import correction, moments  # noqa: E402
 from common.crypto import encoding  # noqa: E402
 from common.metrics.base import SECOND_MOMENTS, Item, Layout  # noqa: E402
 from common.metrics.ero import METRIC as ERO  # noqa: E402
 from common.metrics.output import METRIC as OUTPUT  # noqa: E402
 from common.races import RACES  # noqa: E402
-from common.results import MIN_EFFECTIVE_SIZE, finish, simultaneous_bands  # noqa: E402
+from common.stats.results import MIN_EFFECTIVE_SIZE, finish, simultaneous_bands  # noqa: E402
 from tester_service.release import ReleasePolicy  # noqa: E402
 
 POSITIVE_RATE, TPR, BASE_FPR = 0.30, 0.80, 0.10

@@ -78,10 +78,10 @@ def validation_rows(report, gaps=GAPS) -> list[dict]:
 def run(queries: int, bootstrap: int, *, bits: int = 2048, seed: int = 1, same_group_pairs: bool = False,
         data_seed: int = 7, executor=None):
     """Generate the data, run the audit on `executor` (both services' per-row work; default
-    inline, `common.parallel`; the caller starts and shuts it down); returns (AuditReport,
+    inline, `common.execution.parallel`; the caller starts and shuts it down); returns (AuditReport,
     wall seconds, setup seconds)."""
     from client_service.datasets import DatasetRegistry
-    from common.results import AuditReport
+    from common.stats.results import AuditReport
     from ppre.local import local_services
     from proto import ppre_pb2 as pb
     from tester_service.server import run_audit
@@ -121,7 +121,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE")
     args = ap.parse_args()
-    from common import parallel
+    from common.execution import parallel
 
     load_before = os.getloadavg()
     # one pool for both services, started before the audit so that process start-up is not billed to it

@@ -5,14 +5,14 @@ often it finds one that is (ERO, release controls off).
                                          [--power 10000:0.05,100000:0.02] [--seed 1] [--markdown]
 
 A plaintext twin of the protocol's bootstrap (`tester_service.protocol.TesterSession._aggregate`
-without release noise): the joined rows go into `common.bootstrap.DEFAULT_BUCKETS` random buckets
+without release noise): the joined rows go into `common.stats.bootstrap.DEFAULT_BUCKETS` random buckets
 (`assign_buckets`), the bucket sums of q_ij·f and q_ij·d are formed per group (q the quantised
 probabilities, 2^32 per row, `common.crypto.encoding.quantize_probabilities`; "overall" the sum of the
 groups' columns, as its weight column is), a replicate is the multinomial count-weighted sum of the
 bucket sums (`resample_counts`; row 0 every count 1) and a cell's value is Num/Den, as the
 Test-Client decodes the masked ratio. The (B+1, cells) matrix then goes through the real
-`common.results.finish()` with the real ERO metric (option `fpr`) and its plan, `noisy=False`, and
-the groups the Tester leaves out of a verdict without release noise (`common.results.small_for_verdict`:
+`common.stats.results.finish()` with the real ERO metric (option `fpr`) and its plan, `noisy=False`, and
+the groups the Tester leaves out of a verdict without release noise (`common.stats.results.small_for_verdict`:
 Kish effective sample size below `MIN_KISH_SIZE`) passed as `small_groups`, as the Tester does.
 
 Data: race probabilities are those `ppre synth` members get from the Tester's preparation:
@@ -45,12 +45,12 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from common import bootstrap as boot  # noqa: E402
+from common.stats import bootstrap as boot  # noqa: E402
 from common.crypto import encoding  # noqa: E402
 from common.metrics.base import Layout  # noqa: E402
 from common.metrics.ero import METRIC as ERO  # noqa: E402
 from common.races import RACES  # noqa: E402
-from common.results import DEFAULT_TAU, finish, small_for_verdict  # noqa: E402
+from common.stats.results import DEFAULT_TAU, finish, small_for_verdict  # noqa: E402
 
 #: members in the probability pool the datasets are sampled from
 POOL = 300_000

@@ -97,7 +97,7 @@ def main() -> int:
     from phe import paillier as phe_paillier
     from phe import util as phe_util
 
-    from common import parallel
+    from common.execution import parallel
     from common.crypto import paillier
 
     load_before = os.getloadavg()

@@ -276,7 +276,7 @@ def ours_psi(a: list[str], b: list[str], executor) -> list[int]:
 
 def run_ours(sets: Path, mode: str, workers: int | None, repeat: int) -> dict:
     sys.path.insert(0, str(ROOT))
-    from common import parallel
+    from common.execution import parallel
 
     a, b = read_sets(sets)
     executor = parallel.InlineExecutor() if mode == "one" else parallel.ProcessExecutor(workers)

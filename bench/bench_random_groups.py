@@ -13,7 +13,7 @@ release under the default `ReleasePolicy`, built from the real code wherever it 
 
 * POT (`common.metrics.pot`): the Test-Client's rows (`Pot.client_rows`: deciles, Silverman's
   bandwidth, K·(Y − c) and K) quantised by the metric's components; the Tester's canonical row
-  order, `common.bootstrap.assign_buckets` into `RELEASE_GROUPS` groups; per group and random
+  order, `common.stats.bootstrap.assign_buckets` into `RELEASE_GROUPS` groups; per group and random
   group the sums Σ q_ij·v_i (q the quantised probabilities); the estimate's slots with noise
   σ₀·scale and every random group's with σ_b·scale (`ReleasePolicy.sigmas(β)`, β =
   `Pot.sensitivity_components`, scale = `Pot.slot_sensitivity`), "overall" the sum of the
@@ -28,8 +28,8 @@ release under the default `ReleasePolicy`, built from the real code wherever it 
 
 Both: the items whose effective size Σ_i p_ij plus N(0, threshold σ²) is below the policy's
 minimum are withheld (`Plan.suppress`), the groups whose noised size is below
-`common.results.MIN_EFFECTIVE_SIZE` (or withheld) are left out of the verdict, as
-`TesterSession._suppress_small` decides; then the real `common.results.finish()` with
+`common.stats.results.MIN_EFFECTIVE_SIZE` (or withheld) are left out of the verdict, as
+`TesterSession._suppress_small` decides; then the real `common.stats.results.finish()` with
 interval "random_groups" and `noisy=True` (est ± t_{G−1}·sd/√G, the verdict's Bonferroni
 band). `--check` runs one small audit through the real sans-I/O sessions (Paillier, the
 masked squaring round trip) with the Tester's noise draws set to 0 and compares its report
@@ -73,14 +73,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from common import bootstrap as boot  # noqa: E402
+from common.stats import bootstrap as boot  # noqa: E402
 from common.crypto import encoding  # noqa: E402
 from common.metrics.base import Item  # noqa: E402
 from common.metrics.mqos_auc import EXACT, normaliser_bits  # noqa: E402
 from common.metrics.pot import METRIC as POT  # noqa: E402
 from common.metrics.scoring import doubled_a_weights  # noqa: E402
 from common.races import RACES  # noqa: E402
-from common.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, finish, simultaneous_bands  # noqa: E402
+from common.stats.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, finish, simultaneous_bands  # noqa: E402
 from tester_service.release import RELEASE_GROUPS, ReleasePolicy  # noqa: E402
 
 GROUPS = list(RACES)

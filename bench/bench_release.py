@@ -30,7 +30,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from client_service.datasets import DatasetRegistry
-    from common.results import AuditReport
+    from common.stats.results import AuditReport
     from ppre.commands.demo import DEMO_THRESHOLD, write_inputs
     from ppre.local import local_services
     from ppre.synth import SynthConfig, synthesize

@@ -5,7 +5,7 @@
 
 For each worker count W (largest first, so that the cheap runs surely complete): starts a
 local Dask scheduler and W single-threaded worker processes (no nanny, spilling off:
-DASK_DISTRIBUTED__WORKER__MEMORY__TARGET=False / __SPILL=False, as common/dask_executor.py
+DASK_DISTRIBUTED__WORKER__MEMORY__TARGET=False / __SPILL=False, as common/execution/dask_executor.py
 requires), waits until all W have joined, runs `bench/bench_audit.py --members N
 --no-release-controls --executor dask://127.0.0.1:PORT` (both services on that one
 cluster, each its own process), records the audit's wall time, phase timings and the CPU
@@ -213,7 +213,7 @@ def fmt_table(runs: list[dict]) -> str:
         lines.append(f"* against W={ref['workers']}, assumed to scale ideally from W=1 (no W=1 run)")
     lines.append("CPU s: the services (with their local pools), the Dask workers and the scheduler during the "
                  "audit; CPU/wall: cores busy on average. With W=1 the executor runs `run_chunks` steps inline "
-                 "in the services (common/parallel.py: workers <= 1), so W=1 may use more than one core.")
+                 "in the services (common/execution/parallel.py: workers <= 1), so W=1 may use more than one core.")
     return "\n".join(lines)
 
 

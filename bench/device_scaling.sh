@@ -59,7 +59,7 @@ for name in names:
     except Exception as exc:
         print(f"  {name:16} MISSING: {type(exc).__name__}: {exc}")
 # everything the services and the workers import on the audit path
-import proto.ppre_pb2, proto.ppre_pb2_grpc, common.dask_executor, common.crypto.paillier, common.crypto.commutative  # noqa
+import proto.ppre_pb2, proto.ppre_pb2_grpc, common.execution.dask_executor, common.crypto.paillier, common.crypto.commutative  # noqa
 import tester_service.server, client_service.server, ppre.cli  # noqa
 print("  imports of the services: ok;", "cpus", os.cpu_count(), "affinity", len(os.sched_getaffinity(0)))
 EOF

@@ -28,13 +28,15 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import pandas as pd
 
-from common import moments, parallel, validation, wire
+from common import validation, wire
+from common.execution import parallel
+from common.stats import moments
 from common.crypto import commutative, encoding, paillier
-from common.correction import finish_corrected
+from common.stats.correction import finish_corrected
 from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.crypto.masking import masked_ratio
 from common.metrics.base import Layout, Metric
-from common.results import AuditReport, finish
+from common.stats.results import AuditReport, finish
 from common.session import PhaseClock, chunk_ticks, expect_phase
 from proto import ppre_pb2 as pb
 
@@ -80,7 +82,7 @@ class ClientSession:
         or when it shuts down). `progress(phase, done, total)` reports what the session is
         busy with (the servicer's heartbeats carry it to the Tester). `max_received_bytes`:
         the most the Tester may send in this session (`common.validation`). `executor`:
-        where the per-row work runs (the service's; default inline, `common.parallel`).
+        where the per-row work runs (the service's; default inline, `common.execution.parallel`).
         `accept_noiseless`: go on with aggregates that carry no release noise (the
         Tester's controls off, design §8.6); the service passes its operator's choice,
         `ClientConfig.accept_noiseless` (`ppre client serve --accept-noiseless`; default
@@ -127,7 +129,7 @@ class ClientSession:
         self._doubled: list = []  # futures: the Tester's points, doubly encrypted, per chunk
         self._sealed: list[bytes] = []
         self._header: pb.AggregatesHeader | None = None
-        self._correction = None  # common.correction.CorrectionPlan when the Tester asked for one
+        self._correction = None  # common.stats.correction.CorrectionPlan when the Tester asked for one
         self._aggregates: list[int] = []
 
     def _lap(self, name: str) -> None:
@@ -447,7 +449,7 @@ class ClientSession:
                                                        header.replicates, withheld=withheld, correct=corrects,
                                                        bounds=moments.estimate_bounds(self._metric, self._option,
                                                                                       self._params))
-            interval = "percentile"  # of the parametric draws (common.moments)
+            interval = "percentile"  # of the parametric draws (common.stats.moments)
         else:
             values = plan.cell_values(decoded, masked_ratio, plain_rows=header.plain_rows, noise_sd=header.noise_sd,
                                       pseudo_values=header.interval == "random_groups"

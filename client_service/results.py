@@ -19,7 +19,7 @@ from pathlib import Path
 
 from common import logs
 from common.errors import InputError, PPREError
-from common.results import AuditReport
+from common.stats.results import AuditReport
 
 #: results kept in memory at most (the oldest go first; the directory keeps them all)
 MAX_KEPT = 64

@@ -26,13 +26,14 @@ import grpc
 from client_service.datasets import DatasetRegistry
 from client_service.protocol import ClientSession, Phase
 from client_service.results import ResultStore
-from common import channels, logs, parallel, validation
+from common import channels, logs, validation
+from common.execution import parallel
 from common.crypto import paillier
 from common import tls as tls_
 from common.admission import SessionTable
 from common.errors import InputError, PeerAborted, PPREError, ProtocolError, ShuttingDownError
 from common.session import PhaseError
-from common.memory import release_freed_memory
+from common.execution.memory import release_freed_memory
 from common.peer_stream import Inbox, Outbox, ProgressState
 from proto import ppre_pb2 as pb
 
@@ -69,7 +70,7 @@ class ClientConfig:
     tls: tls_.TlsIdentity | None = None
     #: Tester identities allowed to open an Exchange (`--allow-tester`; TLS only)
     allowed_testers: tuple[str, ...] = (tls_.TESTER_IDENTITY,)
-    #: where the sessions' per-row work runs (`--executor`; common.parallel); None: inline
+    #: where the sessions' per-row work runs (`--executor`; common.execution.parallel); None: inline
     executor: parallel.Executor | None = None
     #: finish audits whose aggregates carry no release noise (`--accept-noiseless`); by
     #: default they are refused, so a Tester cannot switch its controls off silently

@@ -52,7 +52,8 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from common import correction, wire
+from common import wire
+from common.stats import correction
 from common.crypto import commutative, paillier
 from common.errors import EncodingOverflowError, InputError, PeerAborted, ProtocolError
 from common.logs import valid_audit_id
@@ -450,7 +451,7 @@ class ClientInbound(Gate):
         if hello.correction not in ("", *correction.METHODS) or (
                 hello.correction not in ("", "none") and not metric.corrects):
             raise ProtocolError(f"the Tester asked for a correction '{hello.correction}' that {metric.name} lacks")
-        if hello.second_moments:  # the rows are to carry their squares (`common.moments`)
+        if hello.second_moments:  # the rows are to carry their squares (`common.stats.moments`)
             if not metric.moment_squares:
                 raise ProtocolError(f"the Tester asked for squared components, which {metric.name} lacks")
             params[SECOND_MOMENTS] = True
@@ -462,7 +463,7 @@ class ClientInbound(Gate):
 
     def _expected_rows(self, s, table: int) -> int | None:
         if table == pb.AGGREGATES:  # the AggregatesHeader's (B + 1) x items, then a zero test per item
-            rows = 1 if s._header.interval == "parametric" else s._header.replicates + 1  # common.moments
+            rows = 1 if s._header.interval == "parametric" else s._header.replicates + 1  # common.stats.moments
             return rows * s._header.items + s._header.zero_tests
         return None  # the Tester's rows and its square requests: capped, not announced
 

@@ -7,7 +7,7 @@ only wires them to a command line, as `docker-compose.yml` and an operator would
 from __future__ import annotations
 
 #: what `from ppre import ...` offers, loaded on first use (the CLI stays light)
-_API = {"audit_local": "ppre.api", "AuditFailed": "ppre.api", "AuditReport": "common.results"}
+_API = {"audit_local": "ppre.api", "AuditFailed": "ppre.api", "AuditReport": "common.stats.results"}
 __all__ = sorted(_API)
 
 

@@ -12,10 +12,10 @@ servers on loopback in this process (mutual TLS with an in-memory development CA
 Tester prepares its probabilities (BISG + privatised Self-ID + clipping, design
 §2) or takes a probability table, and the two talk only through the protocol
 (design §3). DataFrames stay in memory: nothing of them is written to disk. The
-result is the `common.results.AuditReport` the CLI serialises (`to_json()` is the
+result is the `common.stats.results.AuditReport` the CLI serialises (`to_json()` is the
 `ppre audit --json` object). A refused or failed audit raises `AuditFailed` with the
 error code and message the CLI would print. The calling process is protected first
-(`common.memory.protect_process`: no core dump, not dumpable, for the rest of its life;
+(`common.execution.memory.protect_process`: no core dump, not dumpable, for the rest of its life;
 design §7), as every process holding member data is.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any, Callable, Mapping
 
 import pandas as pd
 
-from common import bootstrap as boot
-from common.results import DEFAULT_TAU, AuditReport
+from common.stats import bootstrap as boot
+from common.stats.results import DEFAULT_TAU, AuditReport
 from tester_service.release import DEFAULT_BUDGET, DEFAULT_RHO_PER_AUDIT
 
 #: the dataset name the Test-Client knows the local data by
@@ -71,7 +71,7 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
     third audit of one pair at the defaults is refused (`AuditFailed`, code
     `privacy_budget_exhausted`). `history`: True (default) keeps the result in the run
     history `ppre audit --local` keeps (`ppre runs list`), a path keeps it there,
-    False or None keeps nothing. `executor`: a `common.parallel.Executor` for the
+    False or None keeps nothing. `executor`: a `common.execution.parallel.Executor` for the
     per-row work (default: inline). `on_progress(progress)`: called with each
     `Progress` event. `tester_columns`, `client_columns`: the column mappings (our
     column name -> the file's or DataFrame's, as `--tester-column` / `--client-column`
@@ -88,7 +88,7 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
 
     from common.tables import parse_column_mapping
     from ppre.commands.audit import in_context
-    from common.memory import protect_process
+    from common.execution.memory import protect_process
     protect_process()  # this process (the notebook's) now holds members' data: no core dump (design §7)
     metric = _metric(metric)
     tester_map = parse_column_mapping(items=tester_columns or {}, parameter="tester_columns")

@@ -30,9 +30,9 @@ from client_service.server import serve as serve_client
 from common.crypto import paillier
 from common import channels
 from common.channels import LinkSettings
-from common.parallel import Executor
+from common.execution.parallel import Executor
 from common.tls import TESTER_IDENTITY, DevCA, TlsIdentity
-from common import bootstrap as boot
+from common.stats import bootstrap as boot
 from tester_service.history import RunHistory
 from tester_service.release import PrivacyAccountant, ReleasePolicy
 from proto import ppre_pb2 as pb
@@ -81,16 +81,16 @@ def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: Dat
     `tls`: mutual TLS with an in-memory development CA (default), or plaintext
     (`allow_insecure` is about the Paillier modulus size, not the transport).
     `executor`: where both services' per-row work runs (one pool for the two; default
-    inline, `common.parallel`); the caller owns it and shuts it down. `history`: the
+    inline, `common.execution.parallel`); the caller owns it and shuts it down. `history`: the
     Tester's run history (a path or a RunHistory; default none: nothing is kept).
     `accept_noiseless`: the Test-Client finishes aggregates without release noise
     (`ClientConfig.accept_noiseless`): on here, where one user holds both sides and chose
     the Tester's controls too (`ppre client serve` refuses them by default). `results`:
     where the Test-Client keeps finished results (default: in memory; `run_audit` on
     these services takes them from there, module docstring).
-    This process is protected first (`common.memory.protect_process`: no core dump, not
+    This process is protected first (`common.execution.memory.protect_process`: no core dump, not
     dumpable), as each service's is."""
-    from common import memory
+    from common.execution import memory
     memory.protect_process()  # both parties' tables and keys in this one process: no core dump (design §7)
     settings = settings or LinkSettings.from_env()
     pki = DevCA.generate("PPRE local run CA") if tls else None
@@ -130,9 +130,9 @@ def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: Dat
 def delivered_result(results: ResultStore, event: pb.AuditEvent) -> pb.AuditEvent:
     """A result event from these services' Tester as the local user sees it: a receipt
     (result recipient `client`) replaced by the Test-Client's kept result, taken from its
-    store by the audit's id, with the Tester's facts (`common.results.delivered`);
+    store by the audit's id, with the Tester's facts (`common.stats.results.delivered`);
     anything else unchanged. The run id stays the Tester's (its history keeps the receipt)."""
-    from common.results import AuditReport, delivered
+    from common.stats.results import AuditReport, delivered
     kept = AuditReport.from_proto(event.result)
     if not kept.is_receipt:
         return event

@@ -9,7 +9,7 @@ X[b] = Π_m C[m]^(c_bm) (the point estimate is the replicate with every count 1)
 value is masked and rerandomised before it leaves the Tester (`mask_chunk`).
 
 Every function here is top-level and takes only integers and lists, so
-an executor (`common.parallel`) can send it to worker processes.
+an executor (`common.execution.parallel`) can send it to worker processes.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 from gmpy2 import mpz
 
-from common import bootstrap as boot
+from common.stats import bootstrap as boot
 from common.crypto import paillier
 from tester_service.release import RELEASE_GROUPS, IntersectionRefused
 
@@ -171,7 +171,7 @@ def resampling_units(resampling: str, units: np.ndarray | None, n: int, rng: np.
         used = np.unique(units)
         units = np.searchsorted(used, units)
         n_units = len(used)
-        if moments_form:  # the estimate alone: one unit (`common.moments`)
+        if moments_form:  # the estimate alone: one unit (`common.stats.moments`)
             units, n_units = np.zeros_like(units), 1
         elif groups_instead:
             if n_units < RELEASE_GROUPS:

@@ -36,16 +36,18 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 import pandas as pd
 
-from common import bootstrap as boot
-from common import correction, moments, parallel, validation, wire
+from common.stats import bootstrap as boot
+from common import validation, wire
+from common.execution import parallel
+from common.stats import correction, moments
 from common.crypto import commutative, encoding, paillier
 from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.logs import new_audit_id
 from common.crypto.masking import AdditiveMask, RatioMask
 from common.metrics import correcting_metrics, get_metric
 from common.metrics.base import SECOND_MOMENTS, Layout, composite_items, sensitivity_rows
-from common.correction import finish_corrected
-from common.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, AuditReport, finish, receipt, small_for_verdict
+from common.stats.correction import finish_corrected
+from common.stats.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, AuditReport, finish, receipt, small_for_verdict
 from common.session import PhaseClock, chunk_ticks, expect_phase
 from common.crypto.symmetric import RowSealer, sealed_width
 from proto import ppre_pb2 as pb
@@ -159,7 +161,7 @@ class TesterSession:
         privacy budget just before anything is released (it raises to refuse, and returns
         the budget left). `max_received_bytes`: the most the Test-Client may send in this
         session (`common.validation`). `executor`: where the per-row work runs (the
-        service's; default inline, `common.parallel`). `audit_id`: the audit's correlation
+        service's; default inline, `common.execution.parallel`). `audit_id`: the audit's correlation
         id, sent in the Hello for the Test-Client's log lines (default: a fresh one,
         `common.logs`)."""
         self.spec = spec.validated()
@@ -180,7 +182,7 @@ class TesterSession:
         #: how the groups were coarsened from the six races ("" for none), for the result
         self._group_mapping = group_mapping
         self.release = release if release is not None else ReleasePolicy()
-        if self._moments_form() and self.metric.moment_squares:  # rows carry f² too (`common.moments`)
+        if self._moments_form() and self.metric.moment_squares:  # rows carry f² too (`common.stats.moments`)
             self.params[SECOND_MOMENTS] = True
         self._charge = charge
         self._release_info: dict[str, Any] = {}
@@ -551,7 +553,7 @@ class TesterSession:
         moments, M's items and their weights: `Metric.moment_plan`); returns (facts,
         weights)."""
         metric = self.metric
-        # groups left out of the verdict (common.results, "Left out"): without release noise
+        # groups left out of the verdict (common.stats.results, "Left out"): without release noise
         # by their exact Kish size among the joined rows (first member of a row); with it
         # by the noised sizes only (`_suppress_small`), never by exact ones
         self._small_groups = [] if self.release.noisy else small_for_verdict(
@@ -561,7 +563,7 @@ class TesterSession:
         self._plan = metric.plan(self.groups, self._strata_labels, self._layout, self.spec.metric_option,
                                  self.params, self._info)
         if self.spec.correction != "none" or self._moments_form():
-            # M's items, which are also the second moments of the interval (`common.moments`)
+            # M's items, which are also the second moments of the interval (`common.stats.moments`)
             self._plan, self._correction = metric.moment_plan(self._plan, self.groups, self.spec.metric_option,
                                                               self.params, self._info, self._layout)
             weights = list(weights) + metric.moment_weights(q, self.groups, self.spec.metric_option, self.params)
@@ -717,7 +719,7 @@ class TesterSession:
         yield from self._send_items(items, self._replicates())
 
     def _check_identifiable(self, q: np.ndarray) -> None:
-        """Without release noise: the groups whose identifying size (`common.correction`),
+        """Without release noise: the groups whose identifying size (`common.stats.correction`),
         measured on our own probabilities over the joined rows, is below the minimum:
         their corrected values are withheld. With noise nothing of the sort is released:
         both parties decide it on the released, noised M (`correction.finish_corrected`),
@@ -772,7 +774,7 @@ class TesterSession:
             cell.group: math.floor(float(measured[keys[cell.item]]) * 10.0) / 10.0 for cell in plan.cells
             if cell.kind in ("group", "curve") and cell.group in self.groups
             and plan.items[cell.item].stratum is None}
-        if self.release.noisy:  # left out of the verdict on the same noised sizes (common.results)
+        if self.release.noisy:  # left out of the verdict on the same noised sizes (common.stats.results)
             sizes = self._release_info["effective_sizes"]
             self._small_groups = sorted({g for g, v in sizes.items() if not v >= MIN_EFFECTIVE_SIZE})
         if self._suppressed:
@@ -810,7 +812,7 @@ class TesterSession:
         """What the report says about the noise (σ₀ in members, per unit of sensitivity),
         and, for the header, the noise's sd per item slot: the estimate's, then the
         groups' (`scales`: each item's slot sensitivities). `item_sigmas`: the release of
-        second moments (`common.moments`), one multiplier per item and no groups (zeros)."""
+        second moments (`common.stats.moments`), one multiplier per item and no groups (zeros)."""
         if self.release.noisy and item_sigmas is not None:
             self._noise_sd = [sig * float(x) for sig, row in zip(item_sigmas, scales) for x in row]
             self._noise_sd += [0.0] * len(self._noise_sd)
@@ -904,18 +906,18 @@ class TesterSession:
         reuse every member, so noise that keeps each of them private would swamp their
         spread (`tester_service.release`): a metric with second moments
         (`Metric.moment_interval`) gets percentile intervals of parametric draws from its
-        released aggregates and second moments (`common.moments`), any other bootstrap
+        released aggregates and second moments (`common.stats.moments`), any other bootstrap
         metric random groups."""
         if self.metric.interval == "percentile" and self.release.noisy:
             return "percentile" if self._moments_form() else "random_groups"
         return self.metric.interval
 
     def _moments_form(self) -> bool:
-        """Whether this audit releases its estimate and second moments (`common.moments`)."""
+        """Whether this audit releases its estimate and second moments (`common.stats.moments`)."""
         return self.release.noisy and self.metric.interval == "percentile" and self.metric.moment_interval
 
     def _release_form(self) -> str:
-        """The header's interval: `common.moments.FORM` for a release of second moments
+        """The header's interval: `common.stats.moments.FORM` for a release of second moments
         (one row of aggregates; the finishing party draws the replicates), else the
         report's method."""
         return moments.FORM if self._moments_form() else self._interval()

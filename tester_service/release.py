@@ -46,7 +46,7 @@ comes from one of two further releases. An audit makes three releases:
    output, MQOS-NDCG, LOT; for LOT the "groups" are each rank pair's cells and the
    weights w_c·w_c' products of its cells' weights, whose outer product moves by the
    same 2·||Δw||, `common.metrics.lot`): the pair items ``S^f_ab = Σ p_a·p_b·f``, ``S^d_ab = Σ p_a·p_b·d`` for a ≤ b
-   (`common.moments`; their d slots are also the correction's M), and for the output
+   (`common.stats.moments`; their d slots are also the correction's M), and for the output
    metric ``S^ff_ab = Σ p_a·p_b·f²`` from the squares its rows carry under this form
    (`Metric.moment_squares`; the group items' f² slots, where they share a ciphertext,
    are released at σ_m too). Sensitivity: the weights p_a·p_b form the matrix p·pᵀ,
@@ -66,9 +66,9 @@ Their shares of the audit's ρ: (a) 0.8 / 0.1 / 0.1 (`MOMENT_SHARE`), (b) 0.7 / 
 (`--correction calibration`) form (a) releases exactly the same items with the same
 noise: M is the d slots of the pair items, so the weighted estimate keeps its σ₀ and
 the correction costs nothing more; under form (b) M's items join the estimate's
-release, whose C components then count 5·C (`common.correction.SENSITIVITY_FACTOR`).
+release, whose C components then count 5·C (`common.stats.correction.SENSITIVITY_FACTOR`).
 Under noise, which groups the correction can identify is decided on the released M
-in both forms (`common.correction.finish_corrected`): the Tester releases no
+in both forms (`common.stats.correction.finish_corrected`): the Tester releases no
 identifying sizes of its own (one member can move them without a useful bound).
 Without noise the Tester decides it on its own probabilities. Repeated audits add their ρ
 (composition); the accountant keeps the sum per Test-Client
@@ -103,7 +103,7 @@ DEFAULT_MAX_REFUSALS = 3
 REPLICATE_SHARE = 0.2
 THRESHOLD_SHARE = 0.1
 #: the share of the second moments, where they give the interval instead of random
-#: groups (`common.moments`); the estimate keeps 1 − MOMENT_SHARE − THRESHOLD_SHARE
+#: groups (`common.stats.moments`); the estimate keeps 1 − MOMENT_SHARE − THRESHOLD_SHARE
 MOMENT_SHARE = 0.1
 #: the squared sensitivity of the pair items (weights p_a·p_b) relative to the group
 #: items': ||p·pᵀ − p'·p'ᵀ||_F ≤ (||p|| + ||p'||)·||p − p'|| ≤ 2·||p − p'||
@@ -219,7 +219,7 @@ class ReleasePolicy:
 
     def moment_sigmas(self, n_components: float, *, squares: int = 0) -> tuple[float, float]:
         """(σ₀, σ_m): the noise multipliers of the estimate's group items and of the second
-        moments' pair items (`common.moments`), in units of one member's largest
+        moments' pair items (`common.stats.moments`), in units of one member's largest
         contribution to a group item. The pair items' sensitivity is 2× the group items'
         (PAIR_FACTOR = 4 on the square), so C components cost C/σ₀² + 4·C/σ_m²; their
         shares are 1 − `moment_share` − `threshold_share` and `moment_share`. `squares`:

@@ -20,17 +20,18 @@ from typing import Callable
 import grpc
 import pandas as pd
 
-from common import bootstrap as boot_defaults
-from common import channels, parallel
+from common.stats import bootstrap as boot_defaults
+from common import channels
+from common.execution import parallel
 from common.crypto import paillier
 from common import logs
 from common import tls as tls_
 from common import validation
 from common.admission import SessionTable
 from common.errors import InputError, PeerAborted, PeerTimeoutError, PPREError, ShuttingDownError
-from common.memory import release_freed_memory
+from common.execution.memory import release_freed_memory
 from common.peer_stream import Inbox, Outbox, ProgressState
-from common.results import DEFAULT_TAU
+from common.stats.results import DEFAULT_TAU
 from proto import ppre_pb2 as pb
 from proto import ppre_pb2_grpc as pb_grpc
 from tester_service.audit_log import AuditLog, AuditLogError, result_digest
@@ -81,7 +82,7 @@ class TesterConfig:
     allowed_operators: tuple[str, ...] = (tls_.OPERATOR_IDENTITY,)
     #: the identity the Test-Client's certificate must carry (`--client-identity`; TLS only)
     client_name: str = tls_.CLIENT_IDENTITY
-    #: where the sessions' per-row work runs (`--executor`; common.parallel); None: inline
+    #: where the sessions' per-row work runs (`--executor`; common.execution.parallel); None: inline
     executor: parallel.Executor | None = None
     #: the run history of finished audits, aggregates only (`--history`; tester_service.history):
     #: a path (opened, and its schema checked, now) or a RunHistory; None: no history

@@ -13,7 +13,7 @@ import pandas as pd
 
 from client_service.protocol import ClientSession
 from common.races import RACES
-from common.results import delivered
+from common.stats.results import delivered
 from tester_service.protocol import AuditSpec, TesterSession
 from tester_service.release import ReleasePolicy
 

@@ -1,5 +1,5 @@
 """Run a PPRE entry point in a fresh Python process and read back, from inside it, whether
-it was protected (`common.memory.protect_process`: core-size limit 0, not dumpable) each
+it was protected (`common.execution.memory.protect_process`: core-size limit 0, not dumpable) each
 time it opened one of its input files and when it exited.
 
 The child runs `HOOK` first: an audit hook notes the process's state at every `open` of
@@ -36,8 +36,8 @@ def _on_event(event, args):
 sys.addaudithook(_on_event)
 atexit.register(lambda: (_note("exit"), print("PROTECTION " + json.dumps(_notes), file=sys.stderr, flush=True)))
 if os.environ.get("PROTECTION_OFF") == "1":
-    import common.memory
-    common.memory.protect_process = lambda: None
+    import common.execution.memory
+    common.execution.memory.protect_process = lambda: None
 '''
 
 CLI = "import sys\nfrom ppre.cli import main\nsys.exit(main(sys.argv[1:]))\n"

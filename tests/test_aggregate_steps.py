@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from common import bootstrap as boot
+from common.stats import bootstrap as boot
 from common.crypto import paillier
 from common.metrics.base import Item
 from tester_service import aggregation

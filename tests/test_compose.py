@@ -625,7 +625,7 @@ def check_result(result: dict, n_matched: int = N_OVERLAP) -> None:
     assert result.get("metric") == "ero", result
     assert result["n_matched"] == n_matched, result
     # the deployment runs with the release controls on: noise, and ERO's interval from
-    # parametric draws of its released aggregates and second moments (common.moments)
+    # parametric draws of its released aggregates and second moments (common.stats.moments)
     assert result["release"]["controls"] and result["release"]["rho"] > 0, result
     assert result["interval"] == "percentile" and result["release"]["interval_from"].startswith("second moments"), \
         result

@@ -362,7 +362,7 @@ def _audit(services, dataset: str, params: dict[str, str] | None = None, seed: i
                               seed=seed, metric_params=params or {})
     event = run_audit(services.tester_address, request, timeout=120, tls=services.operator_tls)
     assert event.WhichOneof("event") == "result", event.error.message
-    from common.results import AuditReport
+    from common.stats.results import AuditReport
     return {g["group"]: g["estimate"] for g in json.loads(AuditReport.from_proto(event.result).to_json())["groups"]}
 
 

@@ -584,7 +584,7 @@ def test_groups_suppressed_by_the_controls_leave_the_corrections_solve():
     """A group suppressed for its size has its cell replaced (its masked Num is noise):
     the other groups' corrected values must not use it. They equal the plaintext solve
     over the kept groups, in two audits with fresh masks."""
-    from common import correction
+    from common.stats import correction
     from tests.test_correction import calibrated_population
     tester_df, client_df, p, _ = calibrated_population(1000, 40, alpha=1.0)
     aian = GROUPS.index("aian")
@@ -624,8 +624,8 @@ def test_the_verdict_flags_a_null_family_at_most_at_the_nominal_rate(monkeypatch
     least one of them in about half the audits; the verdict's simultaneous band in at
     most 5% plus 3 Monte Carlo sd."""
     import functools
-    from common import results
-    from common.results import marginal_intervals, verdict_from
+    from common.stats import results
+    from common.stats.results import marginal_intervals, verdict_from
     # the same quantiles, computed once each (they are slow to compute and repeat here)
     monkeypatch.setattr(results, "t_quantile", functools.lru_cache(maxsize=None)(results.t_quantile))
     rng = np.random.default_rng(41)

@@ -1,4 +1,4 @@
-"""The attenuation correction (`common.correction`): its algebra, the HE path against its
+"""The attenuation correction (`common.stats.correction`): its algebra, the HE path against its
 plaintext twin (both result recipients, ERO and POT's curves), identifiability, the
 release noise it needs, and what a peer or an operator may not ask for."""
 from __future__ import annotations
@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common import correction
+from common.stats import correction
 from common.errors import InputError, ProtocolError
 from common.races import RACES
-from common.results import AuditReport
+from common.stats.results import AuditReport
 from proto import ppre_pb2 as pb
 from tester_service.protocol import AuditSpec
 from tester_service.release import ReleasePolicy
@@ -238,7 +238,7 @@ def test_a_group_too_mixed_to_tell_apart_is_withheld():
 
 def test_release_noise_covers_the_correction_items_and_the_weighted_estimate_does_not_pay_for_them():
     """Under release noise ERO releases its estimate and the pair items (its second
-    moments, which are also M: `common.moments`) with or without the correction, each
+    moments, which are also M: `common.stats.moments`) with or without the correction, each
     with its own noise (`ReleasePolicy.moment_sigmas`): the group items' noise is the same
     whether the correction is asked for or not, the pair items' is larger by
     sqrt(4·share ratio), and the identifiability threshold follows the noise

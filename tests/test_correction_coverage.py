@@ -1,4 +1,4 @@
-"""Coverage of the attenuation correction's bootstrap intervals (`common.correction`) on
+"""Coverage of the attenuation correction's bootstrap intervals (`common.stats.correction`) on
 realistic synthetic members, in plaintext.
 
 Data: ``ppre synth --mode calibrated`` (`ppre.synth.SynthConfig(mode="calibrated")`):
@@ -14,14 +14,14 @@ probability e^ε/(e^ε+k−1), not its 0/1 entry), so they would test the prepar
 effect (`bench/bench_correction.py` measures that), not the correction's intervals.
 
 The bootstrap is the protocol's (`tester_service.protocol.TesterSession._aggregate`):
-the rows in a canonical order (by probability vector), `common.bootstrap.assign_buckets`
+the rows in a canonical order (by probability vector), `common.stats.bootstrap.assign_buckets`
 into `DEFAULT_BUCKETS` buckets, `resample_counts` for B replicates, each replicate's
 sums the count-weighted bucket sums (one (B+1 × buckets) @ (buckets × items) product,
 row 0 the full sample). The two estimators share every sum and differ only in the last
 step: the weighted estimate is ``Num_b / Den_b``; the corrected one is what both parties'
-finish computes, `common.correction.CorrectionPlan.values` (``M_b⁻¹·Num_b`` by
+finish computes, `common.stats.correction.CorrectionPlan.values` (``M_b⁻¹·Num_b`` by
 `correction.solve`, groups below `MIN_IDENTIFYING_SIZE` held at their weighted value and
-withheld). Intervals: `common.results.marginal_intervals(..., "percentile")`.
+withheld). Intervals: `common.stats.results.marginal_intervals(..., "percentile")`.
 
 The target is the true-race FPR of the same members (Σ f / Σ d over the members of race
 r, from the hidden truth). Over 50 seeds (a fresh population and a fresh bootstrap each)
@@ -37,10 +37,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from common import bootstrap as boot
-from common import correction
+from common.stats import bootstrap as boot
+from common.stats import correction
 from common.races import RACES
-from common.results import marginal_intervals
+from common.stats.results import marginal_intervals
 from ppre.synth import SynthConfig, synthesize
 from tester_service.demographics import bisg
 

@@ -325,10 +325,10 @@ def test_sealed_rows_round_trip_and_tampering_is_detected():
 
 @pytest.mark.parametrize("spec", ["inline", "processes:1", "processes:2"])
 def test_run_chunks_keeps_order_and_stops_at_a_failing_checkpoint(spec):
-    """common.parallel: results in order, inline and on a pool; a checkpoint that
+    """common.execution.parallel: results in order, inline and on a pool; a checkpoint that
     raises (a cancelled session) ends the call after the chunk it follows; `stream`
     yields in order too, and a failing chunk's error reaches the caller."""
-    from common.executors import executor_from_spec
+    from common.execution.executors import executor_from_spec
     executor = executor_from_spec(spec)
     try:
         tasks = [(3, e) for e in range(12)]
@@ -352,7 +352,7 @@ def test_run_chunks_keeps_order_and_stops_at_a_failing_checkpoint(spec):
 
 @pytest.mark.parametrize("spec", ["processes:0", "process", "dask:/x", "threads"])
 def test_an_unknown_executor_is_refused_naming_the_flag(spec):
-    from common.executors import executor_from_spec
+    from common.execution.executors import executor_from_spec
     with pytest.raises(InputError, match="--executor"):
         executor_from_spec(spec)
 

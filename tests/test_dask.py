@@ -1,4 +1,4 @@
-"""`--executor dask://HOST:PORT` (common/dask_executor.py) on real Dask clusters started here.
+"""`--executor dask://HOST:PORT` (common/execution/dask_executor.py) on real Dask clusters started here.
 
 * an ERO audit through both services (`ppre.local.local_services`) with their per-row work
   on a two-process Dask cluster gives the same estimates and intervals as the same audit
@@ -34,11 +34,11 @@ import pytest
 import yaml
 
 from client_service.datasets import DatasetRegistry
-from common import parallel
-from common.dask_executor import DaskExecutor, parse_address
-from common.executors import executor_from_spec
+from common.execution import parallel
+from common.execution.dask_executor import DaskExecutor, parse_address
+from common.execution.executors import executor_from_spec
 from common.errors import InputError, ShuttingDownError
-from common.results import AuditReport
+from common.stats.results import AuditReport
 from ppre.local import local_services
 from proto import ppre_pb2 as pb
 from tester_service.inputs import read_probability_table
@@ -62,7 +62,7 @@ def _keep_this_process_dumpable(monkeypatch):
     """The executor's worker check turns core dumps off where the worker runs, which for
     the in-process clusters below is the test process itself: not here (the process-based
     cluster checks it on its workers)."""
-    monkeypatch.setattr("common.memory.protect_process", lambda: None)
+    monkeypatch.setattr("common.execution.memory.protect_process", lambda: None)
 
 
 def _in_process_cluster(**memory) -> distributed.LocalCluster:
@@ -189,7 +189,7 @@ def test_a_cluster_whose_workers_can_spill_is_refused(memory):
 
 
 def test_a_spilling_worker_that_joins_later_gets_no_task(monkeypatch):
-    monkeypatch.setattr("common.dask_executor.REFRESH_S", 0.0)
+    monkeypatch.setattr("common.execution.dask_executor.REFRESH_S", 0.0)
     cluster = _in_process_cluster(**{"target": False, "spill": False})
     executor = DaskExecutor(cluster.scheduler_address)
     try:
@@ -306,9 +306,9 @@ def test_a_task_stranded_on_gone_workers_is_submitted_again(monkeypatch):
     """A task may run only on the workers checked when it was submitted; when none of them
     is left (a restarted worker comes back under a new address), `result()` submits it
     again to the checked workers instead of waiting forever."""
-    from common.dask_executor import _DaskFuture, _Task
+    from common.execution.dask_executor import _DaskFuture, _Task
 
-    monkeypatch.setattr("common.dask_executor.POLL_S", 0.2)
+    monkeypatch.setattr("common.execution.dask_executor.POLL_S", 0.2)
     cluster = _in_process_cluster(target=False, spill=False)
     executor = DaskExecutor(cluster.scheduler_address)
     try:

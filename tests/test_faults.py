@@ -586,7 +586,7 @@ def _request(dataset: str, bootstrap: int = TINY_BOOTSTRAP, seed: int = 1, **kw)
 
 
 def _proto_estimates(event) -> list:
-    from common.results import AuditReport
+    from common.stats.results import AuditReport
     return [(g.group, g.estimate is not None, g.estimate, g.ci_low, g.ci_high)
             for g in AuditReport.from_proto(event.result).groups]
 

@@ -29,7 +29,7 @@ import pytest
 from client_service.datasets import DatasetRegistry
 from common import channels, tls
 from common.errors import InputError
-from common.results import AuditReport
+from common.stats.results import AuditReport
 from common.tls import TlsIdentity
 from ppre.cli import main as ppre_main
 from ppre.local import local_services

@@ -63,7 +63,7 @@ def test_cli_flags_with_bad_values_are_named(capsys, monkeypatch):
     assert ppre_main(["audit", "--local", "--metric", "ero", "--client-data", "x.csv"]) == 2
     assert "--tester-probabilities" in capsys.readouterr().err
     monkeypatch.setenv("PPRE_WORKERS", "many")
-    from common import parallel
+    from common.execution import parallel
     with pytest.raises(InputError, match="PPRE_WORKERS"):
         parallel.worker_count()
 

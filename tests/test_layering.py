@@ -11,6 +11,12 @@ name their module in the text (`_dynamic_import`). The graph must have
   Tester's demographics importing only `common` and themselves;
 * `common.crypto` (the hazmat fence: Paillier, the curve, AEAD, masking, fixed-point
   encoding) importing nothing of ours but `common.errors` and itself;
+* `common.execution` (the executors and the process hardening) importing nothing of ours
+  but `common.errors` and itself: an executor runs whatever task it is handed;
+* `common.stats` (bootstrap, correction, second moments, results) importing nothing of ours
+  but `common.errors`, itself, the t quantile of `common.metrics.scoring` and the generated
+  `proto.ppre_pb2` envelope: no protocol message layer, session, network, executor,
+  cryptography or party;
 * no Tester-only module in `common/` (BISG, census names, clipping, randomized response
   live in `tester_service/demographics/`).
 
@@ -35,7 +41,9 @@ FORBIDDEN = (
 )
 #: packages whose imports are confined: {package: the project packages it may import}
 CONFINED = {"tester_service.demographics": ("common", "tester_service.demographics"),
-            "common.crypto": ("common.errors", "common.crypto")}
+            "common.crypto": ("common.errors", "common.crypto"),
+            "common.execution": ("common.errors", "common.execution"),
+            "common.stats": ("common.errors", "common.stats", "common.metrics.scoring", "proto.ppre_pb2")}
 #: module names that only the Tester runs: they may not sit in common/
 TESTER_ONLY = ("bisg", "census_names", "clipping", "randomized_response")
 
@@ -185,6 +193,9 @@ def test_the_graph_sees_the_imports_the_code_makes(graph):
     assert "common.metrics.ero" in graph["common.metrics"]  # importlib.import_module(f"common.metrics.{m}")
     assert "common.crypto.encoding" in graph["common.crypto.paillier"]  # imported inside a method
     assert "common.errors" in graph["common.crypto.paillier"]
+    assert "common.execution.memory" in graph["common.execution.parallel"]  # inside a function
+    assert "common.metrics.scoring" in graph["common.stats.results"]  # inside a function
+    assert "common.stats.correction" in graph["common.stats.moments"]
     assert len(graph) > 60
 
 
@@ -223,10 +234,10 @@ def test_breaches_are_found():
 
 def test_the_crypto_fence_admits_only_errors_and_itself():
     graph = {"common.crypto.paillier": {"common.errors", "common.crypto.encoding"},
-             "common.crypto.masking": {"common.parallel"},
+             "common.crypto.masking": {"common.execution.parallel"},
              "common.crypto.symmetric": {"common.metrics.base", "common.crypto.commutative"},
-             "common.crypto": set(), "common.parallel": {"common.crypto.paillier"}}
-    assert breaches(graph) == ["common.crypto.masking -> common.parallel",
+             "common.crypto": set(), "common.metrics.base": {"common.crypto.paillier"}}
+    assert breaches(graph) == ["common.crypto.masking -> common.execution.parallel",
                                "common.crypto.symmetric -> common.metrics.base"]
 
 
@@ -235,9 +246,9 @@ def test_a_crypto_import_of_the_executor_in_a_copy_of_the_tree_is_found(tmp_path
         shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     masking = tmp_path / "common" / "crypto" / "masking.py"
     masking.write_text(masking.read_text(encoding="utf-8")
-                       + "\n\ndef _late():\n    from common import parallel  # noqa\n    return parallel\n",
+                       + "\n\ndef _late():\n    from common.execution import parallel  # noqa\n    return parallel\n",
                        encoding="utf-8")
-    assert "common.crypto.masking -> common.parallel" in breaches(import_graph(tmp_path))
+    assert "common.crypto.masking -> common.execution.parallel" in breaches(import_graph(tmp_path))
 
 
 def test_a_function_local_import_cycle_in_a_copy_of_the_tree_is_found(tmp_path):
@@ -251,3 +262,47 @@ def test_a_function_local_import_cycle_in_a_copy_of_the_tree_is_found(tmp_path):
     graph = import_graph(tmp_path)
     assert "common.tables" in graph["common.errors"]
     assert any({"common.errors", "common.tables"} <= set(c) for c in cycles(graph))
+
+
+def test_the_executors_admit_only_errors_and_themselves():
+    graph = {"common.execution.executors": {"common.execution.dask_executor", "common.errors"},
+             "common.execution.parallel": {"common.crypto.paillier", "common.execution.memory"},
+             "common.execution.dask_executor": {"common.metrics.base"},
+             "common.execution": set(), "tester_service.server": {"common.execution.parallel"}}
+    assert breaches(graph) == ["common.execution.dask_executor -> common.metrics.base",
+                               "common.execution.parallel -> common.crypto.paillier"]
+
+
+def test_the_statistics_import_no_protocol_executor_crypto_or_party():
+    allowed = {"common.errors", "common.stats.correction", "common.metrics.scoring", "proto.ppre_pb2"}
+    graph = {"common.stats.results": set(allowed),
+             "common.stats.moments": {"common.stats.correction", "common.wire"},
+             "common.stats.correction": {"common.validation", "common.session"},
+             "common.stats.bootstrap": {"common.execution.parallel", "common.crypto.paillier"},
+             "common.stats": {"tester_service.protocol", "common.metrics.base", "proto.ppre_pb2_grpc"},
+             "common.metrics.base": {"common.stats.correction"}}
+    assert breaches(graph) == ["common.stats -> common.metrics.base",
+                               "common.stats -> proto.ppre_pb2_grpc",
+                               "common.stats -> tester_service.protocol",
+                               "common.stats.bootstrap -> common.crypto.paillier",
+                               "common.stats.bootstrap -> common.execution.parallel",
+                               "common.stats.correction -> common.session",
+                               "common.stats.correction -> common.validation",
+                               "common.stats.moments -> common.wire"]
+
+
+def _copy_of_the_tree(tmp_path: Path) -> Path:
+    for pkg in PACKAGES:
+        shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return tmp_path
+
+
+def test_a_protocol_import_in_the_statistics_and_a_reader_import_in_an_executor_are_found(tmp_path):
+    root = _copy_of_the_tree(tmp_path)
+    late = "\n\ndef _late():\n    from common import {0}  # noqa\n    return {0}\n"
+    for path, name in ((root / "common" / "stats" / "results.py", "wire"),
+                       (root / "common" / "execution" / "memory.py", "errors"),
+                       (root / "common" / "execution" / "parallel.py", "tables")):
+        path.write_text(path.read_text(encoding="utf-8") + late.format(name), encoding="utf-8")
+    found = breaches(import_graph(root))
+    assert found == ["common.execution.parallel -> common.tables", "common.stats.results -> common.wire"]

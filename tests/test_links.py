@@ -22,7 +22,7 @@ from client_service.server import ClientConfig
 from client_service.server import serve as serve_client
 from common import channels
 from common.metrics.base import Component
-from common.results import AuditReport
+from common.stats.results import AuditReport
 from common.metrics.ero import METRIC as ERO
 from common.channels import LinkSettings
 from common.errors import InputError, PeerAborted, ProtocolError

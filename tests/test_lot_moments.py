@@ -1,5 +1,5 @@
 """LOT's intervals under release noise from released second moments (`common.metrics.lot`,
-"Interval under release noise"; `common.moments`): per rank pair, the cells' second
+"Interval under release noise"; `common.stats.moments`): per rank pair, the cells' second
 moments on the products of their weights and the Test-Client's spread of the gaps; the
 pooled cells as sums of their rank pairs' cells.
 
@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common import moments
+from common.stats import moments
 from common.metrics.base import Layout, sensitivity_rows
 from common.metrics.lot import METRIC as LOT, PAIR_WEIGHT_SCALE, SPREAD_INFO, gap_spreads
 

@@ -31,7 +31,7 @@ import pandas as pd
 import pytest
 
 from client_service.datasets import DatasetRegistry
-from common.results import AuditReport
+from common.stats.results import AuditReport
 from ppre.local import local_services
 from proto import ppre_pb2 as pb
 from tester_service.server import run_audit

@@ -22,7 +22,7 @@ from sklearn.metrics import ndcg_score, roc_auc_score
 
 from client_service.datasets import DatasetRegistry
 from common.races import RACES
-from common.results import AuditReport
+from common.stats.results import AuditReport
 from ppre.local import local_services
 from proto import ppre_pb2 as pb
 from tester_service.server import run_audit

@@ -1,6 +1,6 @@
-"""Intervals under release noise from released second moments (`common.moments`), the
+"""Intervals under release noise from released second moments (`common.stats.moments`), the
 range-constrained corrected solve and the noise-following identifiability threshold
-(`common.correction`), and the privacy accounting of the release (`ReleasePolicy.moment_sigmas`).
+(`common.stats.correction`), and the privacy accounting of the release (`ReleasePolicy.moment_sigmas`).
 
 The coverage, widths and null flag rate of these intervals are measured on 400+ datasets
 in `bench/bench_intervals.py` (bench/RESULTS.md); here: their algebra, and the protocol
@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from common import correction, moments
+from common.stats import correction, moments
 from common.crypto import encoding
 from common.errors import ProtocolError
 from common.metrics.base import SECOND_MOMENTS, Layout

@@ -1,8 +1,7 @@
 """Properties of the controls that a mutation tool's survivors showed the suite did not pin
 (bench/RESULTS.md, "Mutation audit of the release controls"): the audit log's chain and
 head, the TLS allow-lists and certificate checks, the peer-message validators and the
-verdict. Each test fails on the mutant it is named after in the note and passes on the
-code."""
+verdict. Each test fails on the mutants the note lists for it and passes on the code."""
 from __future__ import annotations
 
 import dataclasses
@@ -279,7 +278,7 @@ def test_an_empty_chunk_of_masked_plaintexts_that_is_not_the_last_is_refused():
 
 # ---------------------------------------------------------------- the verdict
 def test_a_group_is_informative_when_its_half_width_is_at_most_half_tau():
-    from common.results import INFORMATIVE_SHARE, is_informative
+    from common.stats.results import INFORMATIVE_SHARE, is_informative
     tau = 0.05
     edge = INFORMATIVE_SHARE * tau
     assert is_informative(0.1, 0.1 + 2 * edge, tau)
@@ -292,7 +291,7 @@ def test_only_informative_groups_of_an_unbounded_metric_take_part_in_the_verdict
     """Without bounds, `_eligible` follows the group's informative flag and half-width:
     a wide (uninformative) group never takes part, a narrow one does, and a group
     missing its estimate or either end of its interval never does."""
-    from common.results import GroupResult, _eligible
+    from common.stats.results import GroupResult, _eligible
     tau = 0.05
     narrow = GroupResult("a", 0.3, 0.29, 0.31, informative=True)
     wide = GroupResult("b", 0.3, 0.1, 0.5, informative=False)
@@ -330,7 +329,7 @@ def test_a_bounded_groups_half_width_is_judged_at_the_overalls_spread(bounds):
     written out independently, for groups and overalls on both sides of the threshold
     (and without an overall, or without bounds, no rescaling)."""
     import numpy as np
-    from common.results import GroupResult, _eligible
+    from common.stats.results import GroupResult, _eligible
     tau = 0.05
     lo, hi = bounds if bounds is not None else (0.0, 1.0)
     rng = np.random.default_rng(44)
@@ -480,7 +479,7 @@ def test_a_comparison_with_an_uninformative_group_counts_only_when_its_band_clea
     """Without release noise (`strict_significance`), a comparison involving a group left
     out as not informative is significant only when its whole band lies beyond tau; a
     gap whose band excludes 0 but not tau does not count (its interval may under-cover)."""
-    from common.results import verdict_from
+    from common.stats.results import verdict_from
     tau, sure = 0.05, [0.002]
     v = verdict_from(rule, ["a - b"], _family([below_tau], sure), 0.95, "percentile", tau)
     assert v.significant and v.severity == "low"  # a full member of the family: counts
@@ -512,7 +511,7 @@ def test_no_green_none_when_a_judged_difference_has_no_band():
     few defined replicates) beside a comparison with a group left out as not informative
     leaves the audit inconclusive."""
     import numpy as np
-    from common.results import verdict_from
+    from common.stats.results import verdict_from
     values = _family([0.0, 0.005], [0.004, 0.004])
     values[1:, 0] = np.nan  # no defined replicate: no band
     v = verdict_from("range", ["no band", "with an uninformative group"], values, 0.95, "percentile", 0.05,
@@ -550,7 +549,7 @@ def test_the_severity_comes_from_the_informative_groups_significant_comparison_f
     """Among significant comparisons, those between informative groups are picked first
     and give the severity; a larger gap that is not significant never does; only
     without such a comparison does one with an uninformative group (clearing tau) count."""
-    from common.results import verdict_from
+    from common.stats.results import verdict_from
     tau, sd = 0.05, 0.002
     labels = ["informative, low", "uninformative, beyond tau", "informative, not significant"]
     values = _family([0.03, 0.12, 0.2], [sd, sd, 0.3])
@@ -560,3 +559,40 @@ def test_the_severity_comes_from_the_informative_groups_significant_comparison_f
     values = _family([0.005, 0.12], [0.004, sd])
     v = verdict_from("range", [labels[2], labels[1]], values, 0.95, "percentile", tau, strict=[False, True])
     assert v.compared["label"] == labels[1] and v.severity == "high", v
+
+
+def test_an_aggregates_table_shorter_than_announced_is_refused_by_the_test_client():
+    """The Tester's aggregates one row short of the AggregatesHeader's (B + 1) x items +
+    zero tests, its last chunk and its end consistent with each other: the Test-Client
+    refuses it at the table's end."""
+    from client_service.protocol import ClientSession
+    from common.errors import ProtocolError
+    from proto import ppre_pb2 as pb
+    from tester_service.protocol import AuditSpec, TesterSession
+    from tester_service.release import ReleasePolicy
+    from tests.helpers import TEST_BITS, make_inputs
+    tester_df, client_df = make_inputs(60, 60, 60, seed=47)
+    client_df = client_df.assign(member_id=client_df["member_id"].astype(str))
+    spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=3, seed=1)
+    tester = TesterSession(spec, tester_df, min_modulus_bits=TEST_BITS, release=ReleasePolicy.off())
+    client = ClientSession(lambda name, metric: client_df.copy(), modulus_bits=TEST_BITS, allow_insecure=True)
+
+    def one_row_short(messages):
+        chunks = [m for m in messages if m.WhichOneof("body") == "chunk" and m.chunk.table == pb.AGGREGATES]
+        for m in messages:
+            if chunks and m is chunks[-1]:
+                width = len(m.chunk.ciphertexts) // m.chunk.rows
+                m.chunk.ciphertexts = m.chunk.ciphertexts[:-width]
+                m.chunk.rows -= 1
+            elif m.WhichOneof("body") == "table_end" and m.table_end.table == pb.AGGREGATES:
+                m.table_end.rows -= 1
+        return messages
+    try:
+        pending = list(tester.start())
+        with pytest.raises(ProtocolError, match="announced"):
+            while pending:
+                replies = [r for msg in one_row_short(list(pending)) for r in client.receive(msg)]
+                pending = [out for r in replies for out in tester.receive(r)]
+    finally:
+        tester.close()
+        client.close()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from client_service.protocol import ClientSession
-from common import bootstrap as boot
+from common.stats import bootstrap as boot
 from common.crypto import commutative, encoding, paillier
 from tester_service import aggregation
 from common.errors import ProtocolError

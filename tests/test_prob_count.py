@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from common.metrics.prob_count import METRIC, poisson_tail
-from common.results import AuditReport
+from common.stats.results import AuditReport
 
 GROUPS = ["white", "black", "api", "aian", "multiple", "hispanic"]
 AIAN = GROUPS.index("aian")

@@ -1,5 +1,5 @@
 """Every entry point that holds member data runs protected: no core dump, not dumpable
-(`common.memory.protect_process`; design §7). Each test runs the entry point as a fresh
+(`common.execution.memory.protect_process`; design §7). Each test runs the entry point as a fresh
 process on small inputs and reads its state from inside it (tests/protection.py) at each
 open of an input file and at exit; without the `protect_process` call the process stays
 dumpable and the test fails."""

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from common.metrics import METRICS
-from common import results
+from common.stats import results
 from ppre.synth import METRIC_DATASETS
 
 README = Path(__file__).resolve().parent.parent / "README.md"

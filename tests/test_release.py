@@ -211,7 +211,7 @@ def test_every_aggregate_the_test_client_decrypts_carries_noise():
     assert len({tuple(np.round(r, 12)) for r in diffs}) == len(diffs)
     # the size: σ₀·(1 + FPR²)^½ / Den, Den ≈ half of each group's 2500·share members
     # ERO's interval: parametric draws from the released aggregates and second moments
-    # (common.moments), B of them, with the estimate's share 1 − MOMENT_SHARE − THRESHOLD_SHARE
+    # (common.stats.moments), B of them, with the estimate's share 1 − MOMENT_SHARE − THRESHOLD_SHARE
     assert noisy.interval == "percentile" and noisy.bootstrap == SPEC.bootstrap
     assert noisy.release["interval_from"].startswith("second moments")
     assert noisy.release["rho"] == 1.0 and noisy.release["sigma_estimate"] == pytest.approx(
@@ -241,7 +241,7 @@ def test_the_noise_is_inside_the_encryption_the_test_client_never_sees_exact_sum
     finally:
         ClientSession._finish = original
     header = next(m.aggregates_header for m in seen if m.WhichOneof("body") == "aggregates_header")
-    # one row of aggregates: the estimate and the second moments (common.moments), no groups
+    # one row of aggregates: the estimate and the second moments (common.stats.moments), no groups
     assert header.interval == "parametric" and header.plain_rows == 1 and header.zero_tests == 0
     assert len(captured["aggregates"]) == header.items
     key = captured["key"]
@@ -262,7 +262,7 @@ def test_the_noise_is_inside_the_encryption_the_test_client_never_sees_exact_sum
         assert abs(got_den - den) <= 8 * sd[j * header.item_slots + 1] + 1
     # the second moments Σ w_ab·f and Σ w_ab·d on the pair weights, after the groups and
     # overall: noised too, with their own (larger) sd
-    from common.correction import pair_weights
+    from common.stats.correction import pair_weights
     pw = pair_weights(encoding.quantize_probabilities(merged[list(RACES)].to_numpy()))
     first = len(RACES) + 1
     for p, w in enumerate(pw):

@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 from common.errors import InputError
-from common.results import SEVERITIES, AuditReport
+from common.stats.results import SEVERITIES, AuditReport
 from ppre import report as rp
 
 DATA = Path(__file__).resolve().parent / "data" / "reports"

@@ -12,7 +12,7 @@ import pytest
 from client_service.datasets import DatasetRegistry
 from client_service.results import ResultNotKept, ResultStore
 from common.errors import InputError
-from common.results import AuditReport, receipt
+from common.stats.results import AuditReport, receipt
 from ppre.cli import main as ppre_main
 from ppre.local import local_services
 from proto import ppre_pb2 as pb

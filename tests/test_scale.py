@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 
 def test_ero_at_one_million_members_completes_under_the_default_controls(tmp_path):
-    from common.parallel import ProcessExecutor, worker_count
+    from common.execution.parallel import ProcessExecutor, worker_count
     from ppre import audit_local
     from ppre.synth import SynthConfig, synthesize
     data = synthesize(SynthConfig(members=1_000_000, seed=2))

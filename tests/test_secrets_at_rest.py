@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from client_service import protocol as client_protocol
 from client_service.datasets import DatasetRegistry
-from common import parallel
+from common.execution import parallel
 from common.crypto import commutative, paillier, symmetric
 from common.errors import PPREError
 from common.crypto.masking import AdditiveMask, RatioMask
@@ -301,7 +301,7 @@ def _walk(obj):
             yield from _walk(item)
 
 
-#: which narrow task may carry which secret to a worker (common.parallel): the task made
+#: which narrow task may carry which secret to a worker (common.execution.parallel): the task made
 #: for that one operation, never another, never a key object
 TASK_SECRETS = {"p": (paillier.ModPDecryption, paillier.OwnerEncryption), "q": (paillier.OwnerEncryption,),
                 "x25519": (commutative.ScalarMultiplication,), "salt": (commutative.HashToCurve,), "aes": ()}

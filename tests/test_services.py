@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from client_service.datasets import DatasetRegistry
-from common.results import AuditReport
+from common.stats.results import AuditReport
 from common import channels
 from common.crypto import commutative, paillier
 from common.races import RACES

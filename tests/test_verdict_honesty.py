@@ -1,4 +1,4 @@
-"""Verdicts that know what they can see (`common.results`): ranges, informative flags,
+"""Verdicts that know what they can see (`common.stats.results`): ranges, informative flags,
 the minimum detectable difference, "inconclusive", tables whose columns never run
 together, and the bootstrap's null flag rate on `ppre synth`-like data
 (`bench/bench_null.py`)."""
@@ -14,7 +14,7 @@ import pytest
 from common.metrics.base import Layout
 from common.metrics.ero import METRIC as ERO
 from common.races import RACES
-from common.results import (MIN_EFFECTIVE_SIZE, MIN_KISH_SIZE, AuditReport, SEVERITIES, finish, kish_sizes,
+from common.stats.results import (MIN_EFFECTIVE_SIZE, MIN_KISH_SIZE, AuditReport, SEVERITIES, finish, kish_sizes,
                             null_scaled, small_for_verdict)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,7 +196,7 @@ def test_a_size_decided_below_the_minimum_is_never_shown_at_it(monkeypatch):
 def test_random_group_bands_count_a_gap_and_its_reverse_as_one_test():
     """POT's family holds DTI a/b and b/a; Bonferroni over both would halve alpha for
     the same two-sided test (and a gap with an unrelated third column is two tests)."""
-    from common.results import distinct_tests, simultaneous_bands
+    from common.stats.results import distinct_tests, simultaneous_bands
     rng = np.random.default_rng(5)
     gap = rng.normal(0.0, 0.01, size=11)
     other = rng.normal(0.0, 0.01, size=11)

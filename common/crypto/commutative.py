@@ -88,7 +88,7 @@ def hash_ids(salt: bytes, member_ids: list[str]) -> bytes:
 
 class HashToCurve:
     """RO(id) over a chunk of ids, as a task an executor can send to a worker process
-    (`common.parallel`): carries the session salt and nothing else. Deliberately
+    (`common.execution.parallel`): carries the session salt and nothing else. Deliberately
     picklable (built for workers); prints no secret."""
 
     __slots__ = ("_salt",)

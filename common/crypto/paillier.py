@@ -29,7 +29,7 @@ and no protocol policy (that is each party's `protocol` module).
   chunk runs, as it did before (h_p, a function of q mod p, adds nothing to p). What
   protects it there is that the pool runs only our own code, fed over a pipe, in
   processes that never dump core and that drop each task when its chunk is done
-  (`common.parallel`). The signed decoding runs in the same task, so the protocol
+  (`common.execution.parallel`). The signed decoding runs in the same task, so the protocol
   never handles p even for the thirds rule.
 
 Key objects (`PrivateKey`, `ModPDecryption`) print as `<2048-bit, secret>` and hold
@@ -125,7 +125,7 @@ class PrivateKey:
 
 
 class ModPDecryption:
-    """Paillier decryption modulo p as a task for an executor (`common.parallel`): carries p and
+    """Paillier decryption modulo p as a task for an executor (`common.execution.parallel`): carries p and
     h_p only (module docstring: this narrows what travels, p still factors n).
 
     Deliberately picklable (it is built for workers), but prints no secret."""

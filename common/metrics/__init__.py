@@ -28,5 +28,5 @@ def get_metric(name: str) -> Metric:
 
 
 def correcting_metrics() -> list[str]:
-    """The metrics with an attenuation correction (`common.correction`)."""
+    """The metrics with an attenuation correction (`common.stats.correction`)."""
     return [name for name, metric in METRICS.items() if metric.corrects]

@@ -18,7 +18,7 @@ them). A metric module subclasses `Metric` and declares:
 * the Tester's side: `weight_bits` and `weights` (one column per weight kind);
 * its cells (`plan`): which weight column, stratum, ciphertext and slots make each
   (Num, Den) cell, labelled as a group, a group pair or a curve point;
-* its verdict rule (`verdict_rule`, see `common.results`) and whether it needs HE.
+* its verdict rule (`verdict_rule`, see `common.stats.results`) and whether it needs HE.
 
 Nothing here does I/O or cryptography; the sessions (`tester_service.protocol`,
 `client_service.protocol`) run every metric through the same machinery.
@@ -38,7 +38,7 @@ from common.errors import EncodingOverflowError, InputError
 #: the fixed-point scale of one probability (design §4.2): q_ij = round(2^32 p_ij), rows sum to 2^32
 PROBABILITY_BITS = 32
 #: the key in a metric's parsed parameters that says this audit's release gives its
-#: interval from second moments (`common.moments`): set by the Tester for a noisy
+#: interval from second moments (`common.stats.moments`): set by the Tester for a noisy
 #: release of a metric with `Metric.moment_squares`, and by the Test-Client from the
 #: Hello (`Hello.second_moments`); never a user's parameter
 SECOND_MOMENTS = "second_moments"
@@ -407,7 +407,7 @@ class Metric:
     strata_cells = False
     #: "percentile" (bootstrap) or "random_groups" (t interval over random groups)
     interval = "percentile"
-    #: see common.results: "range", "below_overall", "negative_cells", "nonzero_pairs", "inclusion"
+    #: see common.stats.results: "range", "below_overall", "negative_cells", "nonzero_pairs", "inclusion"
     verdict_rule = "range"
     #: whether the squares round trip is needed (MQOS-AUC exact)
     needs_squares = False
@@ -416,10 +416,10 @@ class Metric:
     #: random groups G (resampling "random_groups")
     random_groups = 0
     #: per-group ratio cells on weight column j for group j, so that the attenuation
-    #: correction (`common.correction`) applies: M's items join the plan
+    #: correction (`common.stats.correction`) applies: M's items join the plan
     corrects = False
     #: under release noise the interval comes from released second moments
-    #: (`common.moments`) instead of random groups: for per-group ratio cells (f, d) whose
+    #: (`common.stats.moments`) instead of random groups: for per-group ratio cells (f, d) whose
     #: pair items' sums are the second moments, either because the components are 0/1
     #: with f ≤ d (f² = f, f·d = f, d² = d: ERO), or because d = 1 and the rows carry f²
     #: as one more component (`moment_squares`: the output metric)
@@ -429,7 +429,7 @@ class Metric:
     #: and at the second moments' noise only (`tester_service.release`)
     moment_squares = False
     #: the range every per-group value lies in (rates: (0, 1)), a constraint of the
-    #: corrected estimator's solve (`common.correction.bounded_solve`); None: unbounded
+    #: corrected estimator's solve (`common.stats.correction.bounded_solve`); None: unbounded
     estimate_range: tuple[float, float] | None = None
 
     def for_option(self, option: str) -> "Metric":
@@ -493,7 +493,7 @@ class Metric:
 
     def moment_shape(self, option: str, params: dict[str, Any], info: dict[str, Any],
                      layout: Layout) -> dict[str, Any]:
-        """`common.correction.extend`'s keywords for this metric's pair items: the
+        """`common.stats.correction.extend`'s keywords for this metric's pair items: the
         denominator component's fixed-point scale (`unit`), the width of the values'
         range (`span`, for the noise threshold) and, with `moment_components`, where the
         rows' f² sits (`square`: ciphertext, slot)."""
@@ -510,17 +510,17 @@ class Metric:
     def moment_plan(self, plan: Plan, groups: Sequence[str], option: str, params: dict[str, Any],
                     info: dict[str, Any], layout: Layout):
         """`plan` with the second moments' items appended, and where they are (a
-        `common.correction.CorrectionPlan`; both parties derive it). Default: one item per
-        pair of groups a ≤ b on the pair weights q_a·q_b (`common.correction.extend`),
+        `common.stats.correction.CorrectionPlan`; both parties derive it). Default: one item per
+        pair of groups a ≤ b on the pair weights q_a·q_b (`common.stats.correction.extend`),
         which are also the correction's M."""
-        from common import correction
+        from common.stats import correction
         return correction.extend(plan, groups, **self.moment_shape(option, params, info, layout))
 
     def moment_weights(self, q: Sequence[np.ndarray], groups: Sequence[str], option: str,
                        params: dict[str, Any]) -> list[WeightColumn]:
         """The weight columns of `moment_plan`'s items, after `weights`' columns (the
         Tester's): by default ``round(q_a·q_b / 2^32)`` per pair a ≤ b."""
-        from common import correction
+        from common.stats import correction
         return correction.pair_weights(q[0])
 
     def moment_components(self, option: str, params: dict[str, Any]) -> int:
@@ -532,7 +532,7 @@ class Metric:
     def value_range(self, option: str, params: dict[str, Any]) -> tuple[float, float] | None:
         """The range of one row's value, which every group's (or curve point's) estimate
         lies in, and a pair cell (a difference of two values) in [lo − hi, hi − lo]: for
-        post-processing noised values into it (`common.results`). None: none declared."""
+        post-processing noised values into it (`common.stats.results`). None: none declared."""
         return None
 
     # ------------------------------------------------------------- sizes

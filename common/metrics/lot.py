@@ -43,7 +43,7 @@ so a member with n_is rows in rank pair s moves them by an L2 norm of at most
 Tester's count sqrt(max_i Σ_s n_is²) (√2 for a member at ranks 2-9 of one query,
 not 2 as its row count would give).
 
-**Interval under release noise** (`common.moments`, design §8.4). Released: the cells'
+**Interval under release noise** (`common.stats.moments`, design §8.4). Released: the cells'
 sums per rank pair (as above) and, per rank pair s, the second moments of its cells
 S_cc' = Σ_i w_ci·w_c'i over its rows (one item per pair of cells c ≤ c' on the weights
 w_c·w_c', at the cells' scale; above `FULL_MOMENTS_CELLS` cells the diagonal alone,
@@ -57,7 +57,7 @@ same L2 count over rank pairs as the cells). The delta method
 sends with its dataset facts (`info["gap_spread"]`, validated; the Tester learns these
 nine numbers of the Test-Client's table, design §9.1; the spread around the rank
 pair's mean rather than each cell's own only widens the interval). Each rank pair is
-one family of `common.moments` whose "groups" are its cells, drawn independently of the
+one family of `common.stats.moments` whose "groups" are its cells, drawn independently of the
 others; a pooled cell's draws are the sums of its rank pairs' draws, as its release is
 the sum of theirs. Rows of one query in neighbouring rank pairs share a member's
 relevance with opposite signs (ΔỸ_r and ΔỸ_(r+1) both hold Ỹ_(r+1)), so their
@@ -203,7 +203,7 @@ class Lot(Metric):
         pairs), with items on the products w_c·w_c' of the cells' weights (every pair
         c ≤ c' up to `FULL_MOMENTS_CELLS` cells, else the diagonal alone); the pooled cells
         are sums of their rank pairs' cells."""
-        from common.correction import CorrectionPlan, Family
+        from common.stats.correction import CorrectionPlan, Family
         comps = self.components(option, params, info)
         labels = [f"{groups[a]}>{groups[b]}" for a, b in self._pairs(groups, params)]
         k = len(labels)
@@ -242,7 +242,7 @@ class Lot(Metric):
     def _moment_pairs(k: int) -> list[tuple[int, int]]:
         """The pairs of a rank pair's k cells whose second moments are released: every
         c ≤ c' up to `FULL_MOMENTS_CELLS` cells, else the diagonal alone."""
-        from common.correction import pairs
+        from common.stats.correction import pairs
         return pairs(k) if k <= FULL_MOMENTS_CELLS else [(j, j) for j in range(k)]
 
     @staticmethod

@@ -26,7 +26,7 @@ bounds K/2 and K (`Metric.slot_sensitivity`, times the Tester's row count m). So
 noise grows with K, not with the 2^20 queries a viewer could have; a K far above the
 queries viewers actually issue costs accuracy, one below them costs data (counted).
 
-**Interval under release noise** (`common.moments`, design §8.4). Released: the
+**Interval under release noise** (`common.stats.moments`, design §8.4). Released: the
 estimate's sums and the pair items' S^d_ab = Σ p_a·p_b·d (as for ERO); the delta method
 ``Var(Num_j − R_j·Den_j) = σ²·S^d_jj`` then needs one spread per query σ², which the
 Test-Client reads off its own rows: σ² = Σ (f − c·d)²/Σ d over all its viewers, c their

@@ -22,7 +22,7 @@ Centring halves the numerator's sensitivity against encoding the outcome itself,
 makes it independent of where the range lies (an outcome in [100, 101] costs what one
 in [0, 1] does).
 
-**Interval under release noise** (`common.moments`). With d = 1 the pair items of f
+**Interval under release noise** (`common.stats.moments`). With d = 1 the pair items of f
 and d give ``Σ p_a·p_b·f`` (= Σ p_a·p_b·f·d) and ``Σ p_a·p_b``; the third second moment,
 ``Σ p_a·p_b·f²``, needs f² itself, so under a noisy release (`SECOND_MOMENTS`) every
 row carries a third component f² = (outcome − c)² (bound ((HI − LO)/2)², 2^-24 fixed

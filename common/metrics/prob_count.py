@@ -76,7 +76,7 @@ class ProbabilisticCount(Metric):
                      confidence, tau, noise: Callable[[], np.ndarray] | None = None, min_size: float = 0.0,
                      threshold_noise: Callable[[], np.ndarray] | None = None,
                      suppressed: list[str] | None = None):
-        from common.results import AuditReport
+        from common.stats.results import AuditReport
         (p,) = probabilities
         t, level = params["count_threshold"], params["inclusion_level"]
         pools, totals = pool_cells(p, strata, strata_labels, groups, t, level, noise=noise, min_size=min_size,
@@ -106,7 +106,7 @@ def pool_cells(p: np.ndarray, strata: np.ndarray, strata_labels, groups, t: int,
     noise) is below `min_size` is withheld: its values are null and `included` is None,
     unknown (module docstring). A released noised expected count is shown clipped at 0
     (post-processing)."""
-    from common.results import PoolResult
+    from common.stats.results import PoolResult
     cells, total = [], np.zeros(len(groups))
     for s, label in enumerate(strata_labels):
         rows = p[strata == s]
@@ -132,7 +132,7 @@ def group_figures(p: np.ndarray, totals: np.ndarray, groups, t: int, *, noised: 
     noise the Poisson tail at the sum of the pools' noised expected counts. A group
     whose expected count over all pools is below `min_size` gets no figure (null, like a
     withheld cell): under noise a figure there would be noise shown as a finding."""
-    from common.results import GroupResult
+    from common.stats.results import GroupResult
     prob = np.array([poisson_tail(x, t) for x in totals]) if noised else count_summary(p, t)[0]
     return [GroupResult.from_values(g, prob[j] if totals[j] >= min_size else np.nan, np.nan, np.nan)
             for j, g in enumerate(groups)]
@@ -144,7 +144,7 @@ def inclusion_verdict(pools, group_results, t: int, level: float, tau: float, mi
     group's figure is withheld, the verdict is not a pass (`UNKNOWN_SEVERITY`: a withheld
     cell is unknown, neither included nor missing); "none" only when every cell and every
     group's figure is released and reaches the level."""
-    from common.results import Verdict
+    from common.stats.results import Verdict
     below = [f"{c.pool}/{c.group}" for c in pools if c.included is False]
     below += [f"all pools/{g.group}" for g in group_results if g.estimate is not None and g.estimate < level]
     unknown = [f"{c.pool}/{c.group}" for c in pools if c.included is None]

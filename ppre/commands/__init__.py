@@ -48,9 +48,9 @@ def add_executor_argument(s: argparse.ArgumentParser) -> None:
 
 
 def make_executor(args: argparse.Namespace):
-    """The service's executor (`common.executors`), started now: a local pool's workers
+    """The service's executor (`common.execution.executors`), started now: a local pool's workers
     are ready before the first audit, a Dask cluster is checked before anything listens."""
-    from common.executors import executor_from_spec
+    from common.execution.executors import executor_from_spec
     executor = executor_from_spec(args.executor)
     start = getattr(executor, "start", None)
     if start is not None:

@@ -16,10 +16,10 @@ import json
 import os
 import sys
 
-from common.bootstrap import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES
+from common.stats.bootstrap import DEFAULT_CONFIDENCE, DEFAULT_REPLICATES
 from common.errors import InputError, PPREError
 from common.metrics import METRICS
-from common.results import DEFAULT_TAU
+from common.stats.results import DEFAULT_TAU
 from ppre.commands import add_executor_argument, add_log_arguments, add_tls_arguments, tls_identity
 from ppre.commands.tester import (add_preparation_arguments, add_release_arguments, preparation_config,
                                   release_settings)
@@ -316,7 +316,7 @@ INSECURE_TRANSPORT = "insecure: plaintext gRPC, peers not authenticated"
 
 
 def print_event(event, *, as_json: bool, insecure: bool = False, report_dir: str | None = None) -> int:
-    from common.results import AuditReport
+    from common.stats.results import AuditReport
 
     if event.WhichOneof("event") == "error":
         if as_json:

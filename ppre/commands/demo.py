@@ -6,7 +6,7 @@ an injected false-positive disparity; both services start as real gRPC servers o
 loopback, over mutual TLS with a development CA made in memory for the run
 (`--insecure`: plaintext, with a warning); the Tester prepares BISG + privatised
 Self-ID + clipped probabilities inside the audit; an ERO audit runs (B = 1000, 95%
-CIs, 2048-bit Paillier) with the attenuation correction (`common.correction`), and
+CIs, 2048-bit Paillier) with the attenuation correction (`common.stats.correction`), and
 the weighted (the paper's) and corrected estimates are printed beside the FPR
 computed with the hidden true races.
 `--write-data DIR` writes the inputs docker-compose.yml mounts and exits.
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common.bootstrap import DEFAULT_REPLICATES
+from common.stats.bootstrap import DEFAULT_REPLICATES
 from ppre.commands import add_executor_argument
 
 #: the paper's production clipping threshold; the 90% rule is the service default
@@ -54,7 +54,7 @@ def write_inputs(data, tester_dir: Path, client_dir: Path) -> tuple[Path, Path, 
 
 def run(args: argparse.Namespace) -> int:
     from client_service.datasets import DatasetRegistry
-    from common.results import AuditReport
+    from common.stats.results import AuditReport
     from ppre.local import local_services
     from ppre.synth import SynthConfig, synthesize
     from proto import ppre_pb2 as pb

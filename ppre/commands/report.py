@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from common.results import AuditReport
+    from common.stats.results import AuditReport
     from ppre.commands.runs import get_run
     from ppre.report import write_report
 

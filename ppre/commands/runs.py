@@ -178,7 +178,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 @_errors_as_json
 def run_show(args: argparse.Namespace) -> int:
-    from common.results import AuditReport
+    from common.stats.results import AuditReport
 
     record = get_run(args)
     if args.json:

@@ -143,7 +143,7 @@ def _check_service_settings(report: Report, names_flag: str, names_role: str) ->
                lambda a: f"{names_role}s allowed: {', '.join(parse_names(getattr(args, dest)))}")
 
     def executor():
-        from common.executors import executor_from_spec
+        from common.execution.executors import executor_from_spec
         spec = args.executor
         if spec and spec.strip().startswith(("dask://", "tcp://", "tls://")):
             return f"{spec.strip()} (the scheduler is not contacted here)"

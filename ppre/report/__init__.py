@@ -13,7 +13,7 @@ directory, then a rename; the directory is created):
   the counts and the data's provenance.
 
 The page shows only what the result holds, and the result holds aggregates only (no
-member id, probability or test value: `common.results`). Every string from the result
+member id, probability or test value: `common.stats.results`). Every string from the result
 is escaped (`html.escape`) before it goes into the page, in the HTML and in the SVG.
 
 ``ppre audit ... --report DIR`` calls `write_report` after a successful audit;
@@ -52,7 +52,7 @@ from ppre.report.plots import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from common.results import AuditReport
+    from common.stats.results import AuditReport
 
 __all__ = [
     "AGGREGATES_ONLY", "BAND_COLOUR", "CORRECTED_COLOUR", "CSS", "GRID_COLOUR", "HTML_NAME", "JSON_NAME",
@@ -155,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run-id", help="the run id to show")
     args = parser.parse_args(argv)
     from common.errors import PPREError
-    from common.results import AuditReport
+    from common.stats.results import AuditReport
     try:
         text = Path(args.result).read_text(encoding="utf-8")
         report = AuditReport.from_json(text)

@@ -21,7 +21,7 @@ from ppre.report.model import (
 from ppre.report.plots import CORRECTED_COLOUR, OVERALL_COLOUR, WEIGHTED_COLOUR, curve_charts, forest_legend, forest_plot
 
 if TYPE_CHECKING:  # pragma: no cover
-    from common.results import AuditReport
+    from common.stats.results import AuditReport
 
 
 #: verdict banner (background, accent) per severity; the backgrounds appear nowhere else
@@ -565,7 +565,7 @@ def render_html(report: "AuditReport", *, run_id: str | None = None,
 
 def receipt_section(report: "AuditReport") -> str:
     """A receipt's one line: the result went to the Test-Client, and where to read it."""
-    from common.results import receipt_line
+    from common.stats.results import receipt_line
     return ('<section class="verdict" id="receipt" aria-labelledby="receipt-h">'
             '<h2 id="receipt-h">Result delivered to the Test-Client</h2>'
             f'<p class="explain">{_e(receipt_line(report))}</p></section>')

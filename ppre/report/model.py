@@ -5,17 +5,17 @@ description, the intervals and the verdict in words (design §3.6), why groups w
 out of the verdict, the forest plot's reference line, the release and correction
 summaries, the order of LOT's rank pairs, and the fixed texts (data provenance, the
 aggregates-only promise, the labels of the preparation counts). It imports only
-`common` (`common.results`, `common.metrics`): never `plots` nor `html`, which build on it.
+`common` (`common.stats.results`, `common.metrics`): never `plots` nor `html`, which build on it.
 """
 from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING, Any
 
-from common.results import left_out_words
+from common.stats.results import left_out_words
 
 if TYPE_CHECKING:  # pragma: no cover
-    from common.results import AuditReport
+    from common.stats.results import AuditReport
 
 
 #: where the race/ethnicity probabilities come from (design §2; `tester_service.demographics.bisg`)
@@ -212,7 +212,7 @@ def _verdict_words(report: "AuditReport") -> tuple[str, str]:
 
 
 def _left_out(report: "AuditReport") -> str:
-    """Why the verdict left groups out (`common.results.left_out_words`), by whether the
+    """Why the verdict left groups out (`common.stats.results.left_out_words`), by whether the
     result says release noise was on (unknown: no release facts)."""
     return left_out_words(_noisy(report), report.metric)
 
@@ -234,7 +234,7 @@ def _release_words(release: dict) -> str:
     if not release:
         return "not reported (the result did not pass a Tester's release controls)"
     try:
-        from common.results import release_summary
+        from common.stats.results import release_summary
         return release_summary(release)
     except Exception:  # noqa: BLE001 - a release entry from a newer peer still renders
         return "on" if release.get("controls", True) else "OFF"
@@ -244,7 +244,7 @@ def _correction_words(correction: dict) -> str:
     if not correction:
         return "none (weighted estimates only, the paper's method)"
     try:
-        from common.results import correction_summary
+        from common.stats.results import correction_summary
         return correction_summary(correction)
     except Exception:  # noqa: BLE001
         return str(correction.get("method", "calibration"))

@@ -15,7 +15,7 @@ from ppre.report.escape import _e
 from ppre.report.model import _ci, _finite, _num, _reference
 
 if TYPE_CHECKING:  # pragma: no cover
-    from common.results import AuditReport
+    from common.stats.results import AuditReport
 
 
 WEIGHTED_COLOUR = "#1f4e9c"     # the weighted (paper's) estimates: points, whiskers, curves

@@ -32,7 +32,7 @@ import pandas as pd
 from client_service.datasets import DatasetRegistry
 from client_service.protocol import ClientSession
 from common.races import RACES
-from common.results import AuditReport
+from common.stats.results import AuditReport
 from ppre.local import local_services
 from proto import ppre_pb2 as pb
 from tester_service.protocol import TesterSession

@@ -15,7 +15,7 @@ to about noise/2^16. Out of this threat model until range proofs exist (docs/roa
 
 Run on the sans-I/O sessions (1024-bit test keys) under the default release controls;
 the modified Test-Client reads the noised aggregates it decrypted (a spy on
-`common.moments.finish_release`, which receives them).
+`common.stats.moments.finish_release`, which receives them).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import pandas as pd
 import pytest
 
 from client_service.protocol import ClientSession
-from common import moments
+from common.stats import moments
 from common.crypto.encoding import PROBABILITY_BITS
 from common.metrics.base import Component
 from common.metrics.ero import Ero

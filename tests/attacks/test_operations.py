@@ -3,7 +3,7 @@ around an audit rather than from its results.
 
 - **Core dump.** A local audit (`ppre audit --local`: both parties' tables and keys in one
   process) that crashes must not write its memory to disk: the process is not dumpable and
-  its core-size limit is 0 (`common.memory.protect_process`), even where the shell allowed
+  its core-size limit is 0 (`common.execution.memory.protect_process`), even where the shell allowed
   cores (`ulimit -c unlimited`).
 - **Ledger reset.** A Test-Client that spent its privacy budget must not get it back when
   the Tester restarts: `ppre tester serve` with release noise refuses to start without a

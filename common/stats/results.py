@@ -65,7 +65,7 @@ would make it conclusive (the MDD shrinks as 1/√n). "none" (green) therefore m
 not significant, a gap of τ would have been found, and no group was left out. A comparison that involves an
 uninformative group counts as significant only when its band clears τ itself (a
 small group's bootstrap interval can under-cover); under release noise the intervals
-come from the released aggregates' own variances (`common.moments`, or random groups),
+come from the released aggregates' own variances (`common.stats.moments`, or random groups),
 which cover at small sizes too, so there a comparison counts at the band's level (null
 flag rate at nominal: bench/RESULTS.md). Either way the compared pair is the most
 adverse significant comparison between informative groups, if there is one. With a correction, `verdict.attenuation`
@@ -215,7 +215,7 @@ class GroupResult:
     estimate: float | None
     ci_low: float | None
     ci_high: float | None
-    #: the attenuation-corrected value and its interval (`common.correction`), None when
+    #: the attenuation-corrected value and its interval (`common.stats.correction`), None when
     #: no correction was asked for or the group's is withheld
     corrected_estimate: float | None = None
     corrected_ci_low: float | None = None
@@ -325,7 +325,7 @@ class AuditReport:
     #: the Tester's release controls as applied to this audit (noise, privacy budget,
     #: suppressed cells; `tester_service.release`); empty when the report left no Tester
     release: dict[str, Any] = field(default_factory=dict)
-    #: the attenuation correction's facts (`common.correction.Corrected.summary`); empty
+    #: the attenuation correction's facts (`common.stats.correction.Corrected.summary`); empty
     #: when none was asked for
     correction: dict[str, Any] = field(default_factory=dict)
     #: how the Tester coarsened the six races into the groups ("hsm=black+hispanic+aian,…";
@@ -514,7 +514,7 @@ class AuditReport:
     @property
     def intervals_from_moments(self) -> bool:
         """Whether the intervals are parametric draws from the released second moments
-        (`common.moments`, release noise on), not a bootstrap."""
+        (`common.stats.moments`, release noise on), not a bootstrap."""
         return str(self.release.get("interval_from", "")).startswith("second moments")
 
     def to_table(self) -> str:
@@ -649,7 +649,7 @@ def _release_clean(release: dict[str, Any]) -> dict[str, Any]:
 
 
 def correction_summary(correction: dict[str, Any]) -> str:
-    """One line on the attenuation correction (`common.correction`)."""
+    """One line on the attenuation correction (`common.stats.correction`)."""
     cond = correction.get("condition_number")
     parts = ["calibration (M^-1 Num; assumes calibrated probabilities and no proxy effect given race)",
              f"condition number of M {cond:.3g}" if cond is not None else "M singular"]
@@ -1067,7 +1067,7 @@ def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, 
     overall's value (`null_scaled`), and only with it does its advice name the privacy
     budget. `interval`: the method the Tester chose
     (random groups under release noise), else the metric's own. `corrected`: the
-    attenuation-corrected values (`common.correction.Corrected`), reported beside the
+    attenuation-corrected values (`common.stats.correction.Corrected`), reported beside the
     weighted ones with intervals from the same replicates; the verdict stays on the
     weighted estimates (the paper's) and says how the corrected gap bears on it.
     Every reported value is clipped to its range (`value_range`, module docstring)."""
@@ -1241,7 +1241,7 @@ def _result_label(part) -> str:
 
 
 def _with_attenuation(verdict: Verdict, corrected, cells, index, confidence, method, bounds, groups) -> Verdict:
-    """The compared pair's corrected gap (`common.correction`) beside the weighted one,
+    """The compared pair's corrected gap (`common.stats.correction`) beside the weighted one,
     and whether the weighted gap understates it (module docstring)."""
     label = verdict.compared["label"]
     a, _, b = label.partition(" - ")

@@ -46,7 +46,7 @@ measures it on its own probabilities over the joined rows (``d = 1``) and flags 
 group below `MIN_IDENTIFYING_SIZE` "not identifiable at this size": its corrected
 value is withheld rather than reported as a wild number. Under release noise the
 threshold follows the noise (`noise_threshold`) and, where M is released as second
-moments (`common.moments`), the finishing party decides on the released M
+moments (`common.stats.moments`), the finishing party decides on the released M
 (`CorrectionPlan.released_identifiability`). M's condition number is reported.
 """
 from __future__ import annotations
@@ -267,15 +267,15 @@ class Family:
     sq_items: tuple[int, ...] = ()
     sq_slot: int | None = None
     #: the denominator component's fixed-point scale (2^scale_bits; ERO's 0/1: 1), by
-    #: which the slots' second moments exceed the members' (`common.moments`)
+    #: which the slots' second moments exceed the members' (`common.stats.moments`)
     unit: float = 1.0
     #: the width of the values' range, to which the noise threshold is relative (rates: 1)
     span: float = 1.0
     #: ``Σ d²/Σ d`` of the rows, by which S^dd = Σ p_a·p_b·d² is read off S^d (1 where d is
-    #: 0/1 or 1; `common.moments.aggregate_moments`)
+    #: 0/1 or 1; `common.stats.moments.aggregate_moments`)
     den_square: float = 1.0
     #: the spread σ² per unit of d where the Test-Client states it from its own rows
-    #: (MQOS-NDCG), instead of reading it off released squares (`common.moments.pooled_spread`)
+    #: (MQOS-NDCG), instead of reading it off released squares (`common.stats.moments.pooled_spread`)
     spread: float | None = None
 
 
@@ -288,7 +288,7 @@ class CorrectionPlan:
     families: tuple[Family, ...]
     first_item: int               # the correction's items start here
     #: cells whose release is the sum of other cells' releases, (cell, its parts): LOT's
-    #: pooled cells, the sums of their rank pairs' cells (`common.moments.weighted_draws`)
+    #: pooled cells, the sums of their rank pairs' cells (`common.stats.moments.weighted_draws`)
     pooled: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     def _system(self, slots: Sequence[Sequence[int]], base: int, cells,

@@ -1,15 +1,16 @@
 """The executor a service runs its chunk functions on, from its text form (`--executor`,
 ``PPRE_EXECUTOR``): the one module that knows every implementation. The interface and
-the local executors are `common.parallel`'s, the Dask one `common.dask_executor`'s (which
-builds on `common.parallel`); neither imports this module, so the executors form no
-import cycle (an implementation added later is named here, and only here).
+the local executors are `common.execution.parallel`'s, the Dask one
+`common.execution.dask_executor`'s (which builds on `common.execution.parallel`); neither
+imports this module, so the executors form no import cycle (an implementation added later
+is named here, and only here).
 """
 from __future__ import annotations
 
 import os
 
-from common import parallel
-from common.dask_executor import DaskExecutor
+from common.execution import parallel
+from common.execution.dask_executor import DaskExecutor
 from common.errors import InputError
 
 #: the environment variable that names a service's executor (`executor_from_spec`)

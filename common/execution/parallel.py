@@ -17,11 +17,11 @@ never the key object itself, which refuses pickling). Three executors:
   keys). Secrets travel to them only pickled through the pool's in-memory pipes, never
   through a file, and the pool drops each task once its chunk is done. Workers never
   dump core and exit with their service (`_exit_with_parent`).
-* `DaskExecutor` (`dask://HOST:PORT`, `common.dask_executor`): a Dask distributed
+* `DaskExecutor` (`dask://HOST:PORT`, `common.execution.dask_executor`): a Dask distributed
   cluster, for a service whose per-row work should run on more cores than its host has.
 
 This module holds the interface and the local executors and imports no executor module;
-`common.executors.executor_from_spec` (the factory, which imports them all) turns the
+`common.execution.executors.executor_from_spec` (the factory, which imports them all) turns the
 text form into one; `shutdown()` stops it.
 """
 from __future__ import annotations
@@ -164,14 +164,14 @@ class InlineExecutor(Executor):
 
 
 def _exit_with_parent(parent: int) -> None:
-    """Worker initializer: no core dumps (`common.memory.protect_process`: a worker holds
+    """Worker initializer: no core dumps (`common.execution.memory.protect_process`: a worker holds
     key material and tables too), and the worker exits as soon as its service is gone. A
     service killed on its own (SIGKILL, the OOM killer) would otherwise leave its workers
     running: they wait on the pool's pipe, whose other end they also hold, so they never
     see it close."""
     import signal
 
-    from common.memory import protect_process
+    from common.execution.memory import protect_process
     protect_process()
     # Ctrl-C in a terminal reaches the whole process group: the service (or `ppre audit
     # --local`) ends its audits cleanly and then stops the pool; a worker dying of it first

@@ -1,6 +1,6 @@
 """`--executor dask://HOST:PORT`: a service's per-row work on a Dask distributed cluster.
 
-`DaskExecutor` is a `common.parallel.Executor` over a `distributed.Client`: the chunk
+`DaskExecutor` is a `common.execution.parallel.Executor` over a `distributed.Client`: the chunk
 functions a session hands its executor (`run_chunks`, `stream`, `submit`) run as Dask
 tasks on the cluster's workers instead of a pool of local processes, for a service whose
 per-row work should use more cores than its host has. Addresses: `dask://HOST:PORT`
@@ -34,7 +34,7 @@ service uses the cluster. Hence:
   (`...__PAUSE`) may stay: a paused worker only stops taking tasks. Workers that join
   later are checked before they get a task (every task is restricted to checked
   workers); one that fails is left out and named in a warning. The check also turns
-  core dumps off in each worker process (`common.memory.protect_process`, as the local
+  core dumps off in each worker process (`common.execution.memory.protect_process`, as the local
   pool's workers do), so a crashing worker leaves no image of its memory on disk;
 * a task that raises returns its exception as a value (`_Task`), so the worker never
   logs "Compute Failed" with the task's arguments; it is raised again here. Futures are
@@ -67,7 +67,7 @@ import traceback
 import uuid
 from typing import Any, Callable
 
-from common import parallel
+from common.execution import parallel
 from common.errors import InputError, ShuttingDownError
 
 log = logging.getLogger("ppre.dask")
@@ -127,7 +127,7 @@ def _inspect_worker(dask_worker) -> dict:
     worker has this package."""
     import dask.config
 
-    from common.memory import protect_process
+    from common.execution.memory import protect_process
 
     protect_process()
     manager = getattr(dask_worker, "memory_manager", None)

@@ -8,7 +8,7 @@ release is:
 (a) the estimate's aggregates ``Num_j = Σ_i p_ij·f_i`` and ``Den_j = Σ_i p_ij·d_i`` per
     group (and overall, their sum), noised with σ₀;
 (b) the second moments ``S^f_ab = Σ_i p_ia·p_ib·f_i`` and ``S^d_ab = Σ_i p_ia·p_ib·d_i``
-    for every pair a ≤ b, noised with σ_m: the items of `common.correction.extend` on
+    for every pair a ≤ b, noised with σ_m: the items of `common.stats.correction.extend` on
     the pair weights ``w_ab = q_a·q_b / 2^32`` (whose ``S^d`` is the correction's M).
     Since ``f² = f``, ``f·d = f`` and ``d² = d``, they are exactly the Poisson-bootstrap
     (uncentred) covariances of the aggregates: ``Cov(Num_a, Num_b) = Cov(Num_a, Den_b)
@@ -42,15 +42,15 @@ result) forms, with no further release (post-processing):
   its release is the sum of theirs). To first order this is the delta-method interval
   ``Var(R_j) = S^d_jj·R_j(1 − R_j) / Den_j² + noise`` with the
   covariances between groups that the differences and the max-|t| bands need; the
-  draws keep `common.results.finish`'s contract (row 0 the estimate, rows 1..R the
+  draws keep `common.stats.results.finish`'s contract (row 0 the estimate, rows 1..R the
   replicates), so percentile intervals and bands work unchanged;
-* the **corrected** estimate's interval (`common.correction`): draws of
+* the **corrected** estimate's interval (`common.stats.correction`): draws of
   ``Num* ~ N(Num, 2^32·V + noise²)`` with ``V_ab = S^f_ab − (S^f_ab)²/S^d_ab`` (the
   residual second moment ``Σ_i p_ia·p_ib·(f_i − c·d_i)²`` at its best constant c, which
   over-states the linearised variance ``Σ_i p_ia·p_ib·d_i·m_i(1 − m_i)`` of
   ``M⁻¹(Num − M·μ)`` by the spread of the members' ``m_i = p_i·μ`` only), and of
   ``M* = M + noise`` (its sampling part is in V), each solved with the range as a
-  constraint (`common.correction.bounded_solve`).
+  constraint (`common.stats.correction.bounded_solve`).
 
 The draws' generator is seeded from the released values themselves (`draw_seed`), so
 that both parties finish the same release to the same numbers. Coverage and widths
@@ -63,10 +63,10 @@ from typing import Sequence
 
 import numpy as np
 
-from common.correction import WEIGHT_SCALE, finish_corrected, noise_of, pair_matrix, pairs, psd
+from common.stats.correction import WEIGHT_SCALE, finish_corrected, noise_of, pair_matrix, pairs, psd
 
 #: the AggregatesHeader's interval for this release form (the report's intervals are the
-#: draws' percentile intervals: `common.results` reads them as "percentile")
+#: draws' percentile intervals: `common.stats.results` reads them as "percentile")
 FORM = "parametric"
 
 
@@ -274,8 +274,8 @@ def finish_release(plan, moments, row: Sequence[Sequence[int]], noise_sd: Sequen
                    withheld: Sequence[int] = (), correct: bool = False,
                    bounds: tuple[float, float] | None = None):
     """Both parties' finish of a release in this form: (values, corrected) for
-    `common.results.finish` ((R+1, cells), row 0 the estimate; `corrected` a
-    `common.correction.Corrected` or None). `row`: the decoded slots of every item of
+    `common.stats.results.finish` ((R+1, cells), row 0 the estimate; `corrected` a
+    `common.stats.correction.Corrected` or None). `row`: the decoded slots of every item of
     the one released row (the plan's cells, then the pair items); `withheld`: items
     suppressed or found empty, NaN in every row; `correct`: the corrected values too,
     solved within `bounds` for groups identifiable at this noise (`noise_threshold`)."""
