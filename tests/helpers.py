@@ -169,3 +169,18 @@ def exact_session(*args, **kw) -> TesterSession:
 #: the services without release controls: exact results from small test inputs (the
 #: controls themselves are tested in tests/test_release.py and tests/attacks/)
 NO_RELEASE_CONTROLS = ReleasePolicy.off()
+
+
+class CallContext:
+    """A server-side call's context as gRPC gives it: the peer's verified names."""
+
+    def __init__(self, **auth) -> None:
+        self.auth = {k: [v.encode() for v in vs] for k, vs in auth.items()}
+        self.aborted = None
+
+    def auth_context(self):
+        return self.auth
+
+    def abort(self, code, message):
+        self.aborted = (code, message)
+        raise PermissionError(message)

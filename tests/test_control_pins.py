@@ -31,7 +31,7 @@ from proto import ppre_pb2 as pb
 from tester_service import protocol as tester_protocol
 from tester_service.protocol import AuditSpec, TesterSession
 from tester_service.release import BudgetExhausted, IntersectionRefused, PrivacyAccountant, ReleasePolicy
-from tests.helpers import TEST_BITS, make_inputs, run_sessions
+from tests.helpers import CallContext, TEST_BITS, make_inputs, run_sessions
 from tests.metric_data import random_ranked_lists
 
 GROUPS = list(RACES)
@@ -414,21 +414,6 @@ def test_a_square_that_is_not_a_unit_is_refused(client_key):
 
 
 # ---------------------------------------------------------------- allow-lists
-class _Context:
-    """A server-side call's context as gRPC gives it: the peer's verified names."""
-
-    def __init__(self, **auth) -> None:
-        self.auth = {k: [v.encode() for v in vs] for k, vs in auth.items()}
-        self.aborted = None
-
-    def auth_context(self):
-        return self.auth
-
-    def abort(self, code, message):
-        self.aborted = (code, message)
-        raise PermissionError(message)
-
-
 def test_allow_lists_match_identities_exactly():
     """No prefix, no suffix, no case folding, no whitespace trimming of the peer's name:
     only the exact identity on the list is admitted."""
@@ -440,9 +425,9 @@ def test_allow_lists_match_identities_exactly():
     for name in near:
         assert allow.match([name]) is None, name
     interceptor = IdentityInterceptor({"/ppre.v1.Tester/": allow})
-    interceptor.check("/ppre.v1.Tester/RunAudit", _Context(x509_common_name=["operator.ppre.local"]))
+    interceptor.check("/ppre.v1.Tester/RunAudit", CallContext(x509_common_name=["operator.ppre.local"]))
     for name in near:
-        context = _Context(x509_common_name=[name], x509_subject_alternative_name=[name])
+        context = CallContext(x509_common_name=[name], x509_subject_alternative_name=[name])
         with pytest.raises(PermissionError):
             interceptor.check("/ppre.v1.Tester/RunAudit", context)
         assert context.aborted is not None

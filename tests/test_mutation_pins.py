@@ -13,6 +13,7 @@ import re
 import pytest
 
 from tester_service import audit_log as al
+from tests.helpers import CallContext
 
 
 # ---------------------------------------------------------------- the audit log
@@ -69,21 +70,6 @@ def test_the_mac_is_the_documented_hmac_over_canonical_json():
 
 
 # ---------------------------------------------------------------- TLS identities and allow-lists
-class _Context:
-    """A server-side call's context as gRPC gives it: the peer's verified names."""
-
-    def __init__(self, **auth) -> None:
-        self.auth = {k: [v.encode() for v in vs] for k, vs in auth.items()}
-        self.aborted = None
-
-    def auth_context(self):
-        return self.auth
-
-    def abort(self, code, message):
-        self.aborted = (code, message)
-        raise PermissionError(message)
-
-
 def _operators():
     from common.tls import AllowList
     return AllowList.of("operator", ["operator.ppre.local"], "--allow-operator")
@@ -97,7 +83,7 @@ def test_an_identity_refusal_is_recorded_with_its_method_identity_and_reason():
     recorded = []
     interceptor = IdentityInterceptor({"/ppre.v1.Tester/": _operators()},
                                       on_refused=lambda *args: recorded.append(args))
-    context = _Context(x509_common_name=["evil.example"], x509_subject_alternative_name=["evil.example"])
+    context = CallContext(x509_common_name=["evil.example"], x509_subject_alternative_name=["evil.example"])
     with pytest.raises(PermissionError):
         interceptor.check("/ppre.v1.Tester/RunAudit", context)
     assert context.aborted[0] == grpc.StatusCode.PERMISSION_DENIED
@@ -111,7 +97,7 @@ def test_a_method_under_no_rule_is_refused_even_to_an_allow_listed_peer():
     import grpc
     from common.tls import IdentityInterceptor
     interceptor = IdentityInterceptor({"/ppre.v1.Tester/": _operators()})
-    context = _Context(x509_common_name=["operator.ppre.local"])
+    context = CallContext(x509_common_name=["operator.ppre.local"])
     with pytest.raises(PermissionError):
         interceptor.check("/ppre.v1.Other/Do", context)
     assert context.aborted[0] == grpc.StatusCode.PERMISSION_DENIED
@@ -121,7 +107,7 @@ def test_a_method_under_no_rule_is_refused_even_to_an_allow_listed_peer():
 def test_a_peer_allow_listed_by_a_subject_alternative_name_is_admitted(key):
     """Any verified name of the peer may be the allow-listed one, not only its CN."""
     from common.tls import IdentityInterceptor
-    context = _Context(x509_common_name=["some-host.example"], **{key: ["operator.ppre.local"]})
+    context = CallContext(x509_common_name=["some-host.example"], **{key: ["operator.ppre.local"]})
     IdentityInterceptor({"/ppre.v1.Tester/": _operators()}).check("/ppre.v1.Tester/RunAudit", context)
     assert context.aborted is None
 
@@ -130,12 +116,12 @@ def test_the_audit_logs_who_is_the_name_the_caller_was_admitted_under():
     """`caller_identity`: the allow-listed name the peer matched; without a list its CN,
     else its first name; without TLS nothing."""
     from common.tls import caller_identity
-    context = _Context(x509_common_name=["cn.example"],
+    context = CallContext(x509_common_name=["cn.example"],
                        x509_subject_alternative_name=["other.example", "operator.ppre.local"])
     assert caller_identity(context, _operators()) == "operator.ppre.local"
     assert caller_identity(context) == "cn.example"
-    assert caller_identity(_Context(x509_subject_alternative_name=["a.example", "b.example"])) == "a.example"
-    assert caller_identity(_Context()) == ""
+    assert caller_identity(CallContext(x509_subject_alternative_name=["a.example", "b.example"])) == "a.example"
+    assert caller_identity(CallContext()) == ""
 
 
 class _Details:
@@ -166,11 +152,11 @@ def test_every_kind_of_handler_is_guarded_and_only_health_is_open():
         assert handler.request_deserializer is bytes.decode and handler.response_serializer is str.encode, kind
         assert handler.request_streaming == original.request_streaming, kind
         assert handler.response_streaming == original.response_streaming, kind
-        refused = _Context(x509_common_name=["evil.example"])
+        refused = CallContext(x509_common_name=["evil.example"])
         with pytest.raises(PermissionError):
             getattr(handler, kind)("request", refused)
         assert ran == [], kind
-        allowed = _Context(x509_common_name=["operator.ppre.local"])
+        allowed = CallContext(x509_common_name=["operator.ppre.local"])
         assert getattr(handler, kind)("request", allowed) == ("answer", allowed)
         assert ran == ["request"], kind
         ran.clear()
