@@ -293,7 +293,7 @@ def record(metric: str, audit: Audit, clean: Audit | None = None) -> dict:
     out = {"flag": bool(v.significant), "inconclusive": v.severity == "inconclusive",
            "band": band_flag(metric, audit), "cells": group_intervals(metric, audit)}
     if clean is not None:
-        noisy, plain = group_intervals(metric, audit), group_intervals(metric, clean)
+        noisy, plain = out["cells"], group_intervals(metric, clean)
         out["noise"] = {g: [a[3] - b[3] for a, b in zip(noisy[g], plain[g]) if a[3] is not None and b[3] is not None]
                         for g in noisy}
     return out

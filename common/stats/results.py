@@ -694,9 +694,11 @@ def _severity(magnitude: float, tau: float) -> str:
 
 
 def _label(cell) -> str:
-    if cell.kind == "pair":
-        return f"{cell.group}>{cell.other}" + (f"@{cell.rank_pair}" if cell.rank_pair else "")
-    return cell.group
+    return _pair_label(cell.group, cell.other, cell.rank_pair) if cell.kind == "pair" else cell.group
+
+
+def _pair_label(higher: str, lower: str, rank_pair: str | None) -> str:
+    return f"{higher}>{lower}" + (f"@{rank_pair}" if rank_pair else "")
 
 
 # ----------------------------------------------------------------------------------
@@ -1219,10 +1221,6 @@ def _family(rule, cells, groups, pairs, index, diff_labels, diffs, values, small
     raise ValueError(f"unknown verdict rule {rule}")
 
 
-def _factor(intervals, tau: float) -> float | None:
-    return _widest([(None, lo, hi) for lo, hi in intervals], tau)[0]
-
-
 def _widest(entries, tau: float) -> tuple[float | None, str | None]:
     """(how many times the members would make the widest of `entries` ((label, low, high))
     informative, its label): ((half-width / (INFORMATIVE_SHARE·τ))², the largest)."""
@@ -1234,10 +1232,8 @@ def _widest(entries, tau: float) -> tuple[float | None, str | None]:
 
 
 def _result_label(part) -> str:
-    """How the verdict names a group or a pair cell of the result."""
-    if isinstance(part, PairResult):
-        return f"{part.higher}>{part.lower}" + (f"@{part.rank_pair}" if part.rank_pair else "")
-    return part.group
+    """How the verdict names a group or a pair cell of the result (as `_label` its cell)."""
+    return _pair_label(part.higher, part.lower, part.rank_pair) if isinstance(part, PairResult) else part.group
 
 
 def _with_attenuation(verdict: Verdict, corrected, cells, index, confidence, method, bounds, groups) -> Verdict:
