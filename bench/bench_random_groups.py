@@ -1,17 +1,24 @@
-"""Benchmark: null flag rate of the random-group intervals under the default release controls
-(POT, and MQOS-AUC exact).
+"""Benchmark: null flag rate of the intervals under the default release controls of POT (second
+moments) and MQOS-AUC exact (random groups), and of the forms measured against them.
 
     nice -n 10 .venv/bin/python bench/bench_random_groups.py [--metric pot,mqos-auc] [--sizes 10000,100000]
                                                           [--datasets 400] [--seed 1] [--save PREFIX]
-                                                          [--form separate|pooled]
+                                                          [--form today|moments|separate|pooled]
     .venv/bin/python bench/bench_random_groups.py --merge PREFIX.*     # one table from --save files
     nice -n 10 .venv/bin/python bench/bench_random_groups.py --check   # the twin against the sessions
 
-Under release noise these two metrics still take their interval from G = 10 disjoint random
-groups of the joined rows (`tester_service.release`, form (b)). This is a plaintext twin of that
-release under the default `ReleasePolicy`, built from the real code wherever it can be:
+Under release noise MQOS-AUC exact takes its interval from G = 10 disjoint random groups of the
+joined rows (`tester_service.release`, form (b)); POT from second moments (form (a),
+`common.metrics.pot`), and from random groups before. This is a plaintext twin of those
+releases under the default `ReleasePolicy`, built from the real code wherever it can be:
 
-* POT (`common.metrics.pot`): the Test-Client's rows (`Pot.client_rows`: deciles, Silverman's
+* POT, second moments (`pot_moment_audit`, `--form moments`, today's): the Test-Client's rows
+  and stated residual cross-moments (`Pot.client_rows`), the group items Σ q_ij·v_i at σ₀ and
+  the pair items of `Pot.moment_plan` on `pair_weights` at σ_m (`ReleasePolicy.moment_sigmas`),
+  "overall" the sum of the noised group items, a withheld group's items zeros; then the real
+  `common.stats.moments.finish_release` and `finish` with percentile intervals of 1,000 draws.
+  `--check` finds it equal to the real sessions to the last digit at zero noise.
+* POT, random groups (`pot_audit`, `--form separate|pooled`): the Test-Client's rows (`Pot.client_rows`: deciles, Silverman's
   bandwidth, K·(Y − c) and K) quantised by the metric's components; the Tester's canonical row
   order, `common.stats.bootstrap.assign_buckets` into `RELEASE_GROUPS` groups; per group and random
   group the sums Σ q_ij·v_i (q the quantised probabilities); the estimate's slots with noise
@@ -74,6 +81,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from common.stats import bootstrap as boot  # noqa: E402
+from common.stats import correction  # noqa: E402
+from common.stats.moments import finish_release  # noqa: E402
 from common.crypto import encoding  # noqa: E402
 from common.metrics.base import Item  # noqa: E402
 from common.metrics.mqos_auc import EXACT, normaliser_bits  # noqa: E402
@@ -89,12 +98,16 @@ SCALE = float(1 << encoding.PROBABILITY_BITS)
 CONFIDENCE = 0.95
 MODULUS_BITS = 2048
 POSITIVE_RATE, AUC = 0.30, 0.85
-#: the release's form (`--form`): "separate", today's (the estimate released on its own at σ₀,
-#: every random group at σ_b), or "pooled" (only the G groups are released, each at the σ of a
-#: release with no replicates, their parallel composition costing one release; the estimate is
-#: their sum, post-processing, with noise sd √G·σ per slot)
-FORM = "separate"
+#: the release's form (`--form`): "today", what the product releases (POT: "moments"; MQOS-AUC
+#: exact: "separate"); "moments" (POT: second moments, `pot_moment_audit`); "separate" (random
+#: groups: the estimate released on its own at σ₀, every random group at σ_b); or "pooled" (only
+#: the G groups are released, each at the σ of a release with no replicates, their parallel
+#: composition costing one release; the estimate is their sum, post-processing, with noise sd
+#: √G·σ per slot)
+FORM = "today"
 MU = math.sqrt(2.0) * NormalDist().inv_cdf(AUC)
+#: the parametric draws of the second-moments form (the audits' default bootstrap count)
+MOMENT_REPLICATES = 1000
 
 
 @dataclass
@@ -201,6 +214,61 @@ def pot_audit(p: np.ndarray, frame: pd.DataFrame, policy: ReleasePolicy, rng: np
     return Audit(plan, values, small, report, truth, noise_sd)
 
 
+def pot_moment_audit(p: np.ndarray, frame: pd.DataFrame, policy: ReleasePolicy, rng: np.random.Generator,
+                     unit_rng: np.random.Generator, noise: bool = True, exact: bool = False) -> Audit:
+    """POT's release in the second-moments form (`--form moments`, `common.metrics.pot`): the
+    group items at σ₀ and the pair items (`Pot.moment_plan`, weights `pair_weights`) at σ_m of
+    `ReleasePolicy.moment_sigmas`, "overall" the sum of the noised group items; finished by the
+    real `common.stats.moments.finish_release` (with the Test-Client's stated residual
+    cross-moments from `Pot.client_rows`) and `finish` with percentile intervals. `exact`: the
+    sums in integers (as the Tester's), else in float64 (within 1e-15 of them: the draws'
+    seed, a digest of the released slots, then differs)."""
+    params = POT.parse_params({})
+    rows = POT.client_rows(frame, "pot.csv", "default", params, rng)
+    info = rows.info
+    comps = POT.components("default", params, info)
+    n = len(frame)
+    layout = POT.layout("default", params, info, n_rows=n, n_units=1, recipient="client", modulus_bits=MODULUS_BITS)
+    fixed = np.column_stack([c.quantize(rows.values[:, i]) for i, c in enumerate(comps)]).astype(np.float64)
+    fixed = np.hstack([fixed, np.zeros((n, layout.n_ciphertexts * layout.slots - len(comps)))])
+    fixed = fixed.reshape(n, layout.n_ciphertexts, layout.slots)
+    q = encoding.quantize_probabilities(p, encoding.PROBABILITY_BITS)
+    plan, moments = POT.moment_plan(POT.plan(GROUPS, (), layout, "default", params, info), GROUPS, "default",
+                                    params, info, layout)
+    pair_w = np.column_stack(correction.pair_weights(q)).astype(np.float64)            # (n, pairs)
+    scale = np.array([POT.slot_sensitivity(Item(0, ct), layout, comps, 1) for ct in range(layout.n_ciphertexts)],
+                     dtype=np.float64)                                               # (cts, slots)
+    sigma0, sigma_m = policy.moment_sigmas(POT.sensitivity_components("default", params, info))
+    draw = (lambda sd: rng.normal(0.0, 1.0, sd.shape) * sd) if noise else (lambda sd: 0)
+    kind = object if exact else np.float64
+    fixed, q, pair_w = fixed.astype(np.int64).astype(kind), q.astype(kind), pair_w.astype(np.int64).astype(kind)
+    group_sums = np.tensordot(q.T, fixed, axes=1)                                    # (k, cts, slots)
+    row, est_sd = [], []
+    for item in plan.items:
+        sd = scale[item.ciphertext]
+        if item.weight < K:
+            value, sd = group_sums[item.weight, item.ciphertext] + draw(sigma0 * sd), sigma0 * sd
+        elif item.weight == K:  # overall: the sum of the noised group items
+            value, sd = np.sum([row[i] for i, it in enumerate(plan.items[:len(row)]) if it.weight < K
+                                and it.ciphertext == item.ciphertext], axis=0), sigma0 * math.sqrt(K) * sd
+        else:
+            value = pair_w[:, item.weight - K - 1] @ fixed[:, item.ciphertext] + draw(sigma_m * sd)
+            sd = sigma_m * sd
+        row.append(value if exact else np.rint(value))
+        est_sd.extend(float(x) for x in sd)
+    noise_sd = est_sd + [0.0] * len(est_sd)  # the header's form: the estimate's, then no groups
+    withheld, small = suppression(q, policy, rng, noise)
+    hidden = [i for i, item in enumerate(plan.items) if item.weight in withheld]  # cells only, not M's items
+    # a withheld item reaches the finishing party as zeros (`TesterSession._send_items`)
+    row = [[0 if i in hidden else int(x) for x in slots] for i, slots in enumerate(row)]
+    values, _ = finish_release(plan, moments, row, noise_sd, MOMENT_REPLICATES, withheld=hidden)
+    report = finish(POT, plan, values, option="default", confidence=CONFIDENCE, tau=DEFAULT_TAU, params=params,
+                    info=info, replicates=MOMENT_REPLICATES, result_recipient="client", small_groups=small,
+                    interval="percentile", noisy=True)
+    truth = dict(enumerate(np.tile(pot_truth(info["reference_scores"], info["bandwidth"]), K + 1)))
+    return Audit(plan, values, small, report, truth, noise_sd)
+
+
 # ------------------------------------------------------------------ MQOS-AUC exact
 def auc_frame(n: int, rng: np.random.Generator) -> pd.DataFrame:
     y = (rng.random(n) < POSITIVE_RATE).astype(np.int8)
@@ -251,7 +319,8 @@ def auc_audit(p: np.ndarray, frame: pd.DataFrame, policy: ReleasePolicy, rng: np
 
 
 # ------------------------------------------------------------------ the measurement
-SETTINGS = {"pot": (pot_frame, pot_audit), "mqos-auc": (auc_frame, auc_audit)}
+SETTINGS = {"pot": (pot_frame, lambda *a, **kw: (pot_moment_audit if FORM in ("today", "moments") else pot_audit)(*a, **kw)),
+            "mqos-auc": (auc_frame, auc_audit)}
 
 
 def gap_columns(metric: str, audit: Audit) -> np.ndarray:
@@ -272,7 +341,7 @@ def band_flag(metric: str, audit: Audit) -> bool:
     fam = gap_columns(metric, audit)
     if fam.shape[1] == 0:
         return False
-    low, high = simultaneous_bands(fam, CONFIDENCE, "random_groups")
+    low, high = simultaneous_bands(fam, CONFIDENCE, audit.report.interval)
     return bool(np.any((low > 0) | (high < 0)))
 
 
@@ -383,7 +452,9 @@ def check(n: int = 4000, seed: int = 7) -> int:
             mp.setattr("tester_service.protocol.gaussian", lambda sigma: 0.0)
             real, session, _ = local_audit(tester, frame, spec=spec, release=ReleasePolicy(),
                                            modulus_bits=MODULUS_BITS)
-        twin = audit_of(p, frame, ReleasePolicy(), np.random.default_rng(0), np.random.default_rng(seed), noise=False)
+        exact = {"exact": True} if audit_of is pot_moment_audit or metric == "pot" and FORM in ("today", "moments") else {}
+        twin = (pot_moment_audit if exact else audit_of)(p, frame, ReleasePolicy(), np.random.default_rng(0),
+                                                         np.random.default_rng(seed), noise=False, **exact)
         mine = twin.report
         pairs = [(a.estimate, b.estimate) for a, b in zip(real.groups, mine.groups)]
         pairs += [(x, y) for a, b in zip(real.groups, mine.groups) for x, y in ((a.ci_low, b.ci_low),
@@ -397,7 +468,7 @@ def check(n: int = 4000, seed: int = 7) -> int:
         # the twin's slots are per cell's item; the real header's per item slot of its layout
         sd_rel = float(np.max(np.abs(np.sort(sd_real[sd_real > 0]) / np.sort(sd_twin[sd_twin > 0]) - 1))) \
             if len(sd_real[sd_real > 0]) == len(sd_twin[sd_twin > 0]) else math.inf
-        same = (real.interval == mine.interval == "random_groups" and real.bootstrap == mine.bootstrap
+        same = (real.interval == mine.interval and real.bootstrap == mine.bootstrap
                 and real.verdict.severity == mine.verdict.severity and real.verdict.message == mine.verdict.message)
         print(f"{metric}: {len(pairs)} reported values ({both_none} undefined in both), largest |real - twin| "
               f"{diff:.2e}, defined in one only {mismatch}; interval {real.interval} x {real.bootstrap} groups, "
@@ -432,7 +503,7 @@ def main(argv=None) -> int:
     ap.add_argument("--merge", nargs="+", metavar="FILE", help="print the table of --save files (pooled), then stop")
     ap.add_argument("--check", action="store_true", help="compare the twin with the real sessions, then stop")
     ap.add_argument("--check-members", type=int, default=4000, help="the members of --check's audits")
-    ap.add_argument("--form", choices=("separate", "pooled"), default="separate",
+    ap.add_argument("--form", choices=("today", "separate", "pooled", "moments"), default="today",
                     help="the release's form (module docstring, FORM)")
     args = ap.parse_args(argv)
     global FORM

@@ -43,7 +43,7 @@ comes from one of two further releases. An audit makes three releases:
 1. the estimate (σ₀);
 2. for the interval, either
    (a) *second moments* (`moment_sigmas`, metrics with `Metric.moment_interval`: ERO,
-   output, MQOS-NDCG, LOT; for LOT the "groups" are each rank pair's cells and the
+   output, POT, MQOS-NDCG, LOT; for LOT the "groups" are each rank pair's cells and the
    weights w_c·w_c' products of its cells' weights, whose outer product moves by the
    same 2·||Δw||, `common.metrics.lot`): the pair items ``S^f_ab = Σ p_a·p_b·f``, ``S^d_ab = Σ p_a·p_b·d`` for a ≤ b
    (`common.stats.moments`; their d slots are also the correction's M), and for the output
@@ -56,7 +56,7 @@ comes from one of two further releases. An audit makes three releases:
    (4·(C + S) + S)/σ_m². The finishing party draws the interval's replicates from these
    (post-processing, no further cost); or
    (b) the same cells over G = 10 disjoint *random groups* of the rows (`sigmas`'
-   σ_b; POT, and MQOS-AUC exact and sampled): a member's at most m rows
+   σ_b; MQOS-AUC exact and sampled): a member's at most m rows
    fall in one group or, for unit resampling, several, which the same L2 bound
    covers, so the groups together are one release;
 3. the noisy effective sizes that decide suppression (`threshold_sigma`).

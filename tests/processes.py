@@ -63,6 +63,22 @@ def ppre_argv() -> list[str]:
     return [sys.executable, "-m", "ppre.cli"]
 
 
+#: runs argv[1:] with SIGINT at its default disposition (exec keeps a default, as it keeps
+#: an ignored one); -I -S: nothing but the interpreter's built-in modules is loaded
+_SIGINT_DEFAULT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                   "os.execvp(sys.argv[1], sys.argv[1:])")
+
+
+def foreground_argv(argv: list[str]) -> list[str]:
+    """`argv` as a terminal's foreground command gets it: with SIGINT at its default, so
+    a Python program turns it into KeyboardInterrupt. Without this, a child inherits the
+    test run's disposition, and a test run started in the background by a non-interactive
+    shell (`pytest ... &` in a script) ignores SIGINT, as does every child it starts; Python
+    then installs no KeyboardInterrupt handler and a test's Ctrl-C is lost. The process
+    keeps its pid (the wrapper execs the command)."""
+    return [sys.executable, "-I", "-S", "-c", _SIGINT_DEFAULT, *argv]
+
+
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """os.environ without proxies and without inherited PPRE_ settings, plus `extra`."""
     env = {k: v for k, v in os.environ.items()
@@ -497,8 +513,9 @@ class OperatorAudit:
         self._stdout: list[bytes] = []
         self._stderr: list[str] = []
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(argv, env=child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
+        # as a terminal's foreground command: a SIGINT from a test is Ctrl-C
+        self.proc = subprocess.Popen(foreground_argv(argv), env=child_env(), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         self._threads = [threading.Thread(target=self._read_stdout, daemon=True),
                          threading.Thread(target=self._read_stderr, daemon=True)]
         for t in self._threads:

@@ -1,6 +1,7 @@
-"""The random-group release twin in `bench/bench_random_groups.py` (POT and MQOS-AUC exact
-under the default release controls): its released form is the metric's, its noise the
-Tester's per slot, and at zero noise its report is the real sessions' report."""
+"""The release twin in `bench/bench_random_groups.py` (POT's second moments and MQOS-AUC
+exact's random groups under the default release controls): its released form is the
+metric's, its noise the Tester's per slot, and at zero noise its report is the real
+sessions' report."""
 from __future__ import annotations
 
 import math
@@ -56,8 +57,34 @@ def test_pot_twin_noise_is_the_testers_per_slot():
     assert audit.values.shape[0] == RELEASE_GROUPS + 1 and audit.report.interval == "random_groups"
 
 
+def test_pot_moments_twin_noise_is_the_testers_per_slot():
+    """POT's second-moments form: group items carry σ₀ and pair items σ_m of
+    `moment_sigmas` times the slot's sensitivity, "overall" √k times a group's; the
+    header's second half (no random groups) is 0."""
+    n = 2000
+    rng = np.random.default_rng(5)
+    policy = ReleasePolicy()
+    audit = bench.pot_moment_audit(probabilities(n, 5), bench.pot_frame(n, rng), policy, rng, rng)
+    slots = len(audit.noise_sd) // 2 // len(audit.plan.items)
+    sd = np.array(audit.noise_sd).reshape(2, len(audit.plan.items), slots)
+    s0, sm = policy.moment_sigmas(bench.POT.sensitivity_components("default", {}, audit.report.info))
+    assert not sd[1].any() and sm > s0 > 0
+    group = [i for i, item in enumerate(audit.plan.items) if item.weight < bench.K]
+    overall = [i for i, item in enumerate(audit.plan.items) if item.weight == bench.K]
+    pair = [i for i, item in enumerate(audit.plan.items) if item.weight > bench.K]
+    assert len(pair) == len(group) // bench.K * bench.K * (bench.K + 1) // 2
+    live = sd[0, group[0]] > 0
+    for i in pair:
+        ct = audit.plan.items[i].ciphertext
+        first = next(g for g in group if audit.plan.items[g].ciphertext == ct)
+        assert sd[0, i][sd[0, first] > 0] / sd[0, first][sd[0, first] > 0] == pytest.approx(sm / s0)
+    assert sd[0, overall[0]][live] == pytest.approx(sd[0, group[0]][live] * math.sqrt(bench.K))
+    assert audit.values.shape[0] == bench.MOMENT_REPLICATES + 1 and audit.report.interval == "percentile"
+
+
 @pytest.mark.slow
 def test_twin_matches_the_sessions_at_zero_noise():
     """One POT and one MQOS-AUC exact audit through the real sessions (Tester's draws set to
-    0) report exactly what the twin reports at zero noise, with the same noise sd per slot."""
+    0) report exactly what the twin reports at zero noise (POT's parametric draws too: their
+    seed is a digest of the released slots), with the same noise sd per slot."""
     assert bench.check(1500) == 0

@@ -433,9 +433,9 @@ def test_output_audit_under_the_controls_releases_second_moments_with_squares(mo
 
 
 @pytest.mark.slow
-def test_random_group_releases_decide_identifiability_on_the_released_m():
-    """Under release noise a correcting metric whose interval comes from random groups
-    (POT) releases no identifying sizes of its own: the header's list is empty and both
+def test_pot_under_noise_decides_identifiability_on_the_released_m():
+    """Under release noise POT, whose interval comes from second moments drawn jointly over
+    its reference scores, releases no identifying sizes of its own: the header's list is empty and both
     parties withhold the groups the released, noised M of some reference score cannot
     tell apart at the estimate's noise (`correction.finish_corrected`), with the
     noise-following threshold in the report."""
@@ -454,7 +454,7 @@ def test_random_group_releases_decide_identifiability_on_the_released_m():
         headers.clear()
         report, session, _ = local_audit(tester, client, spec=dataclasses.replace(spec, result_recipient=recipient),
                                          tap=tap, release=ReleasePolicy(rho=1.0, budget=1.0))
-        assert headers == [("random_groups", [])]
+        assert headers == [("parametric", [])]
         assert report.correction["min_identifying_size"] > correction.MIN_IDENTIFYING_SIZE
         hidden = set(report.correction["unidentifiable"])
         for g in GROUPS:

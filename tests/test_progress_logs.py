@@ -24,6 +24,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -34,7 +35,7 @@ import pytest
 from common import logs
 from common.errors import InputError, ProtocolError
 from ppre import progress as pp
-from tests.processes import PROGRESS_RE, child_env, ppre_argv
+from tests.processes import PROGRESS_RE, child_env, foreground_argv, ppre_argv
 from tests.test_secrets_at_rest import captured  # noqa: F401 - the fixture that records every key drawn
 
 
@@ -514,6 +515,23 @@ def test_one_correlation_id_per_audit_on_both_services(services):
     assert not [p.pattern for p in _probability_patterns(tester_df.head(400)) if p.search(text)]
 
 
+_SHOW_SIGINT = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_a_test_run_that_ignores_sigint_still_gives_the_operator_ctrl_c(wrapped):
+    """A test run started in the background by a script ignores SIGINT, and so would its
+    children: the Ctrl-C tests below start the operator with SIGINT at its default
+    (`foreground_argv`), as a terminal's foreground command has it."""
+    child = [sys.executable, "-c", _SHOW_SIGINT]
+    parent = ("import signal, subprocess, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+              "sys.exit(subprocess.run(sys.argv[1:]).returncode)")
+    shown = subprocess.run([sys.executable, "-c", parent, *(foreground_argv(child) if wrapped else child)],
+                           env=child_env(), capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == str(wrapped)
+
+
 @pytest.mark.slow
 def test_ctrl_c_cancels_the_audit_on_both_services(services):
     """SIGINT to `ppre audit` once the Tester uploads its rows: the operator exits 130
@@ -569,7 +587,7 @@ def test_ctrl_c_with_local_ends_both_sessions_and_exits_130(tmp_path):
     argv = ppre_argv() + ["-v", "audit", "--local", "--metric", "ero", "--tester-probabilities",
                           str(tmp_path / "probs.csv"), "--client-data", str(tmp_path / "ero.csv"), "--bootstrap",
                           "300", "--no-release-controls", "--history", "none", "--log-format", "json"]
-    proc = subprocess.Popen(argv, env=child_env({"PPRE_WORKERS": "2", "PYTHONFAULTHANDLER": "1"}),
+    proc = subprocess.Popen(foreground_argv(argv), env=child_env({"PPRE_WORKERS": "2", "PYTHONFAULTHANDLER": "1"}),
                             stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, cwd=tmp_path)
     stderr: list[str] = []

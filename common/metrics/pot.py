@@ -28,6 +28,25 @@ reference scores and the bandwidth (on a grid, plus the grid's largest possible 
 from the derivative bound), so well separated reference scores cost about 2
 components instead of 2Q.
 
+**Interval under release noise** (`common.stats.moments`, design §8.4). Released: the
+curves' sums at σ₀ and, on the pair weights p_a·p_b, the second moments
+``S^d_ab,q = Σ_i p_ia·p_ib·K_q`` (the pair items' k_q slots, also the correction's M).
+A curve point m_a(s_q) = Num_aq/Den_aq moves to first order by r_aq/Den_aq, with the
+residual sum ``r_aq = Σ_i p_ia·K_q·(Y_i − m_a(s_q))``, and
+``Cov(r_aq, r_bq') = Σ_i p_ia·p_ib·K_q·K_q'·e_q·e_q'``: the kernels of neighbouring
+reference scores overlap, so the DTI (a sum over q) needs the covariances across
+reference scores as well as across groups. Released as they are these would be
+Q(Q + 1)/2 more components per row on the pair weights. The Test-Client states instead,
+from its own rows, the residual cross-moments per unit of kernel mass
+``τ_qq' = Σ_i K_q·K_q'·e_q·e_q' / Σ_i K_q`` (e_q = Y − m̂(s_q) around its own overall
+curve; `residual_cross_moments`, `info["residual_moments"]`), and the covariance is read
+as ``½(S^d_ab,q·τ_qq' + S^d_ab,q'·τ_q'q)``: exact where a group's scores spread as all
+the rows' do near s_q (under the null in particular), and a group whose curve differs
+from the overall one gets a larger residual spread, so a wider interval, never a
+narrower one. The finishing party draws every (group, reference score) residual jointly
+(`common.stats.moments.joint_deviations`). Measured on the plaintext twin
+(`bench/bench_random_groups.py --form moments`, bench/RESULTS.md).
+
 A masked ciphertext holds several (Num, Den) cells of one group and one replicate, so
 they share the mask's factor: the Test-Client can read ratios between those cells'
 numerators (or denominators), i.e. how the group's kernel mass spreads over the
@@ -48,6 +67,10 @@ from common.metrics.scoring import (DECILES, MAX_REFERENCE_SCORES, kernel_compon
 SCALE_BITS = 24
 #: grid points at most over the reference scores' span when bounding Σ_q K_q² (`kernel_energy`)
 ENERGY_GRID = 200_001
+#: the Test-Client's fact the interval under release noise reads (`residual_cross_moments`)
+RESIDUAL_INFO = "residual_moments"
+#: significant digits of the stated residual cross-moments
+RESIDUAL_DIGITS = 9
 
 
 def kernel_energy(refs, h: float) -> float:
@@ -67,6 +90,20 @@ def kernel_energy(refs, h: float) -> float:
     return min(float(q), best + slack)
 
 
+def residual_cross_moments(values: np.ndarray) -> list[list[float]]:
+    """τ_qq' = Σ_i K_q·K_q'·e_q·e_q' / Σ_i K_q (module docstring) from the rows' 2Q
+    components [K_1·(Y − c), K_1, ...]: e_q = Y − m̂(s_q) with m̂(s_q) = Σ K_q·Y / Σ K_q over
+    these rows, so that K_q·e_q = K_q·(Y − c) − (m̂(s_q) − c)·K_q. Rounded to
+    RESIDUAL_DIGITS significant digits; 0 where a reference score has no kernel mass."""
+    f, d = values[:, 0::2], values[:, 1::2]
+    mass = d.sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        centre = np.where(mass > 0, f.sum(axis=0) / np.where(mass > 0, mass, 1.0), 0.0)
+        u = f - centre[None, :] * d
+        tau = np.where(mass[:, None] > 0, (u.T @ u) / np.where(mass > 0, mass, 1.0)[:, None], 0.0)
+    return [[float(f"{x:.{RESIDUAL_DIGITS}g}") for x in row] for row in tau]
+
+
 def _bandwidth(text: str) -> float:
     value = float(text)
     if not (math.isfinite(value) and value > 0):
@@ -77,6 +114,7 @@ def _bandwidth(text: str) -> float:
 class Pot(Metric):
     name = "pot"
     corrects = True
+    moment_interval = True
     description = "pointwise outcome test: per-group kernel regression of the outcome on the score, and DTI"
     params = (
         Param("reference_scores", "comma-separated reference scores (default: the score deciles)", float_list),
@@ -141,8 +179,9 @@ class Pot(Metric):
         info.update({"reference_scores": [float(r) for r in refs], "bandwidth": float(h)})
         self._weights(params, info)
         centre, _ = centred_bound(lo, hi)
-        return ClientRows(ids=(frame["member_id"].to_numpy(dtype=object),),
-                          values=kernel_components(scores, outcome - centre, refs, h), info=info)
+        values = kernel_components(scores, outcome - centre, refs, h)
+        info[RESIDUAL_INFO] = residual_cross_moments(values)
+        return ClientRows(ids=(frame["member_id"].to_numpy(dtype=object),), values=values, info=info)
 
     def check_info(self, info, strata_labels):
         refs = info["reference_scores"]
@@ -152,6 +191,18 @@ class Pot(Metric):
             raise ValueError("bandwidth")
         if int(info.get("rows_clipped", 0)) < 0:
             raise ValueError("clipped rows")
+        if RESIDUAL_INFO not in info:
+            raise ValueError("residual moments missing")
+        tau = np.asarray(info[RESIDUAL_INFO], dtype=np.float64)
+        if tau.shape != (len(refs), len(refs)) or not np.all(np.isfinite(tau)) or np.any(np.diag(tau) < 0):
+            raise ValueError("residual moments")
+
+    def moment_shape(self, option, params, info, layout):
+        """The residual cross-moments τ the Test-Client states (module docstring), by
+        which the finishing party reads the curves' covariances off S^d (`cross`)."""
+        shape = super().moment_shape(option, params, info, layout)
+        shape["cross"] = tuple(tuple(float(x) for x in row) for row in info[RESIDUAL_INFO])
+        return shape
 
     @staticmethod
     def _weights(params, info) -> np.ndarray:

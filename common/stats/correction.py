@@ -290,6 +290,11 @@ class CorrectionPlan:
     #: cells whose release is the sum of other cells' releases, (cell, its parts): LOT's
     #: pooled cells, the sums of their rank pairs' cells (`common.stats.moments.weighted_draws`)
     pooled: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    #: residual cross-moments τ between the families (one row and column per family, in
+    #: their order) where the Test-Client states them (POT's reference scores, whose kernels
+    #: overlap: `common.metrics.pot`); the families' residuals are then drawn jointly
+    #: (`common.stats.moments.joint_deviations`). Empty: families independent.
+    cross: tuple[tuple[float, ...], ...] = ()
 
     def _system(self, slots: Sequence[Sequence[int]], base: int, cells,
                 family: Family) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -420,14 +425,16 @@ def finish_corrected(plan_of_m: CorrectionPlan, item_slots, plan, suppressed_ite
 
 
 def extend(plan, groups: Sequence[str], *, square: tuple[int, int] | None = None, unit: float = 1.0,
-           span: float = 1.0, den_square: float = 1.0, spread: float | None = None):
+           span: float = 1.0, den_square: float = 1.0, spread: float | None = None,
+           cross: Sequence[Sequence[float]] = ()):
     """The metric's `plan` with M's items appended, and where they are: for every distinct
     (ciphertext, stratum) of the per-group cells, one item per pair j ≤ r on weight column
     ``k + 1 + pair`` (`pair_weights`, after the k group columns and "overall" of
     `Metric.weights`, which every metric that corrects keeps; `Metric.corrects`: its
     per-group cells sit on weight column j for group j). `square`: the (ciphertext,
     slot) of the rows' f² (`Metric.moment_squares`), whose pair items join too where
-    they are on another ciphertext; `unit`, `span`, `den_square`, `spread`: `Family`'s."""
+    they are on another ciphertext; `unit`, `span`, `den_square`, `spread`: `Family`'s;
+    `cross`: `CorrectionPlan.cross`, one row per family."""
     # The plan's own types (`common.metrics.base`'s Plan and Item), copied from the plan and
     # its items: this module sits below the metric layer and does not import it.
     k = len(groups)
@@ -461,5 +468,8 @@ def extend(plan, groups: Sequence[str], *, square: tuple[int, int] | None = None
         squares = {} if square is None else {"sq_items": pair_items(square[0], stratum), "sq_slot": square[1]}
         families.append(Family(tuple(cells), held, num_slot, den_slot, shift, unit=unit, span=span,
                                den_square=den_square, spread=spread, **squares))
+    if cross and (len(cross) != len(families) or any(len(row) != len(families) for row in cross)):
+        raise ValueError(f"{len(cross)} rows of residual cross-moments for {len(families)} cell shapes")
     return (replace(plan, items=tuple(items)),
-            CorrectionPlan(tuple(groups), tuple(families), len(plan.items)))
+            CorrectionPlan(tuple(groups), tuple(families), len(plan.items),
+                           cross=tuple(tuple(float(x) for x in row) for row in cross)))

@@ -176,26 +176,32 @@ def weighted_draws(plan, moments, row: Sequence[Sequence[int]], estimate: np.nda
     out[0] = estimate
     hidden = set(withheld)
     deviations: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # cell -> its draws' (Num, Den) deviations
-    for family in moments.families:
+    joint = joint_deviations(plan, moments, row, noise_sd, replicates, rng) if moments.cross else None
+    for f, family in enumerate(moments.families):
         items = [plan.cells[c].item for c in family.cells]
         num = np.array([float(row[i][family.num_slot]) for i in items])
         den = np.array([float(row[i][family.den_slot]) for i in items])
-        noise_n = np.array([noise_of(noise_sd, i, family.num_slot, plan.item_slots) for i in items])
-        noise_d = np.array([noise_of(noise_sd, i, family.den_slot, plan.item_slots) for i in items])
-        blocks = aggregate_moments(row, family, k, num, den, pooled_spread(plan, family, row, k))
-        cov = WEIGHT_SCALE * family.unit * np.block(blocks) + np.diag(np.concatenate([noise_n, noise_d]) ** 2)
-        delta = gaussian_draws(cov, replicates, rng)
-        d_num, d_den = delta[:, :k], delta[:, k:]
+        if joint is not None:
+            d_num, d_den = joint[f]
+        else:
+            noise_n, noise_d = _family_noise(plan, family, noise_sd)
+            blocks = aggregate_moments(row, family, k, num, den, pooled_spread(plan, family, row, k))
+            cov = WEIGHT_SCALE * family.unit * np.block(blocks) + np.diag(np.concatenate([noise_n, noise_d]) ** 2)
+            delta = gaussian_draws(cov, replicates, rng)
+            d_num, d_den = delta[:, :k], delta[:, k:]
         shift = 2.0 ** family.scale_shift
         for j, c in enumerate(family.cells):
             deviations[c] = (d_num[:, j], d_den[:, j])
             if items[j] in hidden or not np.isfinite(estimate[c]):
                 continue
             out[1:, c] = _ratios(num[j] + d_num[:, j], den[j] + d_den[:, j]) * shift + plan.cells[c].offset
+        where = (plan.items[items[0]].ciphertext, plan.items[items[0]].stratum)
         for c, cell in enumerate(plan.cells):  # overall: its release is the groups' sum
-            if cell.group != "overall" or cell.kind != "group" or not np.isfinite(estimate[c]) \
-                    or (cell.num_slot, cell.den_slot, cell.scale_shift) != \
-                    (family.num_slot, family.den_slot, family.scale_shift) or cell.item in hidden:
+            if cell.group != "overall" or cell.kind not in ("group", "curve") or not np.isfinite(estimate[c]) \
+                    or (cell.num_slot, cell.den_slot, cell.scale_shift, cell.score) != \
+                    (family.num_slot, family.den_slot, family.scale_shift, plan.cells[family.cells[0]].score) \
+                    or (plan.items[cell.item].ciphertext, plan.items[cell.item].stratum) != where \
+                    or cell.item in hidden:
                 continue
             out[1:, c] = _summed_draws(row, cell, d_num.sum(axis=1), d_den.sum(axis=1))
     for c, parts in moments.pooled:  # a sum of other cells' releases: the sum of their deviations
@@ -205,6 +211,40 @@ def weighted_draws(plan, moments, row: Sequence[Sequence[int]], estimate: np.nda
         out[1:, c] = _summed_draws(row, cell, sum(deviations[p][0] for p in parts),
                                    sum(deviations[p][1] for p in parts))
     return out
+
+
+def _family_noise(plan, family, noise_sd: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """The estimate's noise sd of a family's numerator and denominator slots, per group."""
+    items = [plan.cells[c].item for c in family.cells]
+    return (np.array([noise_of(noise_sd, i, family.num_slot, plan.item_slots) for i in items]),
+            np.array([noise_of(noise_sd, i, family.den_slot, plan.item_slots) for i in items]))
+
+
+def cross_covariance(moments, row, k: int) -> np.ndarray:
+    """The covariance of the residual sums r_(f,a) = Σ_i p_ia·(num_f − R_fa·den_f) over
+    every family f and group a (index f·k + a), in the slots' units, from the pair items'
+    S^d and the stated cross-moments τ (`CorrectionPlan.cross`; `common.metrics.pot`):
+    ``½(S^d_ab,f·τ_fg + S^d_ab,g·τ_gf)`` times 2^32 and the slots' scale."""
+    sd = np.stack([np.clip(pair_matrix(row, fam, fam.den_slot, k), 0.0, None) for fam in moments.families])
+    tau = np.asarray(moments.cross, dtype=np.float64)
+    x = np.einsum("fab,fg->fagb", sd, tau)
+    cov = 0.5 * (x + x.transpose(2, 3, 0, 1))
+    n = len(moments.families) * k
+    return WEIGHT_SCALE * moments.families[0].unit * cov.reshape(n, n)
+
+
+def joint_deviations(plan, moments, row, noise_sd: Sequence[float], replicates: int,
+                     rng: np.random.Generator) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per family, the (replicates, k) deviations of its (Num, Den) when the families'
+    residuals are correlated (`cross_covariance`): Num's the joint residual draws plus its
+    noise, Den's its noise alone (the delta method: a ratio moves by r/Den to first order,
+    its denominator's own sampling spread entering at second order only)."""
+    k = len(moments.groups)
+    noise = [_family_noise(plan, family, noise_sd) for family in moments.families]
+    noise_n = np.concatenate([n for n, _ in noise])
+    d_num = gaussian_draws(cross_covariance(moments, row, k) + np.diag(noise_n ** 2), replicates, rng)
+    return [(d_num[:, f * k:(f + 1) * k], rng.standard_normal((replicates, k)) * noise_d)
+            for f, (_, noise_d) in enumerate(noise)]
 
 
 def _summed_draws(row, cell, d_num: np.ndarray, d_den: np.ndarray) -> np.ndarray:
@@ -250,13 +290,16 @@ def corrected_rows(plan, moments, row: Sequence[Sequence[int]], noise_sd: Sequen
     k = len(moments.groups)
     rows = [[list(map(float, s)) for s in row] for _ in range(replicates + 1)]
     drawn: set[int] = set()  # families on one ciphertext share their pair items
-    for family in moments.families:
-        v = residual_moments(row, family, k, pooled_spread(plan, family, row, k))
+    joint = joint_deviations(plan, moments, row, noise_sd, replicates, rng) if moments.cross else None
+    for f, family in enumerate(moments.families):
         items = [plan.cells[c].item for c in family.cells]
-        noise_n = np.array([noise_of(noise_sd, i, family.num_slot, plan.item_slots) for i in items])
-        noise_d = np.array([noise_of(noise_sd, i, family.den_slot, plan.item_slots) for i in items])
-        d_num = gaussian_draws(WEIGHT_SCALE * family.unit * v + np.diag(noise_n ** 2), replicates, rng)
-        d_den = rng.standard_normal((replicates, k)) * noise_d
+        if joint is not None:
+            d_num, d_den = joint[f]
+        else:
+            v = residual_moments(row, family, k, pooled_spread(plan, family, row, k))
+            noise_n, noise_d = _family_noise(plan, family, noise_sd)
+            d_num = gaussian_draws(WEIGHT_SCALE * family.unit * v + np.diag(noise_n ** 2), replicates, rng)
+            d_den = rng.standard_normal((replicates, k)) * noise_d
         pair_sd = [noise_of(noise_sd, i, family.den_slot, plan.item_slots) for i in family.pair_items]
         d_m = rng.standard_normal((replicates, len(pair_sd))) * np.array(pair_sd)
         for r in range(1, replicates + 1):
