@@ -134,7 +134,7 @@ def free_port() -> int:
 
 
 def wait_healthy(address: str, proc: subprocess.Popen, timeout: float = 120.0, tls=None) -> None:
-    from common.channels import check_health
+    from common.net.channels import check_health
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -176,7 +176,7 @@ def main() -> int:
         env["PPRE_WORKERS"] = str(args.workers)
     ppre = [sys.executable, "-m", "ppre.cli"]
     # mutual TLS as deployed: a development CA for this run (`ppre certs init`)
-    from common.tls import DevCA, TlsIdentity
+    from common.net.tls import DevCA, TlsIdentity
     certs = Path(tmp.name) / "certs"
     DevCA.generate().write(certs)
     operator = TlsIdentity.from_dir(certs, "operator")

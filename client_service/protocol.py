@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import pandas as pd
 
-from common import validation, wire
+from common.protocol import validation, wire
 from common.execution import parallel
 from common.stats import moments
 from common.crypto import commutative, encoding, paillier
@@ -37,10 +37,10 @@ from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.crypto.masking import masked_ratio
 from common.metrics.base import Layout, Metric
 from common.stats.results import AuditReport, finish
-from common.session import PhaseClock, chunk_ticks, expect_phase
+from common.protocol.session import PhaseClock, chunk_ticks, expect_phase
 from proto import ppre_pb2 as pb
 
-#: the limits on what the Tester sends, with the checks: common.validation
+#: the limits on what the Tester sends, with the checks: common.protocol.validation
 PROTOCOL_VERSION = validation.PROTOCOL_VERSION
 
 #: (dataset name, metric) -> the dataset as read (its file label in frame.attrs["file"])
@@ -81,7 +81,7 @@ class ClientSession:
         whatever it raises ends the session (the servicer stops work for a Tester that left,
         or when it shuts down). `progress(phase, done, total)` reports what the session is
         busy with (the servicer's heartbeats carry it to the Tester). `max_received_bytes`:
-        the most the Tester may send in this session (`common.validation`). `executor`:
+        the most the Tester may send in this session (`common.protocol.validation`). `executor`:
         where the per-row work runs (the service's; default inline, `common.execution.parallel`).
         `accept_noiseless`: go on with aggregates that carry no release noise (the
         Tester's controls off, design §8.6); the service passes its operator's choice,
@@ -103,7 +103,7 @@ class ClientSession:
         self._modulus_bits = modulus_bits
         self._allow_insecure = allow_insecure
         self.phase = Phase.WAIT_HELLO
-        #: every message from the Tester is checked here first (common.validation)
+        #: every message from the Tester is checked here first (common.protocol.validation)
         self._inbound = validation.ClientInbound(max_received_bytes=max_received_bytes)
         self._clock = PhaseClock()
         self.phase_seconds = self._clock.seconds
@@ -164,7 +164,7 @@ class ClientSession:
 
     def receive(self, msg: pb.PeerMessage) -> Iterable[pb.PeerMessage]:
         """Consume one message from the Tester; returns the messages to send back.
-        `common.validation.ClientInbound` checks it (phase, order, content) before its
+        `common.protocol.validation.ClientInbound` checks it (phase, order, content) before its
         `_on_<kind>` handler runs; a session that failed refuses every later message."""
         return self._inbound.receive(self, msg)
 
@@ -264,7 +264,7 @@ class ClientSession:
     def _on_chunk(self, chunk: pb.TableChunk, rows: validation.Rows) -> list[pb.PeerMessage]:
         if self.phase is Phase.WAIT_TESTER_ROWS:
             # step 3 on the executor, while the next chunks arrive (the points were checked
-            # by the gate, common.validation; the task checks them again where it runs)
+            # by the gate, common.protocol.validation; the task checks them again where it runs)
             first = self._reader.rows - chunk.rows
             future = self._executor.submit(self._com_key.multiply_task(), chunk.points, first)
             if future.done():
@@ -404,7 +404,7 @@ class ClientSession:
 
     def _finish(self) -> list[pb.PeerMessage]:
         header, plan = self._header, self._plan
-        # the table's length was checked on arrival (common.validation)
+        # the table's length was checked on arrival (common.protocol.validation)
         zero_tests = self._aggregates[len(self._aggregates) - header.zero_tests:]
         self._aggregates = self._aggregates[:len(self._aggregates) - header.zero_tests]
         empty = [i for i, z in enumerate(self._paillier.decrypt_task()(zero_tests)) if z == 0]

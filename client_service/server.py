@@ -1,14 +1,14 @@
 """The Test-Client's gRPC servicer: moves PeerMessages to and from a `ClientSession`.
 
 It enforces what the session cannot: the session limit (`--max-sessions`), the peer
-timeout and heartbeats (`common.peer_stream`: a stalled Tester or a cut link ends the
+timeout and heartbeats (`common.net.peer_stream`: a stalled Tester or a cut link ends the
 session, and the Tester hears from a busy Test-Client at least every `heartbeat_s`), a
 maximum session duration, shutdown (running sessions end with a "shutting down"
 Abort), one clean Abort message for any error (never one in answer to the Tester's own
 Abort), and `session.close()` however the stream ends. A call the Tester broke ends,
 after that Abort, with a gRPC status: INVALID_ARGUMENT for malformed content
 (`ProtocolError`), FAILED_PRECONDITION for a message at the wrong moment (`PhaseError`;
-both from `common.validation`); every other ending keeps status OK.
+both from `common.protocol.validation`); every other ending keeps status OK.
 
 Each call runs on three threads: gRPC's handler thread sends what the session's
 `Outbox` holds (and heartbeats), an `Inbox` thread reads the Tester's stream, and a
@@ -26,15 +26,17 @@ import grpc
 from client_service.datasets import DatasetRegistry
 from client_service.protocol import ClientSession, Phase
 from client_service.results import ResultStore
-from common import channels, logs, validation
+from common import logs
+from common.net import channels
+from common.protocol import validation
 from common.execution import parallel
 from common.crypto import paillier
-from common import tls as tls_
-from common.admission import SessionTable
+from common.net import tls as tls_
+from common.net.admission import SessionTable
 from common.errors import InputError, PeerAborted, PPREError, ProtocolError, ShuttingDownError
-from common.session import PhaseError
+from common.protocol.session import PhaseError
 from common.execution.memory import release_freed_memory
-from common.peer_stream import Inbox, Outbox, ProgressState
+from common.net.peer_stream import Inbox, Outbox, ProgressState
 from proto import ppre_pb2 as pb
 
 log = logging.getLogger("ppre.client")
@@ -63,9 +65,9 @@ class ClientConfig:
     settings: channels.LinkSettings = field(default_factory=channels.LinkSettings.from_env)
     #: most sessions at once (`--max-sessions`); beyond it a Tester gets a resource_exhausted Abort
     max_sessions: int = 4
-    #: most bytes one Tester may send in one session (common.validation)
+    #: most bytes one Tester may send in one session (common.protocol.validation)
     max_received_bytes: int = validation.DEFAULT_MAX_RECEIVED_BYTES
-    #: mutual TLS (common.tls): this service's certificate, key and CA. None: plaintext,
+    #: mutual TLS (common.net.tls): this service's certificate, key and CA. None: plaintext,
     #: no identities (the CLI gets here only with --insecure)
     tls: tls_.TlsIdentity | None = None
     #: Tester identities allowed to open an Exchange (`--allow-tester`; TLS only)
@@ -125,7 +127,7 @@ class _Exchange:
 
     def _bind(self, msg: pb.PeerMessage) -> None:
         """On the Tester's Hello: this thread's log lines carry the audit's id from now on
-        (only an id `common.validation` will accept: the Hello's check refuses the others)."""
+        (only an id `common.protocol.validation` will accept: the Hello's check refuses the others)."""
         if self.audit_id is None and msg.WhichOneof("body") == "hello" and logs.valid_audit_id(msg.hello.audit_id):
             self.audit_id = self.phases.audit_id = msg.hello.audit_id
             logs.bind_audit_id(self.audit_id)
@@ -154,7 +156,7 @@ class _Exchange:
                 log.debug("received %s in phase %s", msg.WhichOneof("body"), session.phase.value)  # kinds only
                 for out in session.receive(msg):
                     outbox.put(out, self.checkpoint)
-                if msg.WhichOneof("body") == "hello":  # accepted (common.validation): its fields are sane
+                if msg.WhichOneof("body") == "hello":  # accepted (common.protocol.validation): its fields are sane
                     log.info("audit session opened (metric %s, dataset %r)", msg.hello.metric, session.dataset,
                              extra=logs.audit_extra(event="session_opened", metric=msg.hello.metric,
                                                     dataset=session.dataset, buckets=msg.hello.buckets))

@@ -2,7 +2,7 @@
 
 Used by `ppre audit --local`, `ppre demo`, the benchmark and tests: the Tester and the
 Test-Client still talk only through gRPC, exactly as two containers would — over mutual
-TLS by default: a development CA is made in memory for the run (`common.tls.DevCA`;
+TLS by default: a development CA is made in memory for the run (`common.net.tls.DevCA`;
 nothing is written to disk), with the Tester's, the Test-Client's and the operator's
 certificates, and the two addresses are remembered (`channels.remember_dial`) so that
 `run_audit(services.tester_address, ...)` in this process presents the operator's
@@ -28,10 +28,10 @@ from client_service.results import ResultStore
 from client_service.server import ClientConfig, ClientServicer
 from client_service.server import serve as serve_client
 from common.crypto import paillier
-from common import channels
-from common.channels import LinkSettings
+from common.net import channels
+from common.net.channels import LinkSettings
 from common.execution.parallel import Executor
-from common.tls import TESTER_IDENTITY, DevCA, TlsIdentity
+from common.net.tls import TESTER_IDENTITY, DevCA, TlsIdentity
 from common.stats import bootstrap as boot
 from tester_service.history import RunHistory
 from tester_service.release import PrivacyAccountant, ReleasePolicy

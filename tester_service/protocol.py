@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from common.stats import bootstrap as boot
-from common import validation, wire
+from common.protocol import validation, wire
 from common.execution import parallel
 from common.stats import correction, moments
 from common.crypto import commutative, encoding, paillier
@@ -48,7 +48,7 @@ from common.metrics import correcting_metrics, get_metric
 from common.metrics.base import SECOND_MOMENTS, Layout, composite_items, sensitivity_rows
 from common.stats.correction import finish_corrected
 from common.stats.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, AuditReport, finish, receipt, small_for_verdict
-from common.session import PhaseClock, chunk_ticks, expect_phase
+from common.protocol.session import PhaseClock, chunk_ticks, expect_phase
 from common.crypto.symmetric import RowSealer, sealed_width
 from proto import ppre_pb2 as pb
 from tester_service import aggregation
@@ -83,7 +83,7 @@ class AuditSpec:
         metric.parse_params(self.params)
         if not self.client_dataset:
             raise InputError("no client dataset named", parameter="client dataset")
-        # what the Test-Client accepts in a Hello (common.validation): refused here as the operator's input
+        # what the Test-Client accepts in a Hello (common.protocol.validation): refused here as the operator's input
         if len(self.client_dataset) > validation.MAX_NAME_CHARS:
             raise InputError(f"at most {validation.MAX_NAME_CHARS} characters", parameter="client dataset")
         if sum(len(k) + len(v) for k, v in self.params.items()) > validation.MAX_PARAM_CHARS:
@@ -110,7 +110,7 @@ JOIN_WINDOW = 4
 def double_client_chunk(multiply: commutative.ScalarMultiplication, points: bytes, first: int, ciphertexts: bytes,
                         public_key: paillier.PublicKey | None) -> bytes:
     """Step 5 for one chunk of the Test-Client's rows, on the executor: check its
-    ciphertexts (`common.validation.check_ciphertexts`) and return its points doubly
+    ciphertexts (`common.protocol.validation.check_ciphertexts`) and return its points doubly
     encrypted (the task checks them, `commutative.validate_points`). Top-level, so that
     an executor can send it to a worker process."""
     if ciphertexts:
@@ -160,7 +160,7 @@ class TesterSession:
         secure defaults of `tester_service.release`); `charge(rho)` spends this audit's
         privacy budget just before anything is released (it raises to refuse, and returns
         the budget left). `max_received_bytes`: the most the Test-Client may send in this
-        session (`common.validation`). `executor`: where the per-row work runs (the
+        session (`common.protocol.validation`). `executor`: where the per-row work runs (the
         service's; default inline, `common.execution.parallel`). `audit_id`: the audit's correlation
         id, sent in the Hello for the Test-Client's log lines (default: a fresh one,
         `common.logs`)."""
@@ -192,7 +192,7 @@ class TesterSession:
         self._suppressed: list[int] = []
         self._noise_sd: list[float] = []  # per item slot: the estimate's, then the groups'
         self.phase = Phase.START
-        #: every message from the Test-Client is checked here first (common.validation)
+        #: every message from the Test-Client is checked here first (common.protocol.validation)
         self._inbound = validation.TesterInbound(max_received_bytes=max_received_bytes)
         self._clock = PhaseClock()
         self.phase_seconds = self._clock.seconds
@@ -285,7 +285,7 @@ class TesterSession:
 
     def receive(self, msg: pb.PeerMessage) -> Iterable[pb.PeerMessage]:
         """Consume one message from the Test-Client; returns the messages to send back.
-        `common.validation.TesterInbound` checks it (phase, order, content) before its
+        `common.protocol.validation.TesterInbound` checks it (phase, order, content) before its
         `_on_<kind>` handler runs; a session that failed refuses every later message."""
         return self._inbound.receive(self, msg)
 
@@ -950,7 +950,7 @@ class TesterSession:
 
     def _on_client_result(self, res: pb.ClientResult, _: None) -> list[pb.PeerMessage]:
         """Result recipient `client`: the Test-Client kept the result (design §3.7), and
-        sent its timings only (`common.validation` refuses one with a result). The
+        sent its timings only (`common.protocol.validation` refuses one with a result). The
         session ends with a receipt: the audit's settings and our own facts."""
         kept = receipt(metric=self.spec.metric, option=self.spec.metric_option, bootstrap=self._replicates(),
                        confidence=self.spec.confidence, interval=self._interval(), tau=self.spec.tau,

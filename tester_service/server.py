@@ -21,16 +21,16 @@ import grpc
 import pandas as pd
 
 from common.stats import bootstrap as boot_defaults
-from common import channels
+from common.net import channels
 from common.execution import parallel
 from common.crypto import paillier
 from common import logs
-from common import tls as tls_
-from common import validation
-from common.admission import SessionTable
+from common.net import tls as tls_
+from common.protocol import validation
+from common.net.admission import SessionTable
 from common.errors import InputError, PeerAborted, PeerTimeoutError, PPREError, ShuttingDownError
 from common.execution.memory import release_freed_memory
-from common.peer_stream import Inbox, Outbox, ProgressState
+from common.net.peer_stream import Inbox, Outbox, ProgressState
 from common.stats.results import DEFAULT_TAU
 from proto import ppre_pb2 as pb
 from proto import ppre_pb2_grpc as pb_grpc
@@ -73,9 +73,9 @@ class TesterConfig:
     release: ReleasePolicy = field(default_factory=ReleasePolicy)
     #: ρ spent per Test-Client identity; None: an in-memory one over `release.budget`
     accountant: PrivacyAccountant | None = None
-    #: the most a Test-Client may send in one session (common.validation)
+    #: the most a Test-Client may send in one session (common.protocol.validation)
     max_received_bytes: int = validation.DEFAULT_MAX_RECEIVED_BYTES
-    #: mutual TLS on both links (common.tls): this service's certificate, key and CA.
+    #: mutual TLS on both links (common.net.tls): this service's certificate, key and CA.
     #: None: plaintext, no identities (the CLI gets here only with --insecure)
     tls: tls_.TlsIdentity | None = None
     #: operator identities allowed to call RunAudit (`--allow-operator`; TLS only)
@@ -148,7 +148,7 @@ def _grpc_error(exc: grpc.RpcError, who: str) -> pb.AuditEvent:
     """A failed gRPC call as the operator's error: the status code in lower case
     ("unavailable", "deadline_exceeded", "resource_exhausted", ...) and its details; a
     peer that refused our messages (INVALID_ARGUMENT, FAILED_PRECONDITION: its validation,
-    common.validation) is a "protocol_error", as when its Abort arrives first."""
+    common.protocol.validation) is a "protocol_error", as when its Abort arrives first."""
     code = exc.code() if callable(getattr(exc, "code", None)) else None
     details = exc.details() if callable(getattr(exc, "details", None)) else None
     name = code.name.lower() if code is not None else "unavailable"
@@ -174,7 +174,7 @@ class _AuditRun:
     as it happens, and lets an operator who goes away stop the audit: `cancel()` (wired
     to the call's termination) makes the session's next checkpoint raise `_Cancelled`;
     `stop(error)` (shutdown) makes it raise `error`, which is reported to the operator
-    and, as an Abort, to the Test-Client. Peer messages move through `common.peer_stream`
+    and, as an Abort, to the Test-Client. Peer messages move through `common.net.peer_stream`
     (heartbeats both ways, peer deadlines, bounded queues).
     """
 

@@ -42,8 +42,8 @@ from typing import Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common import channels
-from common.tls import CLIENT_IDENTITY, TESTER_IDENTITY, DevCA, TlsIdentity
+from common.net import channels
+from common.net.tls import CLIENT_IDENTITY, TESTER_IDENTITY, DevCA, TlsIdentity
 from tests.helpers import free_loopback_port, make_inputs, pid_alive
 
 REPO = Path(__file__).resolve().parents[1]

@@ -364,7 +364,7 @@ def test_sends_nothing(population, monkeypatch, capsys):
     code = ("import sys; from tester_service.demographics.bisg_validation import format_report, validate; "
             f"format_report(validate({str(d / 'members.csv')!r}, {str(d / 'self_id.csv')!r}, first_names=True)); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'requests', 'urllib3') "
-            "or m in ('tester_service.server', 'tester_service.protocol', 'common.tls')))")
+            "or m in ('tester_service.server', 'tester_service.protocol', 'common.net.tls')))")
     done = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"

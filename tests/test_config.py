@@ -193,7 +193,7 @@ SELF_ID = pd.DataFrame({"Member ID": ["a1", "a3"], "race": ["white", "api"]})
 
 
 def _certs(directory: Path) -> Path:
-    from common.tls import DevCA
+    from common.net.tls import DevCA
     DevCA.generate("test CA").write(directory)
     return directory
 

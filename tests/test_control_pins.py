@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 
 from client_service.protocol import ClientSession
-from common import validation
+from common.protocol import validation
 from common.crypto import encoding, paillier
 from common.errors import ProtocolError
 from common.races import RACES
@@ -412,7 +412,7 @@ def test_a_square_that_is_not_a_unit_is_refused(client_key):
 def test_allow_lists_match_identities_exactly():
     """No prefix, no suffix, no case folding, no whitespace trimming of the peer's name:
     only the exact identity on the list is admitted."""
-    from common.tls import AllowList, IdentityInterceptor
+    from common.net.tls import AllowList, IdentityInterceptor
     allow = AllowList.of("operator", ["operator.ppre.local"], "--allow-operator")
     assert allow.match(["operator.ppre.local"]) == "operator.ppre.local"
     near = ["operator.ppre.local.evil.example", "operator.ppre.loca", "OPERATOR.ppre.local", "Operator.PPRE.Local",

@@ -277,7 +277,7 @@ def test_an_operator_may_not_ask_a_metric_without_a_correction_for_one():
 
 
 def test_the_test_client_refuses_a_hello_asking_an_impossible_correction():
-    from common import validation
+    from common.protocol import validation
 
     inbound = validation.ClientInbound()
     hello = pb.Hello(protocol_version=validation.PROTOCOL_VERSION, metric="lot", salt_share=b"\0" * 32,

@@ -1,4 +1,4 @@
-"""Every received message is validated before use (common.validation): fuzzed.
+"""Every received message is validated before use (common.protocol.validation): fuzzed.
 
 Property-based tests (hypothesis, derandomized: the same examples on every run, no
 example database written) that drive both parties with random and mutated messages:
@@ -37,11 +37,12 @@ from client_service.datasets import DatasetRegistry
 from client_service.protocol import ClientSession
 from client_service.server import ClientConfig
 from client_service.server import serve as serve_client
-from common import channels, validation, wire
+from common.net import channels
+from common.protocol import validation, wire
 from common.crypto import paillier
-from common.channels import LinkSettings
+from common.net.channels import LinkSettings
 from common.errors import InputError, PeerAborted, ProtocolError
-from common.session import PhaseError
+from common.protocol.session import PhaseError
 from proto import ppre_pb2 as pb
 from tester_service import server as tester_server
 from tester_service.inputs import read_probability_table

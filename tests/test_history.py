@@ -27,10 +27,10 @@ import grpc
 import pytest
 
 from client_service.datasets import DatasetRegistry
-from common import channels, tls
+from common.net import channels, tls
 from common.errors import InputError
 from common.stats.results import AuditReport
-from common.tls import TlsIdentity
+from common.net.tls import TlsIdentity
 from ppre.cli import main as ppre_main
 from ppre.local import local_services
 from proto import ppre_pb2 as pb

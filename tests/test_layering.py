@@ -17,6 +17,13 @@ name their module in the text (`_dynamic_import`). The graph must have
   but `common.errors`, itself, the t quantile of `common.metrics.scoring` and the generated
   `proto.ppre_pb2` envelope: no protocol message layer, session, network, executor,
   cryptography or party;
+* `common.net` (channels, TLS, peer streams, admission) importing nothing of ours but
+  `common.errors`, itself, the message layer `common.protocol` and `proto.ppre_pb2`: no
+  statistics, metrics, cryptography, executor or party;
+* `common.protocol` (wire, validation, session: the message layer) importing nothing of
+  ours but `common.errors`, itself, `common.logs`, the cryptography, the metrics, the
+  statistics and `proto.ppre_pb2`: never the network that carries its messages, an
+  executor, the tables reader or a party;
 * no Tester-only module in `common/` (BISG, census names, clipping, randomized response
   live in `tester_service/demographics/`).
 
@@ -43,7 +50,10 @@ FORBIDDEN = (
 CONFINED = {"tester_service.demographics": ("common", "tester_service.demographics"),
             "common.crypto": ("common.errors", "common.crypto"),
             "common.execution": ("common.errors", "common.execution"),
-            "common.stats": ("common.errors", "common.stats", "common.metrics.scoring", "proto.ppre_pb2")}
+            "common.stats": ("common.errors", "common.stats", "common.metrics.scoring", "proto.ppre_pb2"),
+            "common.net": ("common.errors", "common.net", "common.protocol", "proto.ppre_pb2"),
+            "common.protocol": ("common.errors", "common.protocol", "common.logs", "common.crypto",
+                                "common.metrics", "common.stats", "proto.ppre_pb2")}
 #: module names that only the Tester runs: they may not sit in common/
 TESTER_ONLY = ("bisg", "census_names", "clipping", "randomized_response")
 
@@ -196,6 +206,8 @@ def test_the_graph_sees_the_imports_the_code_makes(graph):
     assert "common.execution.memory" in graph["common.execution.parallel"]  # inside a function
     assert "common.metrics.scoring" in graph["common.stats.results"]  # inside a function
     assert "common.stats.correction" in graph["common.stats.moments"]
+    assert {"common.net.tls", "common.protocol.wire"} <= graph["common.net.channels"]
+    assert "common.protocol.session" in graph["common.protocol.validation"]
     assert len(graph) > 60
 
 
@@ -276,8 +288,8 @@ def test_the_executors_admit_only_errors_and_themselves():
 def test_the_statistics_import_no_protocol_executor_crypto_or_party():
     allowed = {"common.errors", "common.stats.correction", "common.metrics.scoring", "proto.ppre_pb2"}
     graph = {"common.stats.results": set(allowed),
-             "common.stats.moments": {"common.stats.correction", "common.wire"},
-             "common.stats.correction": {"common.validation", "common.session"},
+             "common.stats.moments": {"common.stats.correction", "common.protocol.wire"},
+             "common.stats.correction": {"common.protocol.validation", "common.net.channels"},
              "common.stats.bootstrap": {"common.execution.parallel", "common.crypto.paillier"},
              "common.stats": {"tester_service.protocol", "common.metrics.base", "proto.ppre_pb2_grpc"},
              "common.metrics.base": {"common.stats.correction"}}
@@ -286,9 +298,9 @@ def test_the_statistics_import_no_protocol_executor_crypto_or_party():
                                "common.stats -> tester_service.protocol",
                                "common.stats.bootstrap -> common.crypto.paillier",
                                "common.stats.bootstrap -> common.execution.parallel",
-                               "common.stats.correction -> common.session",
-                               "common.stats.correction -> common.validation",
-                               "common.stats.moments -> common.wire"]
+                               "common.stats.correction -> common.net.channels",
+                               "common.stats.correction -> common.protocol.validation",
+                               "common.stats.moments -> common.protocol.wire"]
 
 
 def _copy_of_the_tree(tmp_path: Path) -> Path:
@@ -299,10 +311,43 @@ def _copy_of_the_tree(tmp_path: Path) -> Path:
 
 def test_a_protocol_import_in_the_statistics_and_a_reader_import_in_an_executor_are_found(tmp_path):
     root = _copy_of_the_tree(tmp_path)
-    late = "\n\ndef _late():\n    from common import {0}  # noqa\n    return {0}\n"
-    for path, name in ((root / "common" / "stats" / "results.py", "wire"),
-                       (root / "common" / "execution" / "memory.py", "errors"),
-                       (root / "common" / "execution" / "parallel.py", "tables")):
-        path.write_text(path.read_text(encoding="utf-8") + late.format(name), encoding="utf-8")
+    late = "\n\ndef _late():\n    from {0} import {1}  # noqa\n    return {1}\n"
+    for path, package, name in ((root / "common" / "stats" / "results.py", "common.protocol", "wire"),
+                                (root / "common" / "execution" / "memory.py", "common", "errors"),
+                                (root / "common" / "execution" / "parallel.py", "common", "tables")):
+        path.write_text(path.read_text(encoding="utf-8") + late.format(package, name), encoding="utf-8")
     found = breaches(import_graph(root))
-    assert found == ["common.execution.parallel -> common.tables", "common.stats.results -> common.wire"]
+    assert found == ["common.execution.parallel -> common.tables", "common.stats.results -> common.protocol.wire"]
+
+
+def test_the_network_sits_on_the_message_layer_and_neither_reaches_further():
+    graph = {"common.net.channels": {"common.net.tls", "common.protocol.wire", "common.errors"},
+             "common.net.peer_stream": {"common.protocol.validation", "proto.ppre_pb2", "common.stats.results"},
+             "common.net.tls": {"common.crypto.symmetric", "common.metrics.base"},
+             "common.net.admission": {"common.execution.parallel", "tester_service.server"},
+             "common.protocol.validation": {"common.protocol.wire", "common.protocol.session", "common.logs",
+                                            "common.crypto.paillier", "common.metrics", "common.stats.correction",
+                                            "proto.ppre_pb2"},
+             "common.protocol.wire": {"common.net.channels", "proto.ppre_pb2_grpc"},
+             "common.protocol.session": {"common.execution.parallel", "common.tables"},
+             "common.crypto.paillier": {"common.net.tls"},
+             "tester_service.server": {"common.net.channels", "common.protocol.validation"}}
+    assert breaches(graph) == ["common.crypto.paillier -> common.net.tls",
+                               "common.net.admission -> common.execution.parallel",
+                               "common.net.admission -> tester_service.server",
+                               "common.net.peer_stream -> common.stats.results",
+                               "common.net.tls -> common.crypto.symmetric",
+                               "common.net.tls -> common.metrics.base",
+                               "common.protocol.session -> common.execution.parallel",
+                               "common.protocol.session -> common.tables",
+                               "common.protocol.wire -> common.net.channels",
+                               "common.protocol.wire -> proto.ppre_pb2_grpc"]
+
+
+def test_a_network_import_in_the_message_layer_of_a_copy_of_the_tree_is_found(tmp_path):
+    root = _copy_of_the_tree(tmp_path)
+    validation = root / "common" / "protocol" / "validation.py"
+    validation.write_text(validation.read_text(encoding="utf-8")
+                          + "\n\ndef _late():\n    from common.net import channels  # noqa\n    return channels\n",
+                          encoding="utf-8")
+    assert breaches(import_graph(root)) == ["common.protocol.validation -> common.net.channels"]

@@ -20,11 +20,11 @@ from client_service.datasets import DatasetRegistry
 from client_service.protocol import ClientSession
 from client_service.server import ClientConfig
 from client_service.server import serve as serve_client
-from common import channels
+from common.net import channels
 from common.metrics.base import Component
 from common.stats.results import AuditReport
 from common.metrics.ero import METRIC as ERO
-from common.channels import LinkSettings
+from common.net.channels import LinkSettings
 from common.errors import InputError, PeerAborted, ProtocolError
 from ppre.cli import main as ppre_main
 from ppre.local import local_services

@@ -71,7 +71,7 @@ def test_the_mac_is_the_documented_hmac_over_canonical_json():
 
 # ---------------------------------------------------------------- TLS identities and allow-lists
 def _operators():
-    from common.tls import AllowList
+    from common.net.tls import AllowList
     return AllowList.of("operator", ["operator.ppre.local"], "--allow-operator")
 
 
@@ -79,7 +79,7 @@ def test_an_identity_refusal_is_recorded_with_its_method_identity_and_reason():
     """A refused caller is aborted with PERMISSION_DENIED and told to `on_refused` (the
     Tester's audit log) with the method, the identity and the reason."""
     import grpc
-    from common.tls import IdentityInterceptor
+    from common.net.tls import IdentityInterceptor
     recorded = []
     interceptor = IdentityInterceptor({"/ppre.v1.Tester/": _operators()},
                                       on_refused=lambda *args: recorded.append(args))
@@ -95,7 +95,7 @@ def test_an_identity_refusal_is_recorded_with_its_method_identity_and_reason():
 def test_a_method_under_no_rule_is_refused_even_to_an_allow_listed_peer():
     """Deny by default: a method no rule covers is refused with PERMISSION_DENIED."""
     import grpc
-    from common.tls import IdentityInterceptor
+    from common.net.tls import IdentityInterceptor
     interceptor = IdentityInterceptor({"/ppre.v1.Tester/": _operators()})
     context = CallContext(x509_common_name=["operator.ppre.local"])
     with pytest.raises(PermissionError):
@@ -106,7 +106,7 @@ def test_a_method_under_no_rule_is_refused_even_to_an_allow_listed_peer():
 @pytest.mark.parametrize("key", ["x509_subject_alternative_name", "peer_dns", "peer_uri", "peer_email", "peer_ip"])
 def test_a_peer_allow_listed_by_a_subject_alternative_name_is_admitted(key):
     """Any verified name of the peer may be the allow-listed one, not only its CN."""
-    from common.tls import IdentityInterceptor
+    from common.net.tls import IdentityInterceptor
     context = CallContext(x509_common_name=["some-host.example"], **{key: ["operator.ppre.local"]})
     IdentityInterceptor({"/ppre.v1.Tester/": _operators()}).check("/ppre.v1.Tester/RunAudit", context)
     assert context.aborted is None
@@ -115,7 +115,7 @@ def test_a_peer_allow_listed_by_a_subject_alternative_name_is_admitted(key):
 def test_the_audit_logs_who_is_the_name_the_caller_was_admitted_under():
     """`caller_identity`: the allow-listed name the peer matched; without a list its CN,
     else its first name; without TLS nothing."""
-    from common.tls import caller_identity
+    from common.net.tls import caller_identity
     context = CallContext(x509_common_name=["cn.example"],
                        x509_subject_alternative_name=["other.example", "operator.ppre.local"])
     assert caller_identity(context, _operators()) == "operator.ppre.local"
@@ -133,7 +133,7 @@ def test_every_kind_of_handler_is_guarded_and_only_health_is_open():
     """`intercept_service` wraps each of the four handler kinds so that the identity is
     checked before the behaviour runs, keeps its (de)serialisers, and leaves health open."""
     import grpc
-    from common.tls import IdentityInterceptor
+    from common.net.tls import IdentityInterceptor
     interceptor = IdentityInterceptor({"/ppre.v1.Tester/": _operators()})
     ran = []
 
@@ -170,7 +170,7 @@ def test_the_peers_timings_are_a_few_named_finite_non_negative_numbers():
     """`check_seconds`: up to MAX_SECONDS_ENTRIES named entries; a negative, NaN or
     infinite value, a bad name or one entry too many is refused."""
     from common.errors import ProtocolError
-    from common.validation import MAX_SECONDS_ENTRIES, check_seconds
+    from common.protocol.validation import MAX_SECONDS_ENTRIES, check_seconds
     full = {f"phase_{i}": float(i) for i in range(MAX_SECONDS_ENTRIES)}
     assert check_seconds(full) == full
     for bad in ({"join": -1.0}, {"join": float("nan")}, {"join": float("inf")}, {"join phase": 1.0}, {"": 1.0},
@@ -181,7 +181,7 @@ def test_the_peers_timings_are_a_few_named_finite_non_negative_numbers():
 
 def test_a_heartbeat_carries_a_short_printable_phase():
     from common.errors import ProtocolError
-    from common.validation import MAX_HEARTBEAT_PHASE_CHARS, check_heartbeat
+    from common.protocol.validation import MAX_HEARTBEAT_PHASE_CHARS, check_heartbeat
     from proto import ppre_pb2 as pb
     check_heartbeat(pb.Heartbeat(phase="j" * MAX_HEARTBEAT_PHASE_CHARS))
     for bad in ("j" * (MAX_HEARTBEAT_PHASE_CHARS + 1), "join\n", "\x1b[2J"):
@@ -231,7 +231,7 @@ def _masked(replies):
 def test_masked_plaintexts_wider_than_the_widest_plaintext_are_refused():
     """The same values, re-encoded one byte wider than MAX_PLAINTEXT_WIDTH (the count
     and every value unchanged), are refused on their width alone."""
-    from common.validation import MAX_PLAINTEXT_WIDTH
+    from common.protocol.validation import MAX_PLAINTEXT_WIDTH
 
     def widen(replies):
         for r in _masked(replies):
@@ -483,7 +483,7 @@ def test_announced_labels_are_few_non_empty_and_short():
     """Group and strata labels from the peer: at most `most` of them, none empty, none
     longer than MAX_LABEL_CHARS."""
     from common.errors import ProtocolError
-    from common.validation import MAX_LABEL_CHARS, _labels
+    from common.protocol.validation import MAX_LABEL_CHARS, _labels
     assert _labels(["g"] * 4, "groups", 4) == ("g",) * 4
     assert _labels(["x" * MAX_LABEL_CHARS], "groups", 4) == ("x" * MAX_LABEL_CHARS,)
     for bad in (["g"] * 5, ["a", ""], ["x" * (MAX_LABEL_CHARS + 1)]):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from common import channels
+from common.net import channels
 from common.errors import InputError
 from tests.processes import child_env, ppre_argv
 
@@ -219,7 +219,7 @@ def test_a_near_miss_metric_gets_a_did_you_mean_not_the_usage():
 
 @pytest.fixture
 def pki_dir(tmp_path):
-    from common.tls import DevCA
+    from common.net.tls import DevCA
     DevCA.generate("test CA").write(tmp_path / "certs")
     return tmp_path / "certs"
 
@@ -228,7 +228,7 @@ def pki_dir(tmp_path):
 def tls_client_service(pki_dir):
     from client_service.datasets import DatasetRegistry
     from client_service.server import ClientConfig, serve
-    from common.tls import TlsIdentity
+    from common.net.tls import TlsIdentity
     config = ClientConfig(DatasetRegistry(named={}), tls=TlsIdentity.from_dir(pki_dir, "client"))
     server, port, _ = serve(config, 0, "127.0.0.1")
     yield f"127.0.0.1:{port}"
@@ -247,7 +247,7 @@ def test_tester_pointed_at_a_test_client_says_so(tls_client_service, pki_dir, ca
 
 
 def test_health_tells_unreachable_not_serving_and_tls_failure_apart(tls_client_service, pki_dir, capsys):
-    from common.tls import TlsIdentity
+    from common.net.tls import TlsIdentity
     from ppre.cli import main
     from tests.helpers import free_loopback_port
     tls = ["--tls-dir", str(pki_dir)]

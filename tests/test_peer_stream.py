@@ -1,4 +1,4 @@
-"""Moving PeerMessages between a session and its gRPC stream (common/peer_stream.py):
+"""Moving PeerMessages between a session and its gRPC stream (common/net/peer_stream.py):
 closing an outbox ends its stream after every message already put, never in their
 place. A Test-Client whose session ends as soon as its last table is queued (the
 probabilistic count: no HE, the Tester computes the result) closes its outbox while
@@ -14,9 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common import peer_stream, wire
-from common.channels import LinkSettings
-from common.peer_stream import QUEUE_MESSAGES, Outbox, ProgressState
+from common.net import peer_stream
+from common.protocol import wire
+from common.net.channels import LinkSettings
+from common.net.peer_stream import QUEUE_MESSAGES, Outbox, ProgressState
 from proto import ppre_pb2 as pb
 
 

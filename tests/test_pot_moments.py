@@ -39,7 +39,7 @@ def test_residual_cross_moments_are_the_kernel_weighted_residual_products():
 
 def test_the_test_clients_residual_moments_are_checked():
     """The residual cross-moments are a Q × Q matrix of finite numbers with a diagonal ≥ 0;
-    anything else (or none) is a bad HelloAck (`common.validation`)."""
+    anything else (or none) is a bad HelloAck (`common.protocol.validation`)."""
     good = {"reference_scores": [0.2, 0.8], "bandwidth": 0.1, RESIDUAL_INFO: [[0.1, 0.02], [0.03, 0.2]]}
     POT.check_info(good, [])
     for bad in ([[0.1, 0.0]], [[0.1, 0.0], [0.0, float("nan")]], [[-0.1, 0.0], [0.0, 0.2]], [[0.1], [0.2]], None):

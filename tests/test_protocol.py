@@ -11,7 +11,7 @@ import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from client_service.protocol import ClientSession
-from common import wire
+from common.protocol import wire
 from common.crypto import commutative, symmetric
 from common.errors import InputError, ProtocolError
 from tests.helpers import plain_ratio

@@ -88,7 +88,7 @@ def test_a_bad_max_refusals_flag_is_named_as_the_user_typed_it(tmp_path):
 
 def test_the_test_clients_spread_facts_are_checked():
     """MQOS-NDCG's facts for its interval under noise (`spread_facts`): a negative or
-    impossible spread, or a negative Σ d², is a bad HelloAck (common.validation)."""
+    impossible spread, or a negative Σ d², is a bad HelloAck (common.protocol.validation)."""
     from common.metrics.mqos_ndcg import METRIC as NDCG
     NDCG.check_info({"spread_per_query": 0.01, "queries_squared": 12}, [])
     for bad in ({"spread_per_query": -0.1}, {"spread_per_query": float("nan")}, {"spread_per_query": 1e9},

@@ -14,7 +14,7 @@ import pytest
 
 from client_service.datasets import DatasetRegistry
 from common.stats.results import AuditReport
-from common import channels
+from common.net import channels
 from common.crypto import commutative, paillier
 from common.races import RACES
 from common.crypto.symmetric import RowSealer

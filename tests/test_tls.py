@@ -1,4 +1,4 @@
-"""Mutual TLS on every link, allow-listed identities, operator authorisation (common.tls).
+"""Mutual TLS on every link, allow-listed identities, operator authorisation (common.net.tls).
 
 * `ppre certs init` writes a development CA and the three role certificates (SANs, key
   permissions, kept on a second run);
@@ -26,8 +26,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from client_service.datasets import DatasetRegistry
 from client_service.server import ClientConfig
 from client_service.server import serve as serve_client
-from common import channels, tls
-from common.tls import DevCA, TlsIdentity
+from common.net import channels, tls
+from common.net.tls import DevCA, TlsIdentity
 from ppre.cli import main as ppre_main
 from ppre.local import local_services
 from proto import ppre_pb2 as pb
@@ -228,7 +228,7 @@ def test_cli_audit_and_health_with_tls_dir(inputs, tmp_path, capsys, monkeypatch
 
 def test_allow_list_flags_and_environment(monkeypatch):
     from ppre.cli import build_parser
-    from common.tls import parse_names
+    from common.net.tls import parse_names
 
     for key in [k for k in os.environ if k.startswith("PPRE_")]:
         monkeypatch.delenv(key)

@@ -7,7 +7,6 @@ form (`results`). It works on plain numbers the parties hand it and does no cryp
 no I/O and no protocol step: the modules of this package import nothing of the project but
 `common.errors`, each other, the Student t quantile of `common.metrics.scoring` and (for
 `AuditReport.to_proto` only) the generated `proto.ppre_pb2` envelope; never the protocol's
-messages or sessions (`common.wire`, `common.validation`, `common.session`,
-`common.channels`), the executors, the cryptography or a party, a rule that
-tests/test_layering.py holds.
+messages or sessions (`common.protocol`), the network (`common.net`), the executors, the
+cryptography or a party, a rule that tests/test_layering.py holds.
 """

@@ -77,7 +77,7 @@ def add_names_argument(s: argparse.ArgumentParser, flag: str, env_name: str, def
 def add_tls_arguments(s: argparse.ArgumentParser, role: str | None) -> None:
     """Mutual TLS material for `role` (tester, client, operator; None: `--tls-role` picks),
     or `--insecure`. Read with `tls_identity(args)`."""
-    from common.tls import ROLES
+    from common.net.tls import ROLES
 
     env = os.environ.get
     g = s.add_argument_group("mutual TLS (see docs/configuration.md, 'Certificates and identities')")
@@ -107,7 +107,7 @@ def tls_identity(args: argparse.Namespace):
     from pathlib import Path
 
     from common.errors import InputError
-    from common.tls import CA_CERT, INSECURE_WARNING, TlsIdentity
+    from common.net.tls import CA_CERT, INSECURE_WARNING, TlsIdentity
 
     given = {flag: value for flag, value in (("--tls-dir", args.tls_dir), ("--ca", args.ca), ("--cert", args.cert),
                                              ("--key", args.key)) if value}
@@ -135,7 +135,7 @@ def tls_identity(args: argparse.Namespace):
 
 
 def link_settings(args: argparse.Namespace):
-    from common.channels import LinkSettings
+    from common.net.channels import LinkSettings
     return LinkSettings.from_env(peer_timeout_s=args.peer_timeout)
 
 

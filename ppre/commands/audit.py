@@ -225,7 +225,7 @@ def _run(args: argparse.Namespace, progress) -> int:
         request = build_request(args, LOCAL_DATASET)
         # mutual TLS with a development CA made in memory for this run (--insecure: plaintext)
         if args.insecure:
-            from common.tls import INSECURE_WARNING
+            from common.net.tls import INSECURE_WARNING
             print(INSECURE_WARNING, file=sys.stderr, flush=True)
         release, accountant = local_release(args)
         history = local_history(args)
@@ -261,8 +261,8 @@ def _run(args: argparse.Namespace, progress) -> int:
 
 def explain_wrong_service(event, args: argparse.Namespace) -> None:
     """A refused TLS name check (`--tester` names another service's address): the error
-    says whose service answered there and what --tester needs (`common.tls.wrong_service`)."""
-    from common.tls import HOSTNAME_CHECK_FAILED, wrong_service
+    says whose service answered there and what --tester needs (`common.net.tls.wrong_service`)."""
+    from common.net.tls import HOSTNAME_CHECK_FAILED, wrong_service
     if event.WhichOneof("event") == "error" and HOSTNAME_CHECK_FAILED in event.error.message:
         event.error.message = wrong_service(args.tester, args.tester_identity, "--tester", "the Tester",
                                             "--tester-identity")

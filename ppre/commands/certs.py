@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from common.tls import DevCA, ROLES, dev_files, role_identity
+    from common.net.tls import DevCA, ROLES, dev_files, role_identity
 
     directory = Path(args.directory)
     if args.days < 1:

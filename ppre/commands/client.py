@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from client_service.server import ClientConfig, serve
     from ppre.commands import make_executor, serve_forever, setup_logging
     setup_logging(args, "client")  # the process is protected already (`ppre.cli.main`, design §7)
-    from common.tls import parse_names
+    from common.net.tls import parse_names
 
     tls = tls_identity(args)
     from ppre.columns import client_columns

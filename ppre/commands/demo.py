@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
           f"tables), {len(data.self_id)} Self-ID answers, {len(data.ero)} model outputs; injected disparity: "
           f"FPR +{args.disparity:.2f} for black members.", flush=True)
     if args.insecure:
-        from common.tls import INSECURE_WARNING
+        from common.net.tls import INSECURE_WARNING
         print(INSECURE_WARNING, file=sys.stderr, flush=True)
     else:
         print("Both links use mutual TLS (a development CA made in memory for this run).", flush=True)

@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from common.channels import health_status
+    from common.net.channels import health_status
     tls = tls_identity(args)
     answer = health_status(args.address, args.timeout, tls=tls,
                            server_name=args.server_identity if tls else None)

@@ -69,7 +69,7 @@ def _local(args: argparse.Namespace):
 
 def _stub(args: argparse.Namespace):
     """(channel, TesterStub) for --tester, with the operator's TLS identity (or --insecure)."""
-    from common import channels
+    from common.net import channels
     from proto import ppre_pb2_grpc as pb_grpc
     if args.history:
         raise InputError("give --tester or --history, not both", parameter="--history")
@@ -82,7 +82,7 @@ def _remote_error(exc, address: str, identity: str | None = None) -> RunsError:
     code = exc.code() if callable(getattr(exc, "code", None)) else None
     name = code.name.lower() if code is not None else "unavailable"
     details = exc.details() if callable(getattr(exc, "details", None)) else ""
-    from common.tls import HOSTNAME_CHECK_FAILED, wrong_service
+    from common.net.tls import HOSTNAME_CHECK_FAILED, wrong_service
     if identity and HOSTNAME_CHECK_FAILED in (details or ""):
         return RunsError(name, wrong_service(address, identity, "--tester", "the Tester", "--tester-identity"))
     if name == "unavailable":

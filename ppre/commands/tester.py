@@ -236,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.probabilities) == bool(args.members):
         raise InputError("give exactly one of --probabilities (a prepared table) and --members",
                          parameter="--probabilities/--members")
-    from common.tls import parse_names
+    from common.net.tls import parse_names
     from ppre.columns import tester_columns
     columns = tester_columns(args)  # --id-column, --column: how the files name PPRE's columns
     tls = tls_identity(args)

@@ -125,7 +125,7 @@ def _config_problems(report: Report) -> None:
 
 def _check_service_settings(report: Report, names_flag: str, names_role: str) -> None:
     args = report.args
-    from common.tls import AllowList, parse_names
+    from common.net.tls import AllowList, parse_names
     from ppre.commands import link_settings
 
     def links():

@@ -24,10 +24,10 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from common.channels import LinkSettings
+from common.net.channels import LinkSettings
 from common.errors import PeerTimeoutError
-from common.validation import check_heartbeat
-from common.wire import parse_peer_message
+from common.protocol.validation import check_heartbeat
+from common.protocol.wire import parse_peer_message
 from proto import ppre_pb2 as pb
 
 #: messages (≈1 MiB table chunks at most) buffered per direction
@@ -162,7 +162,7 @@ class Inbox:
     def get(self, checkpoint: Checkpoint | None = None) -> pb.PeerMessage | None:
         """The peer's next message (heartbeats are consumed here), or None when the peer
         ended its stream. Raises ProtocolError for bytes that are no PeerMessage (or a
-        malformed heartbeat: `common.validation.check_heartbeat`),
+        malformed heartbeat: `common.protocol.validation.check_heartbeat`),
         PeerTimeoutError after `peer_timeout_s` of silence, and the call's own error."""
         timeout = self._settings.peer_timeout_s
         deadline = time.monotonic() + timeout

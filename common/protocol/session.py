@@ -2,7 +2,7 @@
 
 A `PhaseClock` records wall time per named phase (reported with the result; it holds
 no data). `expect_phase` checks that a step runs in a phase that allows it; which peer
-message each phase accepts is `common.validation`'s table, and a message at the wrong
+message each phase accepts is `common.protocol.validation`'s table, and a message at the wrong
 moment is a `PhaseError` (a ProtocolError: "right content, wrong time", where malformed
 content is a plain ProtocolError). `chunk_ticks` is the checkpoint of a long step cut
 into chunks: it reports each chunk done.

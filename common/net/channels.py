@@ -1,6 +1,6 @@
 """The one place where gRPC servers and channels are built, with their credentials.
 
-Transport security (`common.tls`): with a `TlsIdentity`, a server listens with mutual TLS
+Transport security (`common.net.tls`): with a `TlsIdentity`, a server listens with mutual TLS
 (a client certificate from the CA is required and verified at the handshake) and puts
 an `IdentityInterceptor` in front of every other interceptor, so a peer whose identity
 is not on the called service's allow-list is refused before any handler runs; a
@@ -23,7 +23,7 @@ while a stream carries no data; each server accepts pings down to `MIN_KEEPALIVE
 apart, whatever its own interval. gRPC's default server policy (pings at most every
 5 minutes while no data flows, two strikes, then GOAWAY "too_many_pings") would end
 any call whose stream stays silent for a few pings — which is also why every stream
-carries heartbeats (`common.peer_stream`) while a party is busy.
+carries heartbeats (`common.net.peer_stream`) while a party is busy.
 """
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.errors import InputError
-from common.tls import AllowList, IdentityInterceptor, TlsIdentity
-from common.wire import MAX_MESSAGE_BYTES
+from common.net.tls import AllowList, IdentityInterceptor, TlsIdentity
+from common.protocol.wire import MAX_MESSAGE_BYTES
 
 #: shortest keepalive interval a party may configure, and the shortest ping interval
 #: every server accepts (so a peer configured with any valid interval is never refused)

@@ -4,7 +4,7 @@ Every table crosses the wire as TableChunk messages of at most `CHUNK_BYTES`, th
 TableEnd carrying the row count. Fixed-width columns are packed back to back, so a
 million-row table is a sequence of ~1 MiB messages and never one large message.
 `TableReader` checks a received table's chunks: right table, consistent widths, row
-counts against the announced total (`expected`) or a cap; `common.validation` calls it
+counts against the announced total (`expected`) or a cap; `common.protocol.validation` calls it
 (with the totals each party knows) before any handler sees a chunk.
 """
 from __future__ import annotations

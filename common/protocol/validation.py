@@ -52,14 +52,14 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from common import wire
+from common.protocol import wire
 from common.stats import correction
 from common.crypto import commutative, paillier
 from common.errors import EncodingOverflowError, InputError, PeerAborted, ProtocolError
 from common.logs import valid_audit_id
 from common.metrics import get_metric
 from common.metrics.base import SECOND_MOMENTS
-from common.session import PhaseError
+from common.protocol.session import PhaseError
 from common.crypto.symmetric import sealed_width
 from proto import ppre_pb2 as pb
 
