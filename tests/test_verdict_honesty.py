@@ -223,3 +223,20 @@ def test_the_advice_names_the_comparison_that_needs_the_most_members():
     assert "as many; aian needs the most)" in v.message
     wide = _finish(_values([0.1] * 7, [0.02] * 7, replicates=10)).verdict  # every gap too wide: the MDD's
     assert wide.severity == "inconclusive" and " needs the most)" in wide.message
+
+
+def test_a_band_wider_than_the_range_is_clipped_and_no_detectable_gap_is_invented():
+    """Noise that swamps every group (sd 3 on rates in [0, 1]): the compared band stays
+    inside the differences' range [-1, 1], and the verdict states no MDD beyond the largest
+    possible gap nor a factor of members extrapolated from it (no "1,000,000x as many")."""
+    values = _values([0.1] * 7, [3.0] * 7, replicates=400, seed=3)
+    report = _finish(values, interval="percentile", noisy=True)
+    v = report.verdict
+    assert v.severity == "inconclusive" and v.compared is not None
+    assert -1.0 <= v.compared["band_low"] <= v.compared["band_high"] <= 1.0
+    assert v.mdd is None and v.compared["mdd"] is None and v.members_factor is None
+    assert "no gap the metric can take (at most 1) is detectable" in v.message
+    assert "x as many" not in v.message and "conclusive from about" not in report.to_table()
+    # a band inside the range is reported as it is, with its MDD and factor
+    calm = _finish(_values([0.1] * 7, [0.05] * 7, replicates=400, seed=3), interval="percentile", noisy=True).verdict
+    assert calm.mdd is not None and 0.05 < calm.mdd < 1.0 and calm.members_factor > 1

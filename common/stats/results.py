@@ -61,7 +61,12 @@ Severity "inconclusive": nothing significant, and either the MDD exceeds τ or s
 group (pair cell) is not informative at the overall's value (`uninformative`), so the
 audit could not have shown a gap of τ; `members_factor` ≈ (MDD/τ)² (or the
 uninformative groups' (half-width/(τ/2))², the larger) is how many times the members
-would make it conclusive (the MDD shrinks as 1/√n). "none" (green) therefore means:
+would make it conclusive (the MDD shrinks as 1/√n). The simultaneous bands are clipped
+to the compared differences' range [lo − hi, hi − lo] (post-processing: the true gap lies
+in it); an MDD beyond the largest gap the metric can take (hi − lo) means no gap is
+detectable at this size: the verdict then states neither an MDD nor a factor of members
+(noise, not sampling, dominates such an interval, and it does not shrink as 1/√n).
+"none" (green) therefore means:
 not significant, a gap of τ would have been found, and no group was left out. A comparison that involves an
 uninformative group counts as significant only when its band clears τ itself (a
 small group's bootstrap interval can under-cover); under release noise the intervals
@@ -875,7 +880,7 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
                  left_out_factor: float | None = None, left_out_widest: str | None = None,
                  strict: Sequence[bool] | None = None,
                  excluded: Sequence[str] = (), noisy: bool | None = None, metric: str = "",
-                 strict_significance: bool = True) -> Verdict:
+                 strict_significance: bool = True, span: tuple[float, float] | None = None) -> Verdict:
     """The verdict over a family of compared differences (`values`: (R+1, C), row 0 the
     estimates), by `rule` (module docstring). `left_out`: the groups (or cells) that
     could not take part as not informative; `excluded`: the groups left out of the
@@ -908,7 +913,8 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
         return Verdict(rule, tau, "insufficient data", False, False, None, (), tuple(non_overlap),
                        "insufficient data (fewer than two defined estimates to compare)")
     low, high = marginal_intervals(values, confidence, method)
-    band_low, band_high = simultaneous_bands(values, confidence, method)
+    band_low, band_high = (np.clip(b, *span) if span is not None else b
+                           for b in simultaneous_bands(values, confidence, method))
     mdds = detectable_differences(values, confidence, method)
     if rule == "below_overall":
         adverse, significant = est, band_low > 0
@@ -931,7 +937,10 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
     mdd = float(finite_mdd.max()) if finite_mdd.size else None
     mdd_widest = labels[int(np.nanargmax(np.where(banded & np.isfinite(mdds), mdds, np.nan)))] \
         if mdd is not None else None
-    factor, widest = max([f for f in (((mdd / tau) ** 2 if mdd is not None else None, mdd_widest),
+    # a detectable gap beyond the largest the metric can take is no gap at all (module docstring)
+    beyond_range = mdd is not None and span is not None and mdd > span[1]
+    factor, widest = max([f for f in (((mdd / tau) ** 2 if mdd is not None and not beyond_range else None,
+                                       mdd_widest),
                                       (left_out_factor, left_out_widest)) if f[0] is not None],
                          default=(None, None), key=lambda f: f[0])
     factor = _with_excluded(factor, excluded)
@@ -948,11 +957,14 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
     compared = {"label": labels[pick], "estimate": _clean(est[pick]), "ci_low": _clean(low[pick]),
                 "ci_high": _clean(high[pick]), "band_low": _clean(band_low[pick]),
                 "band_high": _clean(band_high[pick]), "informative": is_informative(low[pick], high[pick], tau),
-                "mdd": _clean(mdds[pick])}
+                "mdd": None if span is not None and _clean(mdds[pick]) is not None and mdds[pick] > span[1]
+                else _clean(mdds[pick])}
     words = {"range": "largest gap between two groups", "below_overall": "largest shortfall of a group below overall",
              "negative_cells": "most negative pair cell", "nonzero_pairs": "largest DTI"}[rule]
     band = _interval_words(band_low[pick], band_high[pick])
-    mdd_words = (f"the smallest gap this audit detects with {POWER:.0%} power is {mdd:.4f}" if mdd is not None
+    mdd_words = (f"no gap the metric can take (at most {span[1]:g}) is detectable with {POWER:.0%} power at "
+                 f"this size" if beyond_range else
+                 f"the smallest gap this audit detects with {POWER:.0%} power is {mdd:.4f}" if mdd is not None
                  else "the smallest gap this audit could detect is undefined (no defined band)")
     if severity == "none":
         message = (f"no significant disparity (the {words}, {labels[pick]} = {est[pick]:+.4f}, has a "
@@ -962,7 +974,8 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
         message = (f"inconclusive at this size and privacy level: the {words}, {labels[pick]} = {est[pick]:+.4f}, "
                    f"has a {confidence:.0%} simultaneous interval {band} that "
                    f"{_relation(band_low[pick], band_high[pick])}"
-                   + (f", but {mdd_words}" if mdd is None else f", but {mdd_words}, above tau {tau:g}" if mdd > tau
+                   + (f", but {mdd_words}" if mdd is None or beyond_range
+                      else f", but {mdd_words}, above tau {tau:g}" if mdd > tau
                       else f"; {mdd_words} (tau {tau:g}) among the groups compared"))
         if left_out:
             message += (f"; not informative (interval half-width above {INFORMATIVE_SHARE:g} tau), so not "
@@ -981,7 +994,7 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
         message += "; non-overlapping group CIs: " + ", ".join(f"{a}/{b}" for a, b in non_overlap)
     return Verdict(rule, tau, severity, bool(significant.any()), severity in ("moderate", "high"), compared,
                    tuple(labels[i] for i in np.flatnonzero(significant)), tuple(non_overlap), message,
-                   excluded_groups=tuple(excluded), mdd=_clean(mdd),
+                   excluded_groups=tuple(excluded), mdd=None if beyond_range else _clean(mdd),
                    members_factor=_round_factor(factor) if severity == "inconclusive" else None,
                    uninformative=tuple(left_out))
 
@@ -1112,7 +1125,8 @@ def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, 
                                                               values, small, tau, bounds)
     excluded = tuple(g.group for g in groups if g.group in small)
     factor, widest = max([f for f in ((factor, widest),
-                                      _widest([(g.group, g.ci_low, g.ci_high) for g in groups if g.group in small], tau))
+                                      _widest([(g.group, g.ci_low, g.ci_high) for g in groups if g.group in small], tau,
+                                              bounds))
                           if f[0] is not None], default=(None, None), key=lambda f: f[0])
     if fam.shape[1] == 0 and not left_out and not excluded:
         verdict = Verdict(rule, tau, "insufficient data", False, False, None, (), (),
@@ -1121,7 +1135,7 @@ def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, 
         verdict = verdict_from(rule, labels, fam, confidence, method, tau,
                                [g for g in groups if g.group not in small], left_out=left_out, left_out_factor=factor,
                                left_out_widest=widest, strict=strict, excluded=excluded, noisy=noisy, metric=metric.name,
-                               strict_significance=not noisy)
+                               strict_significance=not noisy, span=pair_bounds)
     if corrected is not None and verdict.compared and rule in ("range", "below_overall"):
         verdict = _with_attenuation(verdict, corrected, cells, index, confidence, method, bounds, groups)
     return AuditReport(metric=metric.name, metric_option=option, n_matched=0, bootstrap=replicates,
@@ -1194,7 +1208,8 @@ def _family(rule, cells, groups, pairs, index, diff_labels, diffs, values, small
     else:
         left_cells = [p for p in pairs if not p.informative]
         left = left_cells
-    factor = _widest([(_result_label(x), x.ci_low, x.ci_high) for x in left], tau)
+    factor = _widest([(_result_label(x), x.ci_low, x.ci_high) for x in left], tau,
+                     bounds if rule in ("range", "below_overall") else difference_range(bounds))
     named = {g.group for g in groups if g.group != "overall" and g.group not in small}
     if rule == "range":
         family = [i for i, (kind, a, b) in enumerate(diff_labels) if kind == "between" and a in named and b in named]
@@ -1221,13 +1236,17 @@ def _family(rule, cells, groups, pairs, index, diff_labels, diffs, values, small
     raise ValueError(f"unknown verdict rule {rule}")
 
 
-def _widest(entries, tau: float) -> tuple[float | None, str | None]:
+def _widest(entries, tau: float, span: tuple[float, float] | None = None) -> tuple[float | None, str | None]:
     """(how many times the members would make the widest of `entries` ((label, low, high))
-    informative, its label): ((half-width / (INFORMATIVE_SHARE·τ))², the largest)."""
+    informative, its label): ((half-width / (INFORMATIVE_SHARE·τ))², the largest). An
+    interval that fills its whole range `span` was clipped: its true width, and so the
+    factor, is unknown (inf: "more members", no number)."""
     widths = [((hi - lo) / 2.0, label) for label, lo, hi in entries if lo is not None and hi is not None]
     if not widths:
         return None, None
     width, label = max(widths, key=lambda w: w[0])
+    if span is not None and 2.0 * width >= (span[1] - span[0]) - 1e-12:
+        return math.inf, label
     return (width / (INFORMATIVE_SHARE * tau)) ** 2, label
 
 
