@@ -60,12 +60,23 @@ the members of true race black (drawn from their BISG probabilities) have this A
 Σ_r w_jr·AUC_r with w_jr = Σ_i p_ij·p_ir / Σ_i p_ij (overall: Σ_i p_ir / n), the negatives'
 scores being alike in every race. `--compare` also runs today's separate form
 (`bench_random_groups.auc_audit`) on the same datasets (same rows, same seeds).
+
+Measured (2026-11-28; null: 400 datasets at 10,000 and 100,000 members; one-sided verdict,
+nominal about 2.5%; two-sided bands, nominal 5%):
+
+    nice -n 10 .venv/bin/python bench/proto_auc_moments.py --sizes 10000 --datasets 400 --seed 1 --compare --save S
+    nice -n 10 .venv/bin/python bench/proto_auc_moments.py --sizes 100000 --datasets 200 --seed 1 --compare --save S
+    nice -n 10 .venv/bin/python bench/proto_auc_moments.py --sizes 100000 --datasets 200 --seed 2 --save S
+    (and --alt 0.75, --variant own likewise)
+
+verdict 3.0% / 4.2%, bands 5.8% / 7.0%, coverage 0.93-0.97, widths 2.5-10 times narrower than
+the separate form's (black at 10,000: 0.048 against 0.247), every group's interval defined;
+under --alt 0.75 black's coverage at 100,000 is 0.91 pooled and 0.96 with "own".
 """
 from __future__ import annotations
 
 import argparse
 import copy
-import math
 import pickle
 import sys
 import time
@@ -303,8 +314,9 @@ def run(pool, n: int, datasets: int, seed: int, policy: ReleasePolicy, compare: 
 
 
 def rows_of(n: int, out: dict, alt=None) -> list:
-    return [(f"{VARIANT if k != 'separate' else 'separate'}{'@' + str(alt) if alt else ''}{' (no noise)' if k == 'moments_clean' else ''}", n,
-             summary(recs)) for k, recs in out.items() if recs]
+    name = {"moments": VARIANT, "moments_clean": f"{VARIANT} (no noise)", "separate": "separate"}
+    tag = f"@{alt}" if alt else ""
+    return [(name[k] + tag, n, summary(recs)) for k, recs in out.items() if recs]
 
 
 def main(argv=None) -> int:

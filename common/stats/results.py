@@ -991,7 +991,10 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
     if severity != "inconclusive":
         message += excluded_words
     if non_overlap:
-        message += "; non-overlapping group CIs: " + ", ".join(f"{a}/{b}" for a, b in non_overlap)
+        pairs_words = ", ".join(f"{a}/{b}" for a, b in non_overlap)
+        message += (f"; non-overlapping group CIs: {pairs_words}" if significant.any() else
+                    f"; group CIs that do not overlap (marginal intervals, not a finding: the verdict judges "
+                    f"the simultaneous bands): {pairs_words}")
     return Verdict(rule, tau, severity, bool(significant.any()), severity in ("moderate", "high"), compared,
                    tuple(labels[i] for i in np.flatnonzero(significant)), tuple(non_overlap), message,
                    excluded_groups=tuple(excluded), mdd=None if beyond_range else _clean(mdd),
