@@ -240,3 +240,17 @@ def test_a_band_wider_than_the_range_is_clipped_and_no_detectable_gap_is_invente
     # a band inside the range is reported as it is, with its MDD and factor
     calm = _finish(_values([0.1] * 7, [0.05] * 7, replicates=400, seed=3), interval="percentile", noisy=True).verdict
     assert calm.mdd is not None and 0.05 < calm.mdd < 1.0 and calm.members_factor > 1
+
+
+def test_marginal_intervals_that_do_not_overlap_are_no_finding_when_nothing_is_significant():
+    """Two groups whose marginal 95% intervals miss each other while their simultaneous band
+    includes 0: the inconclusive verdict names them as marginal intervals that are not a
+    finding; once the band excludes 0 they read as non-overlapping CIs beside the finding."""
+    quiet = _finish(_values([0.1, 0.138, 0.1, 0.1, 0.1, 0.1, 0.1], [0.01] * 6 + [0.004], replicates=2000, seed=1),
+                    interval="percentile", noisy=True).verdict
+    assert quiet.severity == "inconclusive" and ("white", "black") in quiet.non_overlapping
+    assert "group CIs that do not overlap (marginal intervals, not a finding" in quiet.message
+    assert "non-overlapping group CIs" not in quiet.message
+    found = _finish(_values([0.1, 0.145, 0.1, 0.1, 0.1, 0.1, 0.1], [0.01] * 6 + [0.004], replicates=2000, seed=1),
+                    interval="percentile", noisy=True).verdict
+    assert found.significant and "non-overlapping group CIs: white/black" in found.message
