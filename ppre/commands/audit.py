@@ -75,7 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         s.add_argument(f"--{flag}", dest=f"param_{name}", default=None, help=f"same as --metric-param {name}=...")
     s.add_argument("--bootstrap", type=int, default=DEFAULT_REPLICATES, help="replicates B (default 1000)")
     s.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE, help="CI level (default 0.95)")
-    s.add_argument("--seed", type=int, help="seed of the Tester's bucket assignment and resampling (not of any key, mask, or the Test-Client's own random choices)")
+    s.add_argument("--seed", type=int, help="seed of the Tester's bucket assignment and resampling (not of any key, mask or release noise, nor of the randomized response on the Self-ID answers or the Test-Client's own random choices: two runs with one seed differ by those draws)")
     s.add_argument("--tau", type=float, default=DEFAULT_TAU, help="disparity threshold of the verdict")
     s.add_argument("--correction", choices=("none", "calibration"), default="none",
                    help="calibration: also report attenuation-corrected estimates M^-1 Num beside the "
