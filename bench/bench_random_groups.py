@@ -173,17 +173,26 @@ def pot_truth(refs, h: float) -> np.ndarray:
     return (k * s[:, None]).sum(axis=0) / k.sum(axis=0)
 
 
-def pot_audit(p: np.ndarray, frame: pd.DataFrame, policy: ReleasePolicy, rng: np.random.Generator,
-              unit_rng: np.random.Generator, noise: bool = True) -> Audit:
+def pot_client(frame: pd.DataFrame, rng: np.random.Generator, n_units: int):
+    """The Test-Client's side of a POT audit: (params, info, layout, its rows'
+    quantised slots (n, cts·slots), the slots' sensitivity per ciphertext (cts, slots))."""
     params = POT.parse_params({})
     rows = POT.client_rows(frame, "pot.csv", "default", params, rng)
     info = rows.info
     comps = POT.components("default", params, info)
     n = len(frame)
-    layout = POT.layout("default", params, info, n_rows=n, n_units=RELEASE_GROUPS, recipient="client",
+    layout = POT.layout("default", params, info, n_rows=n, n_units=n_units, recipient="client",
                         modulus_bits=MODULUS_BITS)
     fixed = np.column_stack([c.quantize(rows.values[:, i]) for i, c in enumerate(comps)]).astype(np.float64)
     fixed = np.hstack([fixed, np.zeros((n, layout.n_ciphertexts * layout.slots - len(comps)))])
+    scale = np.array([POT.slot_sensitivity(Item(0, ct), layout, comps, 1) for ct in range(layout.n_ciphertexts)],
+                     dtype=np.float64)
+    return params, info, layout, fixed, scale
+
+
+def pot_audit(p: np.ndarray, frame: pd.DataFrame, policy: ReleasePolicy, rng: np.random.Generator,
+              unit_rng: np.random.Generator, noise: bool = True) -> Audit:
+    params, info, layout, fixed, scale = pot_client(frame, rng, RELEASE_GROUPS)
     q = encoding.quantize_probabilities(p, encoding.PROBABILITY_BITS)
     order, units = canonical_units(q, RELEASE_GROUPS, unit_rng)
     q, fixed = q[order].astype(np.float64), fixed[order]
@@ -191,8 +200,6 @@ def pot_audit(p: np.ndarray, frame: pd.DataFrame, policy: ReleasePolicy, rng: np
     # per random group, group and ciphertext: the slots Σ q_ij·v_i
     sums = np.stack([q[units == u].T @ fixed[units == u] for u in range(RELEASE_GROUPS)])  # (G, k, cts·slots)
     sums = sums.reshape(RELEASE_GROUPS, K, layout.n_ciphertexts, layout.slots)
-    scale = np.array([POT.slot_sensitivity(Item(0, ct), layout, comps, 1) for ct in range(layout.n_ciphertexts)],
-                     dtype=np.float64)                                               # (cts, slots)
     sigma0, sigma_b = release_sigmas(policy, POT.sensitivity_components("default", params, info))
     draw = (lambda shape, sd: rng.normal(0.0, 1.0, shape) * sd) if noise else (lambda shape, sd: 0.0)
     groups = sums + draw(sums.shape, sigma_b * scale)
@@ -223,21 +230,12 @@ def pot_moment_audit(p: np.ndarray, frame: pd.DataFrame, policy: ReleasePolicy, 
     cross-moments from `Pot.client_rows`) and `finish` with percentile intervals. `exact`: the
     sums in integers (as the Tester's), else in float64 (within 1e-15 of them: the draws'
     seed, a digest of the released slots, then differs)."""
-    params = POT.parse_params({})
-    rows = POT.client_rows(frame, "pot.csv", "default", params, rng)
-    info = rows.info
-    comps = POT.components("default", params, info)
-    n = len(frame)
-    layout = POT.layout("default", params, info, n_rows=n, n_units=1, recipient="client", modulus_bits=MODULUS_BITS)
-    fixed = np.column_stack([c.quantize(rows.values[:, i]) for i, c in enumerate(comps)]).astype(np.float64)
-    fixed = np.hstack([fixed, np.zeros((n, layout.n_ciphertexts * layout.slots - len(comps)))])
-    fixed = fixed.reshape(n, layout.n_ciphertexts, layout.slots)
+    params, info, layout, fixed, scale = pot_client(frame, rng, 1)
+    fixed = fixed.reshape(len(frame), layout.n_ciphertexts, layout.slots)
     q = encoding.quantize_probabilities(p, encoding.PROBABILITY_BITS)
     plan, moments = POT.moment_plan(POT.plan(GROUPS, (), layout, "default", params, info), GROUPS, "default",
                                     params, info, layout)
     pair_w = np.column_stack(correction.pair_weights(q)).astype(np.float64)            # (n, pairs)
-    scale = np.array([POT.slot_sensitivity(Item(0, ct), layout, comps, 1) for ct in range(layout.n_ciphertexts)],
-                     dtype=np.float64)                                               # (cts, slots)
     sigma0, sigma_m = policy.moment_sigmas(POT.sensitivity_components("default", params, info))
     draw = (lambda sd: rng.normal(0.0, 1.0, sd.shape) * sd) if noise else (lambda sd: 0)
     kind = object if exact else np.float64
@@ -319,8 +317,12 @@ def auc_audit(p: np.ndarray, frame: pd.DataFrame, policy: ReleasePolicy, rng: np
 
 
 # ------------------------------------------------------------------ the measurement
-SETTINGS = {"pot": (pot_frame, lambda *a, **kw: (pot_moment_audit if FORM in ("today", "moments") else pot_audit)(*a, **kw)),
-            "mqos-auc": (auc_frame, auc_audit)}
+def pot_release(*args, **kwargs) -> Audit:
+    """POT's release in `FORM`: second moments ("today", "moments") or random groups."""
+    return (pot_moment_audit if FORM in ("today", "moments") else pot_audit)(*args, **kwargs)
+
+
+SETTINGS = {"pot": (pot_frame, pot_release), "mqos-auc": (auc_frame, auc_audit)}
 
 
 def gap_columns(metric: str, audit: Audit) -> np.ndarray:
@@ -452,9 +454,9 @@ def check(n: int = 4000, seed: int = 7) -> int:
             mp.setattr("tester_service.protocol.gaussian", lambda sigma: 0.0)
             real, session, _ = local_audit(tester, frame, spec=spec, release=ReleasePolicy(),
                                            modulus_bits=MODULUS_BITS)
-        exact = {"exact": True} if audit_of is pot_moment_audit or metric == "pot" and FORM in ("today", "moments") else {}
-        twin = (pot_moment_audit if exact else audit_of)(p, frame, ReleasePolicy(), np.random.default_rng(0),
-                                                         np.random.default_rng(seed), noise=False, **exact)
+        exact = {"exact": True} if metric == "pot" and FORM in ("today", "moments") else {}  # the draws' seed
+        twin = audit_of(p, frame, ReleasePolicy(), np.random.default_rng(0), np.random.default_rng(seed), noise=False,
+                        **exact)
         mine = twin.report
         pairs = [(a.estimate, b.estimate) for a, b in zip(real.groups, mine.groups)]
         pairs += [(x, y) for a, b in zip(real.groups, mine.groups) for x, y in ((a.ci_low, b.ci_low),

@@ -201,7 +201,7 @@ class Pot(Metric):
         """The residual cross-moments τ the Test-Client states (module docstring), by
         which the finishing party reads the curves' covariances off S^d (`cross`)."""
         shape = super().moment_shape(option, params, info, layout)
-        shape["cross"] = tuple(tuple(float(x) for x in row) for row in info[RESIDUAL_INFO])
+        shape["cross"] = info[RESIDUAL_INFO]
         return shape
 
     @staticmethod

@@ -937,8 +937,7 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
     mdd = float(finite_mdd.max()) if finite_mdd.size else None
     mdd_widest = labels[int(np.nanargmax(np.where(banded & np.isfinite(mdds), mdds, np.nan)))] \
         if mdd is not None else None
-    # a detectable gap beyond the largest the metric can take is no gap at all (module docstring)
-    beyond_range = mdd is not None and span is not None and mdd > span[1]
+    beyond_range = mdd is not None and _detectable(mdd, span) is None
     factor, widest = max([f for f in (((mdd / tau) ** 2 if mdd is not None and not beyond_range else None,
                                        mdd_widest),
                                       (left_out_factor, left_out_widest)) if f[0] is not None],
@@ -957,8 +956,7 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
     compared = {"label": labels[pick], "estimate": _clean(est[pick]), "ci_low": _clean(low[pick]),
                 "ci_high": _clean(high[pick]), "band_low": _clean(band_low[pick]),
                 "band_high": _clean(band_high[pick]), "informative": is_informative(low[pick], high[pick], tau),
-                "mdd": None if span is not None and _clean(mdds[pick]) is not None and mdds[pick] > span[1]
-                else _clean(mdds[pick])}
+                "mdd": _detectable(mdds[pick], span)}
     words = {"range": "largest gap between two groups", "below_overall": "largest shortfall of a group below overall",
              "negative_cells": "most negative pair cell", "nonzero_pairs": "largest DTI"}[rule]
     band = _interval_words(band_low[pick], band_high[pick])
@@ -997,9 +995,16 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
                     f"the simultaneous bands): {pairs_words}")
     return Verdict(rule, tau, severity, bool(significant.any()), severity in ("moderate", "high"), compared,
                    tuple(labels[i] for i in np.flatnonzero(significant)), tuple(non_overlap), message,
-                   excluded_groups=tuple(excluded), mdd=None if beyond_range else _clean(mdd),
+                   excluded_groups=tuple(excluded), mdd=_detectable(mdd, span),
                    members_factor=_round_factor(factor) if severity == "inconclusive" else None,
                    uninformative=tuple(left_out))
+
+
+def _detectable(mdd: Any, span: tuple[float, float] | None) -> float | None:
+    """An MDD as the verdict states it: None where undefined or beyond the largest gap the
+    compared differences can take (`span`'s upper end: no gap is detectable; module docstring)."""
+    mdd = _clean(mdd)
+    return None if mdd is None or (span is not None and mdd > span[1]) else mdd
 
 
 def _with_excluded(factor: float | None, excluded: Sequence[str]) -> float | None:
