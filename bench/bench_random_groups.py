@@ -1,5 +1,5 @@
-"""Benchmark: null flag rate of the intervals under the default release controls of POT (second
-moments) and MQOS-AUC exact (random groups), and of the forms measured against them.
+"""Benchmark: null flag rate of the intervals under the default release controls of POT and
+MQOS-AUC exact (both from second moments), and of the forms measured against them.
 
     nice -n 10 .venv/bin/python bench/bench_random_groups.py [--metric pot,mqos-auc] [--sizes 10000,100000]
                                                           [--datasets 400] [--seed 1] [--save PREFIX]
@@ -7,9 +7,9 @@ moments) and MQOS-AUC exact (random groups), and of the forms measured against t
     .venv/bin/python bench/bench_random_groups.py --merge PREFIX.*     # one table from --save files
     nice -n 10 .venv/bin/python bench/bench_random_groups.py --check   # the twin against the sessions
 
-Under release noise MQOS-AUC exact takes its interval from G = 10 disjoint random groups of the
-joined rows (`tester_service.release`, form (b)); POT from second moments (form (a),
-`common.metrics.pot`), and from random groups before. This is a plaintext twin of those
+Under release noise POT and MQOS-AUC exact take their interval from second moments (form (a),
+`common.metrics.pot`, `common.metrics.mqos_auc`), and from G = 10 disjoint random groups of the
+joined rows before (`tester_service.release`, form (b)). This is a plaintext twin of those
 releases under the default `ReleasePolicy`, built from the real code wherever it can be:
 
 * POT, second moments (`pot_moment_audit`, `--form moments`, today's): the Test-Client's rows
@@ -26,22 +26,31 @@ releases under the default `ReleasePolicy`, built from the real code wherever it
   `Pot.sensitivity_components`, scale = `Pot.slot_sensitivity`), "overall" the sum of the
   noised group items (its noise sd √k·scale, as the Tester notes it); then `Plan.cell_values`
   with the linearised pseudo-values (`pseudo_values`), as both parties decode it.
-* MQOS-AUC exact (`common.metrics.mqos_auc`): the released form (V, D) per cell (groups and
-  overall) over every row and within each of the metric's 10 random groups (A within the
+* MQOS-AUC exact, second moments (`auc_moment_audit`, `--form moments`, today's): the Test-Client's
+  rows and stated placement variances (`ExactAuc.client_rows`), the Tester's canonical order; the
+  cells' released (V, D) of the full sample (`mqos_auc.released_form`'s integers, or float64) at
+  σ₀·`ExactAuc.squares_sensitivity` and the pair items of `ExactAuc.moment_plan`, (S1, S0) =
+  (Σ w_ab·y, Σ w_ab − S1) on `pair_weights`, at σ_m·`ExactAuc.pair_sensitivity`
+  (`ReleasePolicy.moment_sigmas(2, pair_components=1)`), a withheld cell's item zeros; then the
+  real `finish_release` (`placement_covariance`) and `finish` with percentile intervals of 1,000
+  draws. `--check` finds it equal to the real sessions to the last digit at zero noise.
+* MQOS-AUC exact, random groups (`auc_audit`, `--form separate|pooled`): the released form (V, D)
+  per cell (groups and overall) over every row and within each of the metric's 10 random groups (A within the
   group, `doubled_a_weights`), in float64 and then at the form's fixed point 2^(33+K); noise
   σ₀ (estimate) and σ_b (groups) from `ReleasePolicy.sigmas(2)` times
   `ExactAuc.squares_sensitivity` (½ and 1 member), on every cell; `Plan.cell_values` (each
   group's own ratio, undefined where its noised D is not above 3 sd of its noise).
 
-Both: the items whose effective size Σ_i p_ij plus N(0, threshold σ²) is below the policy's
-minimum are withheld (`Plan.suppress`), the groups whose noised size is below
+Every form: the items whose effective size Σ_i p_ij plus N(0, threshold σ²) is below the
+policy's minimum are withheld (`Plan.suppress`), the groups whose noised size is below
 `common.stats.results.MIN_EFFECTIVE_SIZE` (or withheld) are left out of the verdict, as
-`TesterSession._suppress_small` decides; then the real `common.stats.results.finish()` with
-interval "random_groups" and `noisy=True` (est ± t_{G−1}·sd/√G, the verdict's Bonferroni
-band). `--check` runs one small audit through the real sans-I/O sessions (Paillier, the
-masked squaring round trip) with the Tester's noise draws set to 0 and compares its report
-with the twin's at zero noise (same seed, so the same random groups), and the noise sd per
-released slot the Tester put in its header with the twin's.
+`TesterSession._suppress_small` decides; the random-group forms then finish with the real
+`common.stats.results.finish()` at interval "random_groups" and `noisy=True` (est ±
+t_{G−1}·sd/√G, the verdict's Bonferroni band). `--check` runs one small audit per metric
+through the real sans-I/O sessions (Paillier, MQOS-AUC's masked squaring round trip) with the
+Tester's noise draws set to 0 and compares its report with the twin's at zero noise (same seed,
+so the same random groups, and in the second-moments form the same released slots, hence the
+same draws), and the noise sd per released slot the Tester put in its header with the twin's.
 
 Data (null: labels and scores independent of race): each dataset samples n rows of prepared
 `ppre synth` BISG probabilities (`bench_intervals.pool_cached`); POT as `ppre synth` draws it
@@ -85,7 +94,7 @@ from common.stats import correction  # noqa: E402
 from common.stats.moments import finish_release  # noqa: E402
 from common.crypto import encoding  # noqa: E402
 from common.metrics.base import Item  # noqa: E402
-from common.metrics.mqos_auc import EXACT, normaliser_bits  # noqa: E402
+from common.metrics.mqos_auc import EXACT, normaliser_bits, released_form  # noqa: E402
 from common.metrics.pot import METRIC as POT  # noqa: E402
 from common.metrics.scoring import doubled_a_weights  # noqa: E402
 from common.races import RACES  # noqa: E402
@@ -98,8 +107,8 @@ SCALE = float(1 << encoding.PROBABILITY_BITS)
 CONFIDENCE = 0.95
 MODULUS_BITS = 2048
 POSITIVE_RATE, AUC = 0.30, 0.85
-#: the release's form (`--form`): "today", what the product releases (POT: "moments"; MQOS-AUC
-#: exact: "separate"); "moments" (POT: second moments, `pot_moment_audit`); "separate" (random
+#: the release's form (`--form`): "today", what the product releases ("moments" for both metrics);
+#: "moments" (second moments: POT `pot_moment_audit`, MQOS-AUC `auc_moment_audit`); "separate" (random
 #: groups: the estimate released on its own at σ₀, every random group at σ_b); or "pooled" (only
 #: the G groups are released, each at the σ of a release with no replicates, their parallel
 #: composition costing one release; the estimate is their sum, post-processing, with noise sd
@@ -274,12 +283,14 @@ def auc_frame(n: int, rng: np.random.Generator) -> pd.DataFrame:
     return pd.DataFrame({"member_id": [f"m{i}" for i in range(n)], "y_true": y, "score": score})
 
 
-def auc_form(q_ext: np.ndarray, y: np.ndarray, rank: np.ndarray, units: np.ndarray) -> np.ndarray:
+def auc_form(q_ext: np.ndarray, y: np.ndarray, rank: np.ndarray, units: np.ndarray | None) -> np.ndarray:
     """(G + 1, cells, 2): the released form's (V, D) in members (`mqos_auc.released_form`,
-    float64): every row with A over all rows, then each random group with A within it."""
+    float64): every row with A over all rows, then each random group with A within it
+    (`units` None: the first alone)."""
     p = q_ext / SCALE
     out = []
-    for groups, rows in [(None, slice(None))] + [(units, units == u) for u in range(int(units.max()) + 1)]:
+    groups_of = [] if units is None else [(units, units == u) for u in range(int(units.max()) + 1)]
+    for groups, rows in [(None, slice(None))] + groups_of:
         a2 = doubled_a_weights(rank, q_ext, groups=groups)[rows] / SCALE    # 2A in members
         pr, yr = p[rows], y[rows].astype(np.float64)[:, None]
         big_l, t, qq, s = (pr * a2 * yr).sum(0) / 2.0, (pr * yr).sum(0), (pr * pr * yr).sum(0), pr.sum(0)
@@ -316,13 +327,80 @@ def auc_audit(p: np.ndarray, frame: pd.DataFrame, policy: ReleasePolicy, rng: np
     return Audit(plan, values, small, report, {c: AUC for c in range(K + 1)}, noise_sd)
 
 
+def auc_moment_audit(p: np.ndarray, frame: pd.DataFrame, policy: ReleasePolicy, rng: np.random.Generator,
+                     unit_rng: np.random.Generator, noise: bool = True, exact: bool = False) -> Audit:
+    """MQOS-AUC exact's release in the second-moments form (`--form moments`, today's;
+    `ExactAuc.moment_plan`, `ExactAuc.combine` with one unit): the cells' (V, D) of the full
+    sample at σ₀·`squares_sensitivity` and per pair a ≤ b (S1, S0) = (Σ w_ab·y, Σ w_ab − S1)
+    on `pair_weights` at σ_m·`pair_sensitivity` (`ReleasePolicy.moment_sigmas(2,
+    pair_components=1)`), a withheld cell's item zeros; finished by the real
+    `finish_release` (the covariance of `placement_covariance` with the Test-Client's stated
+    placement variances from `ExactAuc.client_rows`) and `finish` with percentile intervals.
+    `exact`: the cells' slots as `mqos_auc.released_form`'s integers (the Tester's), else
+    float64 (the draws' seed, a digest of the released slots, then differs)."""
+    n = len(frame)
+    rows = EXACT.client_rows(frame, "mqos_auc.csv", "exact", {}, rng)
+    q = encoding.quantize_probabilities(p, encoding.PROBABILITY_BITS)
+    order, _ = canonical_units(q, 1, unit_rng)
+    q, y, rank = q[order], rows.values[order, 0].astype(np.int64), np.asarray(rows.strata)[order]
+    cells = auc_cell_slots(q, y, rank, exact)                                        # (k + 1) x (V, D)
+    plan, moments = EXACT.moment_plan(EXACT.plan(GROUPS, (), None, "exact", {}, {}), GROUPS, "exact", {},
+                                      rows.info, None)
+    scales = EXACT.squares_sensitivity({"facts": {"n": n}}, 1)
+    pair = EXACT.pair_sensitivity(1)
+    sigma0, sigma_m = policy.moment_sigmas(2, pair_components=1)
+    draw = (lambda sd: int(np.rint(rng.normal(0.0, sd)))) if noise else (lambda sd: 0)
+    row = [[v + draw(sigma0 * scales[0]), d + draw(sigma0 * scales[1])] for v, d in cells]
+    row += [[s1 + draw(sigma_m * pair), s0 + draw(sigma_m * pair)] for s1, s0 in auc_pair_slots(q, y)]
+    est_sd = [sigma0 * x for _ in cells for x in EXACT.slot_noise(scales)]
+    est_sd += [sigma_m * float(pair)] * 2 * (len(row) - len(cells))
+    noise_sd = est_sd + [0.0] * len(est_sd)  # the header's form: the estimate's, then no groups
+    withheld, small = suppression(q, policy, rng, noise)
+    hidden = [i for i, item in enumerate(plan.items[:len(cells)]) if i in withheld]  # cell j is item j
+    # a withheld item reaches the finishing party as zeros (`TesterSession._send_items`)
+    row = [[0, 0] if i in hidden else slots for i, slots in enumerate(row)]
+    values, _ = finish_release(plan, moments, row, noise_sd, MOMENT_REPLICATES, withheld=hidden)
+    report = finish(EXACT, plan, values, option="exact", confidence=CONFIDENCE, tau=DEFAULT_TAU, params={},
+                    info=rows.info, replicates=MOMENT_REPLICATES, result_recipient="client", small_groups=small,
+                    interval="percentile", noisy=True)
+    return Audit(plan, values, small, report, {c: AUC for c in range(K + 1)}, noise_sd)
+
+
+def auc_cell_slots(q: np.ndarray, y: np.ndarray, rank: np.ndarray, exact: bool) -> list[tuple[int, int]]:
+    """Per cell (groups, then overall) the released (V, D) of the full sample before noise:
+    `mqos_auc.released_form`'s integers (`exact`), else `auc_form` in float64 at the form's
+    fixed point 2^(33+K), rounded."""
+    n = len(q)
+    if exact:
+        return [(int(v), int(d)) for v, d in released_form(q, y, rank, None, n_rows=n)[0]]
+    q_ext = np.hstack([q, np.full((n, 1), 1 << encoding.PROBABILITY_BITS, dtype=np.int64)])
+    form = auc_form(q_ext, y, rank, None)[0] * 2.0 ** (33 + normaliser_bits(n))
+    return [(int(v), int(d)) for v, d in np.rint(form)]
+
+
+def auc_pair_slots(q: np.ndarray, y: np.ndarray) -> list[tuple[int, int]]:
+    """Per pair a ≤ b (S1, S0): S1 = Σ w_ab·y and S0 = Σ w_ab − S1 on `pair_weights` (exact in
+    int64: Σ w_ab ≤ n·2^32)."""
+    w = np.column_stack(correction.pair_weights(q))                                   # (n, pairs), int64
+    s1, total = y.astype(np.int64) @ w, w.sum(axis=0)
+    return [(int(a), int(t - a)) for a, t in zip(s1, total)]
+
+
 # ------------------------------------------------------------------ the measurement
 def pot_release(*args, **kwargs) -> Audit:
     """POT's release in `FORM`: second moments ("today", "moments") or random groups."""
     return (pot_moment_audit if FORM in ("today", "moments") else pot_audit)(*args, **kwargs)
 
 
-SETTINGS = {"pot": (pot_frame, pot_release), "mqos-auc": (auc_frame, auc_audit)}
+def auc_release(*args, **kwargs) -> Audit:
+    """MQOS-AUC exact's release in `FORM`: second moments ("today", "moments") or random groups."""
+    if FORM in ("today", "moments"):
+        return auc_moment_audit(*args, **kwargs)
+    kwargs.pop("exact", None)
+    return auc_audit(*args, **kwargs)
+
+
+SETTINGS = {"pot": (pot_frame, pot_release), "mqos-auc": (auc_frame, auc_release)}
 
 
 def gap_columns(metric: str, audit: Audit) -> np.ndarray:
@@ -430,7 +508,8 @@ def table(rows: list[tuple[str, int, dict]]) -> list[str]:
 # ------------------------------------------------------------------ the twin against the sessions
 def check(n: int = 4000, seed: int = 7) -> int:
     """One audit per metric through the real sans-I/O sessions with the Tester's Gaussian draws
-    set to 0 (the release's form unchanged: random groups, pseudo-values, 3-sd floors), against
+    set to 0 (the release's form unchanged: second moments, or random groups and pseudo-values;
+    3-sd floors), against
     the twin at zero noise with the same seed; and the header's noise sd per slot against the
     twin's. Prints the largest differences."""
     import pytest
@@ -454,7 +533,7 @@ def check(n: int = 4000, seed: int = 7) -> int:
             mp.setattr("tester_service.protocol.gaussian", lambda sigma: 0.0)
             real, session, _ = local_audit(tester, frame, spec=spec, release=ReleasePolicy(),
                                            modulus_bits=MODULUS_BITS)
-        exact = {"exact": True} if metric == "pot" and FORM in ("today", "moments") else {}  # the draws' seed
+        exact = {"exact": True} if FORM in ("today", "moments") else {}  # the draws' seed: the slots' digest
         twin = audit_of(p, frame, ReleasePolicy(), np.random.default_rng(0), np.random.default_rng(seed), noise=False,
                         **exact)
         mine = twin.report

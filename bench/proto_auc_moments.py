@@ -1,6 +1,12 @@
 """Prototype (plaintext twin only): MQOS-AUC exact's interval under release noise from second
 moments and pooled DeLong placement variances, instead of 10 noised random groups.
 
+Now built into the sessions (`common.metrics.mqos_auc`, "Interval under release noise"; its
+twin is `bench_random_groups.auc_moment_audit`, checked against the sessions): the built form
+takes the class totals from the pair items' row sums (not D and the noised sizes) and always
+applies the "own" shift. This script keeps the variants' measurements reproducible
+(bench/RESULTS.md, "MQOS-AUC exact from second moments: a plaintext prototype").
+
     nice -n 10 .venv/bin/python bench/proto_auc_moments.py [--sizes 10000,100000] [--datasets 400,60]
                                                          [--seed 1] [--variant delong] [--compare]
                                                          [--save PREFIX]

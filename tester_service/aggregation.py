@@ -185,8 +185,8 @@ def resampling_units(resampling: str, units: np.ndarray | None, n: int, rng: np.
     elif resampling == "client_groups":
         n_units = random_groups + 1
     else:
-        count = random_groups if resampling == "random_groups" else \
-            (RELEASE_GROUPS if groups_instead else 1 if moments_form else n_buckets)
+        count = 1 if moments_form else random_groups if resampling == "random_groups" else \
+            (RELEASE_GROUPS if groups_instead else n_buckets)
         buckets = boot.assign_buckets(n, count, rng)
         units = np.empty(n, dtype=np.int64)
         for m, idx in enumerate(buckets):

@@ -704,17 +704,32 @@ class TesterSession:
         of them). The noise scales come from the metric's declared form and the row count
         (`ExactAuc.squares_sensitivity`), never from a group's size."""
         scales = self.metric.squares_sensitivity(self._squares_state, self._multiplicity)
-        sigma0, sigma_b = self.release.sigmas(2)
         slots = self._layout.slots
+        if self._moments_form():  # the estimate at σ₀, the pair items (S1, S0) at σ_m: β 2 and 1
+            sigma0, sigma_m = self.release.moment_sigmas(2, pair_components=1)
+            pair = self.metric.pair_sensitivity(self._multiplicity)
+            levels = [(scales[0], sigma0), (scales[1], sigma0), (pair, sigma_m), (pair, sigma_m)]
+            sigma_b = 0.0
+        else:
+            sigma0, sigma_b = self.release.sigmas(2)
+            sigma_m, pair, levels = 0.0, 0, None
 
         def noise(ciphertext: int, component: int, replicate: int) -> int:
             one = [0] * slots
-            one[0] = scales[component]
-            return self._add_noise(ciphertext, one, sigma0 if replicate == 0 else sigma_b)
+            if levels is not None:
+                one[0], sigma = levels[component]
+            else:
+                one[0], sigma = scales[component], (sigma0 if replicate == 0 else sigma_b)
+            return self._add_noise(ciphertext, one, sigma)
         items = self.metric.combine(self._squares_state, self._squares, self._pub, self._layout, noise)
         cells = len(self._squares_state["facts"]["S"])
         self._squares_state, self._squares = None, []
-        self._note_noise(2, sigma0, sigma_b, [self.metric.slot_noise(scales)] * cells)
+        if levels is not None:
+            n_pairs = len(items) - cells
+            self._note_noise(2, sigma0, 0.0, [self.metric.slot_noise(scales)] * cells + [[float(pair)] * 2] * n_pairs,
+                             [sigma0] * cells + [sigma_m] * n_pairs)
+        else:
+            self._note_noise(2, sigma0, sigma_b, [self.metric.slot_noise(scales)] * cells)
         self._lap("squares")
         yield from self._send_items(items, self._replicates())
 
@@ -908,13 +923,15 @@ class TesterSession:
         (`Metric.moment_interval`) gets percentile intervals of parametric draws from its
         released aggregates and second moments (`common.stats.moments`), any other bootstrap
         metric random groups."""
+        if self._moments_form():
+            return "percentile"
         if self.metric.interval == "percentile" and self.release.noisy:
-            return "percentile" if self._moments_form() else "random_groups"
+            return "random_groups"
         return self.metric.interval
 
     def _moments_form(self) -> bool:
         """Whether this audit releases its estimate and second moments (`common.stats.moments`)."""
-        return self.release.noisy and self.metric.interval == "percentile" and self.metric.moment_interval
+        return self.release.noisy and self.metric.moment_interval
 
     def _release_form(self) -> str:
         """The header's interval: `common.stats.moments.FORM` for a release of second moments

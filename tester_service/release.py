@@ -43,7 +43,9 @@ comes from one of two further releases. An audit makes three releases:
 1. the estimate (σ₀);
 2. for the interval, either
    (a) *second moments* (`moment_sigmas`, metrics with `Metric.moment_interval`: ERO,
-   output, POT, MQOS-NDCG, LOT; for LOT the "groups" are each rank pair's cells and the
+   output, POT, MQOS-NDCG, LOT, MQOS-AUC exact; for MQOS-AUC exact the pair items hold
+   ``Σ p_a·p_b·y`` and ``Σ p_a·p_b·(1 − y)``, of which a row moves one, so β = 1
+   (`pair_components`, `common.metrics.mqos_auc`); for LOT the "groups" are each rank pair's cells and the
    weights w_c·w_c' products of its cells' weights, whose outer product moves by the
    same 2·||Δw||, `common.metrics.lot`): the pair items ``S^f_ab = Σ p_a·p_b·f``, ``S^d_ab = Σ p_a·p_b·d`` for a ≤ b
    (`common.stats.moments`; their d slots are also the correction's M), and for the output
@@ -56,7 +58,7 @@ comes from one of two further releases. An audit makes three releases:
    (4·(C + S) + S)/σ_m². The finishing party draws the interval's replicates from these
    (post-processing, no further cost); or
    (b) the same cells over G = 10 disjoint *random groups* of the rows (`sigmas`'
-   σ_b; MQOS-AUC exact and sampled): a member's at most m rows
+   σ_b; MQOS-AUC sampled): a member's at most m rows
    fall in one group or, for unit resampling, several, which the same L2 bound
    covers, so the groups together are one release;
 3. the noisy effective sizes that decide suppression (`threshold_sigma`).
@@ -217,7 +219,8 @@ class ReleasePolicy:
                              f"(sigma {max(sigmas):.3g} > {MAX_SIGMA:g}); use a larger rho", parameter="noise rho")
         return sigmas
 
-    def moment_sigmas(self, n_components: float, *, squares: int = 0) -> tuple[float, float]:
+    def moment_sigmas(self, n_components: float, *, squares: int = 0,
+                      pair_components: float | None = None) -> tuple[float, float]:
         """(σ₀, σ_m): the noise multipliers of the estimate's group items and of the second
         moments' pair items (`common.stats.moments`), in units of one member's largest
         contribution to a group item. The pair items' sensitivity is 2× the group items'
@@ -227,12 +230,15 @@ class ReleasePolicy:
         f²), in the pair items (4 each) and, at σ_m too, in the group items (1 each):
         the second moments cost (4·(C + S) + S)/σ_m². The estimate's σ₀ is the same
         with and without the correction: M is these same pair items (their d slots),
-        released for the interval anyway."""
+        released for the interval anyway. `pair_components`: β of the pair items where it
+        differs from the estimate's (MQOS-AUC exact: the estimate's two slots V and D both
+        move with one member, its pair items' S1 and S0 never together, β = 1)."""
         if not self.noisy:
             return 0.0, 0.0
         c = max(1, n_components)
+        pc = c if pair_components is None else max(1, pair_components)
         sigmas = (math.sqrt(c / (self.rho * (1.0 - self.moment_share - self.threshold_share))),
-                  math.sqrt((PAIR_FACTOR * (c + squares) + squares) / (self.rho * self.moment_share)))
+                  math.sqrt((PAIR_FACTOR * (pc + squares) + squares) / (self.rho * self.moment_share)))
         if max(sigmas) > MAX_SIGMA:
             raise InputError(f"rho {self.rho:g} would need noise beyond the slots' headroom "
                              f"(sigma {max(sigmas):.3g} > {MAX_SIGMA:g}); use a larger rho", parameter="noise rho")

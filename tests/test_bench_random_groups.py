@@ -1,6 +1,6 @@
-"""The release twin in `bench/bench_random_groups.py` (POT's second moments and MQOS-AUC
-exact's random groups under the default release controls): its released form is the
-metric's, its noise the Tester's per slot, and at zero noise its report is the real
+"""The release twin in `bench/bench_random_groups.py` (POT's and MQOS-AUC exact's second
+moments under the default release controls, and their random-group forms): its released form
+is the metric's, its noise the Tester's per slot, and at zero noise its report is the real
 sessions' report."""
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import bench_random_groups as bench  # noqa: E402
 from common.crypto import encoding  # noqa: E402
 from common.metrics.mqos_auc import EXACT, normaliser_bits, released_form  # noqa: E402
+from common.stats.correction import pair_weights, pairs  # noqa: E402
 from common.metrics.scoring import dense_score_rank  # noqa: E402
 from tester_service.release import RELEASE_GROUPS, ReleasePolicy  # noqa: E402
 
@@ -82,9 +83,56 @@ def test_pot_moments_twin_noise_is_the_testers_per_slot():
     assert audit.values.shape[0] == bench.MOMENT_REPLICATES + 1 and audit.report.interval == "percentile"
 
 
+def test_auc_moments_twin_slots_are_the_released_form():
+    """MQOS-AUC's second-moments form: the cells' (V, D) are `released_form`'s integers of the
+    full sample (`exact`), float64 within 1e-9 of them otherwise; per pair a ≤ b the slots are
+    (S1, S0) = (Σ w_ab·y, Σ w_ab − S1) on the pair weights w_ab ≈ q_a·q_b/2^32."""
+    n = 400
+    rng = np.random.default_rng(6)
+    q = encoding.quantize_probabilities(probabilities(n, 6))
+    frame = bench.auc_frame(n, rng)
+    y, rank = frame["y_true"].to_numpy(), dense_score_rank(frame["score"].to_numpy())
+    exact = bench.auc_cell_slots(q, y, rank, exact=True)
+    assert exact == [tuple(c) for c in released_form(q, y, rank, n_rows=n)[0]] and len(exact) == bench.K + 1
+    assert np.array(bench.auc_cell_slots(q, y, rank, exact=False), dtype=float) == \
+        pytest.approx(np.array(exact, dtype=float), rel=1e-9)
+    slots = np.array(bench.auc_pair_slots(q, y), dtype=float)
+    qf = q.astype(float)
+    for p, (a, b) in enumerate(pairs(bench.K)):
+        w = qf[:, a] * qf[:, b] / 2.0 ** 32
+        assert slots[p, 0] == pytest.approx(w @ y, abs=n) and slots[p, 1] == pytest.approx(w @ (1 - y), abs=n)
+    assert slots.sum(axis=1) == pytest.approx([float(c.sum()) for c in pair_weights(q)], abs=0)
+
+
+def test_auc_moments_twin_noise_is_the_testers_per_slot(monkeypatch):
+    """MQOS-AUC's second-moments form (today's): the cells' items carry σ₀ of
+    `moment_sigmas(2, pair_components=1)` times `squares_sensitivity` (V ½, D 1 member at the
+    form's fixed point), the 21 pair items σ_m times one member at 2^32 in both slots; the
+    header's second half (no random groups) is 0; percentile intervals of the draws. The
+    random-group forms are still `auc_audit`."""
+    n = 2000
+    rng = np.random.default_rng(7)
+    policy = ReleasePolicy()
+    p, frame = probabilities(n, 7), bench.auc_frame(n, rng)
+    audit = bench.SETTINGS["mqos-auc"][1](p, frame, policy, rng, rng)
+    items = audit.plan.items
+    sd = np.array(audit.noise_sd).reshape(2, len(items), 2)
+    s0, sm = policy.moment_sigmas(2, pair_components=1)
+    scales = EXACT.squares_sensitivity({"facts": {"n": n}}, 1)
+    assert not sd[1].any() and sm > s0 > 0
+    assert len(items) == bench.K + 1 + len(pairs(bench.K))
+    assert sd[0, :bench.K + 1] == pytest.approx(np.tile([s0 * scales[0], s0 * scales[1]], (bench.K + 1, 1)))
+    assert sd[0, bench.K + 1:] == pytest.approx(np.full((len(pairs(bench.K)), 2), sm * 2.0 ** 32))
+    assert audit.values.shape[0] == bench.MOMENT_REPLICATES + 1 and audit.report.interval == "percentile"
+    monkeypatch.setattr(bench, "FORM", "separate")
+    groups = bench.SETTINGS["mqos-auc"][1](p, frame, policy, rng, rng)
+    assert groups.report.interval == "random_groups" and groups.values.shape[0] == EXACT.random_groups + 1
+
+
 @pytest.mark.slow
 def test_twin_matches_the_sessions_at_zero_noise():
     """One POT and one MQOS-AUC exact audit through the real sessions (Tester's draws set to
-    0) report exactly what the twin reports at zero noise (POT's parametric draws too: their
-    seed is a digest of the released slots), with the same noise sd per slot."""
+    0) report exactly what the twin reports at zero noise (both in the second-moments form:
+    the parametric draws too, their seed a digest of the released slots), with the same
+    noise sd per slot."""
     assert bench.check(1500) == 0

@@ -107,19 +107,15 @@ def _auc_frame(tester_df, rng) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------- noise on every released row
-@pytest.mark.parametrize("metric", ["mqos-auc:exact", "mqos-auc:sampled"])
-def test_every_random_group_row_carries_its_own_noise(monkeypatch, client_key, metric):
-    """Under noise these metrics' intervals come from disjoint random groups, released
-    next to the estimate. Every group row the Test-Client decrypts differs from the
-    noiseless one (the same audit with the draws set to 0: same seed, same groups) in
-    every slot the header says is noised."""
-    name, _, option = metric.partition(":")
+def _noisy_and_exact(monkeypatch, client_key, name: str, option: str):
+    """One audit under noise and the same audit with the draws set to 0 (same seed, same
+    groups, the same suppression): (header, rows decrypted under noise, rows without)."""
     tester_df, _ = make_inputs(200, 200, 200, seed=31)
     rng = np.random.default_rng(31)
     client_df = _pot_frame(tester_df, rng) if name == "pot" else _auc_frame(tester_df, rng)
     spec = AuditSpec(metric=name, metric_option=option, client_dataset="d", bootstrap=10, seed=4,
                      result_recipient="client")
-    monkeypatch.setattr(tester_protocol, "gaussian", lambda sigma: 0.0)  # the same suppression in both runs
+    monkeypatch.setattr(tester_protocol, "gaussian", lambda sigma: 0.0)
     noisy_seen: list = []
     _run(spec, tester_df, client_df, NOISY, seen=noisy_seen)
     real_slots = tester_protocol.gaussian_slots
@@ -128,9 +124,41 @@ def test_every_random_group_row_carries_its_own_noise(monkeypatch, client_key, m
         m.setattr(tester_protocol, "gaussian_slots", lambda scales, bits: 0)
         _run(spec, tester_df, client_df, NOISY, seen=exact_seen)
     assert tester_protocol.gaussian_slots is real_slots
-    header = _header(noisy_seen)
+    return _header(noisy_seen), _decrypted_rows(noisy_seen, client_key), _decrypted_rows(exact_seen, client_key)
+
+
+def test_auc_exact_releases_every_slot_with_its_own_noise(monkeypatch, client_key):
+    """MQOS-AUC exact under noise releases one row: each cell's (V, D) at σ₀ and each pair
+    of groups' (S1, S0) at σ_m, no random groups. Every slot the Test-Client decrypts
+    differs from the noiseless audit's, the header's noise sd is σ₀ times the form's
+    bounds (½ and 1 member) on the cells and σ_m times a pair weight's 2^32 on the pair
+    items (whose S1 and S0, without noise, are sums of non-negative weights)."""
+    from common.metrics.mqos_auc import normaliser_bits
+    header, noisy, exact = _noisy_and_exact(monkeypatch, client_key, "mqos-auc", "exact")
+    assert header.interval == "parametric" and header.plain_rows == 1 and len(noisy) == len(exact) == 1
+    cells, n_pairs = len(GROUPS) + 1, len(GROUPS) * (len(GROUPS) + 1) // 2
+    assert header.items == cells + n_pairs
+    sigma0, sigma_m = NOISY.moment_sigmas(2, pair_components=1)
+    sd = np.array(header.noise_sd).reshape(2, header.items, header.item_slots)
+    unit = 2.0 ** (33 + normaliser_bits(200))
+    assert sd[0, :cells, 0] == pytest.approx(sigma0 * unit / 2, rel=1e-6)
+    assert sd[0, :cells, 1] == pytest.approx(sigma0 * unit, rel=1e-6)
+    assert sd[0, cells:] == pytest.approx(sigma_m * 2.0 ** 32, rel=1e-12) and not sd[1].any()
+    for i in range(header.items):
+        if i in header.suppressed_items:
+            continue
+        for s in range(header.item_slots):
+            assert noisy[0][i][s] != exact[0][i][s], (i, s)
+    assert all(min(exact[0][cells + p]) >= 0 for p in range(n_pairs))
+
+
+def test_every_random_group_row_carries_its_own_noise(monkeypatch, client_key):
+    """Under noise MQOS-AUC sampled's interval comes from disjoint random groups, released
+    next to the estimate. Every group row the Test-Client decrypts differs from the
+    noiseless one (the same audit with the draws set to 0: same seed, same groups) in
+    every slot the header says is noised."""
+    header, noisy, exact = _noisy_and_exact(monkeypatch, client_key, "mqos-auc", "sampled")
     assert header.interval == "random_groups" and header.plain_rows == header.replicates + 1 >= 3
-    noisy, exact = _decrypted_rows(noisy_seen, client_key), _decrypted_rows(exact_seen, client_key)
     assert len(noisy) == len(exact) == header.replicates + 1
     sd = np.array(header.noise_sd).reshape(2, header.items, header.item_slots)
     noised = [(i, s) for i in range(header.items) for s in range(header.item_slots)

@@ -212,7 +212,7 @@ def test_a_header_claiming_second_moments_for_a_metric_without_them_is_refused()
         if msg.WhichOneof("body") == "aggregates_header":
             msg.aggregates_header.interval = "parametric"
 
-    spec = AuditSpec(metric="mqos-auc", client_dataset="d", bootstrap=10, seed=1)
+    spec = AuditSpec(metric="mqos-auc", metric_option="sampled", client_dataset="d", bootstrap=10, seed=1)
     with pytest.raises(ProtocolError, match="second moments"):
         local_audit(tester, client, spec=spec, tap=tap, release=ReleasePolicy(rho=1.0, budget=1.0,
                                                                               min_effective_size=0.0))

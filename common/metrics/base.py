@@ -422,7 +422,9 @@ class Metric:
     #: (`common.stats.moments`) instead of random groups: for per-group ratio cells (f, d) whose
     #: pair items' sums are the second moments, either because the components are 0/1
     #: with f ≤ d (f² = f, f·d = f, d² = d: ERO), or because d = 1 and the rows carry f²
-    #: as one more component (`moment_squares`: the output metric)
+    #: as one more component (`moment_squares`: the output metric); or for cells that
+    #: are no ratio of sums over rows, whose covariance the metric reads off its pair
+    #: items itself (`common.stats.correction.CorrectionPlan.covariance`: MQOS-AUC exact)
     moment_interval = False
     #: under the second-moments release the rows carry the square f² of the numerator's
     #: component as a last component (`moment_components`), released in the pair items

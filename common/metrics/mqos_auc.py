@@ -48,10 +48,39 @@ group and overall (the global AUC). Verdict: a group significantly below overall
   `tests/test_release.py` checks the bound by exhaustive and adversarial search, and
   that the encrypted path releases exactly `released_form`.
 
-  Intervals: the statistic is not a sum over rows, so instead of the bootstrap the
-  rows are split into G = 10 random groups; each group's AUC uses A within the group,
-  and the interval is est ± t_{G−1}·sd/√G (coverage measured by a test: 0.95-0.97 at
-  95%, `tests/test_metric_scoring.py`).
+  Intervals without release noise: the statistic is not a sum over rows, so instead of
+  the bootstrap the rows are split into G = 10 random groups; each group's AUC uses A
+  within the group, and the interval is est ± t_{G−1}·sd/√G (coverage measured by a
+  test: 0.95-0.97 at 95%, `tests/test_metric_scoring.py`).
+
+  **Interval under release noise** (design §8.4). Random groups would each carry their
+  own noise and count the estimate's noise many times over; instead the release is
+  second moments, in one round trip as before and with no random groups:
+
+  - the estimate's (V_j, D_j) per cell at σ₀ (`ReleasePolicy.moment_sigmas` with C = 2);
+  - on the pair weights w_ab = p_a·p_b (a ≤ b, `common.stats.correction.pair_weights`)
+    S1_ab = Σ w_ab·y and S0_ab = Σ w_ab·(1 − y), packed in one item per pair, at σ_m.
+    The Tester aggregates S1 from the rows' Enc(y) and forms S0 = Σ w_ab − S1 with its
+    own plaintext Σ w_ab (`tester_facts`, `combine`). A member's row moves only the pair
+    slots of its own label, by ||Δ(p·pᵀ)|| ≤ 2·||Δp||₂ over a ≤ b: one component at the
+    pair items' factor (β = 1, `pair_components`);
+  - the Test-Client states from its own rows DeLong's placement variances σ1² (of the
+    positives' fraction of negatives scored below, ties ½) and σ0² (of the negatives'
+    fraction of positives scored above), `placement_variances`,
+    `info["placement_variances"]`: two numbers about its whole table, which one member
+    moves by O(1/n).
+
+  The finishing party reads the weighted DeLong covariance
+  ``Cov(AUC_a, AUC_b) = σ1²·S1_ab/(P1_a·P1_b) + σ0²·S0_ab/(P0_a·P0_b)`` with the
+  class totals P1_a = Σ_b S1_ab and P0_a = Σ_b S0_ab (a member's probabilities add up to
+  1) and "overall" as one more group of weight 1 (`placement_covariance`), each cell's
+  placement variances raised by the binormal model's v(AUC_a) − v(AUC_overall) where
+  positive (a group whose AUC is lower spreads more: `binormal_spread`), adds each cell's
+  release noise through its ratio, and draws the cells jointly
+  (`common.stats.moments.covariance_draws`; percentile intervals). With one-hot groups
+  this is DeLong's variance of each group's own AUC (`tests/test_auc_moments.py`); the
+  null flag rate and coverage are measured on the plaintext twin
+  (`bench/bench_random_groups.py`, bench/RESULTS.md).
 * `sampled` (B.2.2). The Test-Client aims at `pairs` (default 100,000) positive-negative
   pairs drawn uniformly, no member in more than `pairs_per_member` (default 4) rows; each
   real pair carries Enc(1(s_pos > s_neg)) (½ for a tie) and Enc(1); the pair weight is
@@ -97,7 +126,11 @@ group and overall (the global AUC). Verdict: a group significantly below overall
 """
 from __future__ import annotations
 
+import math
 import secrets
+from dataclasses import replace
+from functools import partial
+from statistics import NormalDist
 
 import numpy as np
 
@@ -117,6 +150,12 @@ MAX_PAIRS_PER_MEMBER = 1000
 SQUARE_MASK_BITS = 64
 #: the normaliser's bits beyond 2·bits(n) (`normaliser_bits`)
 NORMALISER_EXTRA_BITS = 64
+#: the Test-Client's statement the interval under release noise reads (`placement_variances`)
+PLACEMENT_INFO = "placement_variances"
+#: significant digits of the stated placement variances
+PLACEMENT_DIGITS = 9
+#: quadrature points of the binormal placement variance (`binormal_spread`)
+BINORMAL_POINTS = 4001
 
 
 def normaliser_bits(n_rows: int) -> int:
@@ -169,6 +208,79 @@ def released_form(q: np.ndarray, y: np.ndarray, rank: np.ndarray, units: np.ndar
     return out
 
 
+def _midranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties at their mean rank."""
+    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    start = np.cumsum(counts) - counts
+    return (start + (counts + 1) / 2.0)[inverse]
+
+
+def placement_variances(y: np.ndarray, scores: np.ndarray) -> list[float]:
+    """[σ1², σ0²] over all the Test-Client's rows (module docstring, "Interval under release
+    noise"): the variances of the positives' placements V10 (the fraction of negatives
+    scored below, ties ½) and of the negatives' V01 (the fraction of positives scored
+    above, ties ½), DeLong's components; rounded to PLACEMENT_DIGITS significant digits."""
+    pos = np.asarray(y).astype(bool)
+    ranks = _midranks(np.asarray(scores, dtype=np.float64))
+    n1, n0 = int(pos.sum()), int((~pos).sum())
+    v10 = (ranks[pos] - _midranks(scores[pos])) / n0
+    v01 = 1.0 - (ranks[~pos] - _midranks(scores[~pos])) / n1
+    out = [float(np.var(v, ddof=1)) if len(v) > 1 else 0.0 for v in (v10, v01)]
+    return [float(f"{x:.{PLACEMENT_DIGITS}g}") for x in out]
+
+
+def binormal_spread(auc: np.ndarray) -> np.ndarray:
+    """The placement variance of two equal-variance normal classes at this AUC,
+    Φ₂(x, x; ½) − A² with x = Φ⁻¹(A) (symmetric about ½), Φ₂ by quadrature of
+    ∫_{-∞}^x φ(z)·Φ((x − z/2)/√(3/4)) dz."""
+    normal = NormalDist()
+    a = np.clip(np.abs(np.nan_to_num(np.asarray(auc, dtype=np.float64), nan=0.5) - 0.5) + 0.5, 0.5, 0.9999)
+    out = []
+    for value in a:
+        x = normal.inv_cdf(float(value))
+        z = np.linspace(-9.0, x, BINORMAL_POINTS)
+        inner = 0.5 * (1.0 + np.vectorize(math.erf)((x - 0.5 * z) / math.sqrt(0.75) / math.sqrt(2.0)))
+        f = np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi) * inner
+        out.append(float(np.sum((f[1:] + f[:-1]) * np.diff(z)) / 2.0) - float(value) ** 2)
+    return np.clip(np.array(out), 0.0, None)
+
+
+def placement_covariance(plan, moments, row, *, variances: tuple[float, float]) -> tuple[list[int], np.ndarray]:
+    """The cells (groups, then overall) and the covariance of their AUCs (module docstring,
+    "Interval under release noise"), from the released pair items S1_ab, S0_ab and the
+    stated placement variances: ``σ1²·S1_ab/(P1_a·P1_b) + σ0²·S0_ab/(P0_a·P0_b)`` with the
+    class totals P1_a = Σ_b S1_ab and P0_a = Σ_b S0_ab (a member's probabilities add up to
+    1) and "overall" one more group of weight 1 (its pair sums with b are b's totals).
+    Each cell's placement variances are raised by the binormal model's
+    v(AUC_a) − v(AUC_overall) where positive (`binormal_spread`): a group whose AUC is
+    lower than overall's has placements that spread more than the pooled ones."""
+    from common.stats.correction import WEIGHT_SCALE, pair_matrix
+    family = moments.families[0]
+    k = len(moments.groups)
+    s1 = np.clip(pair_matrix(row, family, family.num_slot, k), 0.0, None) / WEIGHT_SCALE
+    s0 = np.clip(pair_matrix(row, family, family.den_slot, k), 0.0, None) / WEIGHT_SCALE
+    overall = next(c for c, cell in enumerate(plan.cells) if cell.kind == "group" and cell.group == "overall")
+    cells = list(family.cells) + [overall]
+
+    def extended(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        totals = m.sum(axis=1)
+        out = np.zeros((k + 1, k + 1))
+        out[:k, :k] = m
+        out[k, :k] = out[:k, k] = totals
+        out[k, k] = totals.sum()
+        return out, np.clip(np.append(totals, totals.sum()), 1.0, None)
+
+    s1x, p1 = extended(s1)
+    s0x, p0 = extended(s0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        auc = np.array([0.5 + float(row[plan.cells[c].item][0]) / float(row[plan.cells[c].item][1])
+                        if float(row[plan.cells[c].item][1]) > 0 else np.nan for c in cells])
+    spread = binormal_spread(auc)
+    shift = np.clip(spread - spread[-1], 0.0, None)
+    v1, v0 = (np.sqrt(np.outer(v + shift, v + shift)) for v in variances)
+    return cells, np.nan_to_num(v1 * s1x / np.outer(p1, p1) + v0 * s0x / np.outer(p0, p0))
+
+
 def _labels_and_scores(frame, file):
     y = binary_column(frame, "y_true", file)
     scores = finite_column(frame, "score", file)
@@ -216,6 +328,9 @@ class ExactAuc(MqosAuc):
     interval = "random_groups"
     needs_squares = True
     uses_strata = True
+    #: under release noise the interval comes from the pair items and the stated placement
+    #: variances (module docstring, "Interval under release noise"), one unit, no random groups
+    moment_interval = True
 
     def for_option(self, option):
         return self
@@ -226,7 +341,13 @@ class ExactAuc(MqosAuc):
     def client_rows(self, frame, file, option, params, rng):
         y, scores = _labels_and_scores(frame, file)
         return ClientRows(ids=(frame["member_id"].to_numpy(dtype=object),), values=y[:, None].astype(np.float64),
-                          strata=dense_score_rank(scores))
+                          strata=dense_score_rank(scores), info={PLACEMENT_INFO: placement_variances(y, scores)})
+
+    def check_info(self, info, strata_labels):
+        stated = info.get(PLACEMENT_INFO)
+        if not isinstance(stated, list) or len(stated) != 2 or \
+                not all(isinstance(x, (int, float)) and math.isfinite(x) and 0.0 <= x <= 0.25 for x in stated):
+            raise ValueError("placement variances")
 
     def weight_bits(self, n_rows):
         return 2 * PROBABILITY_BITS + 1 + bits(n_rows)
@@ -246,20 +367,46 @@ class ExactAuc(MqosAuc):
         per_group = np.zeros((g, ext.shape[1]), dtype=object)
         for u in range(g):
             per_group[u] = [int(v) for v in ext[units == u].sum(axis=0)]
-        return {"S": [int(v) for v in ext.sum(axis=0)], "S_group": per_group.tolist(),
-                "n": max(int(row_bound or 0), int(ext.shape[0]))}
+        facts = {"S": [int(v) for v in ext.sum(axis=0)], "S_group": per_group.tolist(),
+                 "n": max(int(row_bound or 0), int(ext.shape[0]))}
+        if g == 1:  # one unit: the release of second moments, whose S0 is Σ w_ab − S1 (`combine`)
+            from common.stats.correction import pair_weights
+            facts["pair_totals"] = [int(col.sum()) for col in pair_weights(q[0])]
+        return facts
 
     def weights(self, q, strata, units, groups, option, params):
         """Per cell (groups, then overall): W_L = q·2A over all rows, W_Lg = q·2A within the
-        row's random group, W_T = q, W_Q = q² (2A keeps ties' half weights integral)."""
+        row's random group (with one unit, the release of second moments, W_L itself: a
+        sum of one column, not aggregated again), W_T = q, W_Q = q² (2A keeps ties' half
+        weights integral). Overall's W_T and W_Q are the constants 2^32 and 2^64 (times
+        the bucket's Enc(Σ y), no column of their own)."""
         ext = _with_overall(q)
         full = doubled_a_weights(strata, ext)
-        within = doubled_a_weights(strata, ext, groups=units)
+        single = len(units) == 0 or int(units.max()) == 0
+        within = None if single else doubled_a_weights(strata, ext, groups=units)
         cols = []
+        overall = ext.shape[1] - 1
         for j in range(ext.shape[1]):
             qj = ext[:, j].astype(object)
-            cols += [qj * full[:, j].astype(object), qj * within[:, j].astype(object), ext[:, j], qj * qj]
+            w_t, w_q = (1 << PROBABILITY_BITS, 1 << (2 * PROBABILITY_BITS)) if j == overall else (ext[:, j], qj * qj)
+            cols += [qj * full[:, j].astype(object), (4 * j,) if single else qj * within[:, j].astype(object),
+                     w_t, w_q]
         return cols
+
+    def moment_plan(self, plan, groups, option, params, info, layout):
+        """`plan` with one item per pair of groups a ≤ b on the pair weights q_a·q_b/2^32
+        (`moment_weights`, after the 4 columns per cell), its slots (S1_ab, S0_ab), and a
+        `common.stats.correction.CorrectionPlan` whose covariance is `placement_covariance`
+        with the Test-Client's stated placement variances."""
+        from common.stats import correction
+        k = len(groups)
+        first = len(plan.items)
+        pair_items = tuple(Item(4 * (k + 1) + p, 0) for p in range(len(correction.pairs(k))))
+        family = correction.Family(tuple(range(k)), tuple(range(first, first + len(pair_items))), 0, 1, 0)
+        stated = tuple(float(x) for x in info[PLACEMENT_INFO])
+        return (replace(plan, items=plan.items + pair_items),
+                correction.CorrectionPlan(tuple(groups), (family,), first,
+                                          covariance=partial(placement_covariance, variances=stated)))
 
     def square_requests(self, agg, n_units, pub, facts):
         """Enc(T + r) for the full sample and each random group, per cell."""
@@ -271,7 +418,9 @@ class ExactAuc(MqosAuc):
             for u in range(n_units):
                 prod = prod * agg[u][4 * j + 2][0] % n2
             t_full.append(prod)
-        t_rows = [t_full] + [[agg[u][4 * j + 2][0] for j in range(cells)] for u in range(n_units)]
+        t_rows = [t_full]
+        if n_units > 1:  # random groups (one unit: the release of second moments, no groups)
+            t_rows += [[agg[u][4 * j + 2][0] for j in range(cells)] for u in range(n_units)]
         # T_j ≤ S_j ≤ n·2^32 for n the bound on the rows (`tester_facts`): a width fixed in
         # advance, where the largest S_j's own would show in T_j + r's length
         r_bits = PROBABILITY_BITS + bits(facts["n"]) + SQUARE_MASK_BITS
@@ -287,16 +436,21 @@ class ExactAuc(MqosAuc):
         the released form (module docstring): V = c·(L − T·S + Q) and D = c·2(T·S − T²)
         with c = round(2^K/S) (`released_slots`), each carrying its release noise
         (`noise(ciphertext, component, replicate)`: component 0 is V, 1 is D) before they
-        are packed. The cell's ratio is V/D + ½ (`Cell.offset`)."""
+        are packed. The cell's ratio is V/D + ½ (`Cell.offset`). With one unit and the pair
+        weights aggregated (the release of second moments, `moment_plan`): the full sample
+        alone, then per pair a ≤ b Enc(S1 + 2^slot·S0) with S1 = Σ w_ab·y and
+        S0 = Σ w_ab − S1 (Σ w_ab the Tester's plaintext `facts["pair_totals"]`),
+        components 2 and 3 of `noise`."""
         from common.errors import ProtocolError
         n, n2 = pub.n, pub.n2
         agg, n_units, cells = state["agg"], state["n_units"], state["cells"]
-        if len(squares) != (n_units + 1) * cells:
-            raise ProtocolError(f"{len(squares)} squares received, {(n_units + 1) * cells} expected")
+        reps = 1 if n_units == 1 else n_units + 1
+        if len(squares) != reps * cells:
+            raise ProtocolError(f"{len(squares)} squares received, {reps * cells} expected")
         shift = 1 << layout.slot_bits
         k_bits = normaliser_bits(state["facts"]["n"])
         items = []
-        for rep in range(n_units + 1):
+        for rep in range(reps):
             for j in range(cells):
                 lsum, t, t2, qsum, s = self._sums(state, squares, pub, rep, j)
                 c = normaliser(s, k_bits)
@@ -306,6 +460,13 @@ class ExactAuc(MqosAuc):
                 if noise is not None:
                     v, d = noise(v, 0, rep), noise(d, 1, rep)
                 items.append(v * paillier.scalar_pow(n, d, shift) % n2)
+        if n_units == 1 and len(agg[0]) > 4 * cells:
+            for p, total in enumerate(state["facts"]["pair_totals"]):
+                s1 = agg[0][4 * cells + p][0]
+                s0 = paillier.add_plain(n, paillier.scalar_pow(n, s1, n - 1), total)
+                if noise is not None:
+                    s1, s0 = noise(s1, 2, 0), noise(s0, 3, 0)
+                items.append(s1 * paillier.scalar_pow(n, s0, shift) % n2)
         return items
 
     @staticmethod
@@ -339,6 +500,12 @@ class ExactAuc(MqosAuc):
         unit = 1 << (33 + normaliser_bits(state["facts"]["n"]))
         slack = unit >> 30
         return [multiplicity * (unit // 2 + slack), multiplicity * (unit + slack)]
+
+    def pair_sensitivity(self, multiplicity):
+        """The noise scale of a pair item's slots (S1, S0) per unit of ||Δp||₂: a member moves
+        w_ab = p_a·p_b by |Δ(p_a·p_b)| at 2^32, in one of the two (its label's), times the
+        rows it is in; the pair items' factor 2 is in σ_m (`ReleasePolicy.moment_sigmas`)."""
+        return multiplicity << PROBABILITY_BITS
 
     @staticmethod
     def slot_noise(scales):

@@ -52,7 +52,7 @@ moments (`common.stats.moments`), the finishing party decides on the released M
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -295,6 +295,12 @@ class CorrectionPlan:
     #: overlap: `common.metrics.pot`); the families' residuals are then drawn jointly
     #: (`common.stats.moments.joint_deviations`). Empty: families independent.
     cross: tuple[tuple[float, ...], ...] = ()
+    #: a metric whose cells are not ratios of sums over rows (MQOS-AUC exact) reads its
+    #: cells' sampling covariance off the release itself: ``covariance(plan, self, row)``
+    #: gives (cells, their covariance in reported units), and those cells are drawn
+    #: jointly around their estimate, each with its release noise through its ratio
+    #: (`common.stats.moments.covariance_draws`). None: the families' own moments.
+    covariance: Callable | None = None
 
     def _system(self, slots: Sequence[Sequence[int]], base: int, cells,
                 family: Family) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -174,6 +174,8 @@ def weighted_draws(plan, moments, row: Sequence[Sequence[int]], estimate: np.nda
     k = len(moments.groups)
     out = np.full((replicates + 1, len(plan.cells)), np.nan)
     out[0] = estimate
+    if moments.covariance is not None:
+        return covariance_draws(plan, moments, row, out, noise_sd, replicates, rng, withheld)
     hidden = set(withheld)
     deviations: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # cell -> its draws' (Num, Den) deviations
     joint = joint_deviations(plan, moments, row, noise_sd, replicates, rng) if moments.cross else None
@@ -210,6 +212,30 @@ def weighted_draws(plan, moments, row: Sequence[Sequence[int]], estimate: np.nda
             continue
         out[1:, c] = _summed_draws(row, cell, sum(deviations[p][0] for p in parts),
                                    sum(deviations[p][1] for p in parts))
+    return out
+
+
+def covariance_draws(plan, moments, row, out: np.ndarray, noise_sd: Sequence[float], replicates: int,
+                     rng: np.random.Generator, withheld: Sequence[int] = ()) -> np.ndarray:
+    """`out` (row 0 the estimate) with rows 1.. the draws of a metric that states its
+    cells' sampling covariance (`CorrectionPlan.covariance`): ``N(estimate, C + noise)``
+    over the defined cells, the noise of a cell's ratio Num/Den to first order
+    ``(sd_Num² + (Num/Den)²·sd_Den²)/Den²`` in reported units. NaN where the estimate is."""
+    cells, cov = moments.covariance(plan, moments, row)
+    hidden = set(withheld)
+    noise = np.zeros(len(cells))
+    for j, c in enumerate(cells):
+        cell = plan.cells[c]
+        num, den = float(row[cell.item][cell.num_slot]), float(row[cell.item][cell.den_slot])
+        sd_n = noise_of(noise_sd, cell.item, cell.num_slot, plan.item_slots)
+        sd_d = noise_of(noise_sd, cell.item, cell.den_slot, plan.item_slots)
+        if den > 0:
+            noise[j] = (sd_n ** 2 + (num / den) ** 2 * sd_d ** 2) / den ** 2 * 4.0 ** cell.scale_shift
+    ok = np.array([plan.cells[c].item not in hidden and np.isfinite(out[0, c]) for c in cells], dtype=bool)
+    if ok.any():
+        full = np.nan_to_num(np.asarray(cov, dtype=np.float64)) + np.diag(noise)
+        picked = [c for c, keep in zip(cells, ok) if keep]
+        out[1:, picked] = out[0, picked] + gaussian_draws(full[np.ix_(ok, ok)], replicates, rng)
     return out
 
 

@@ -76,8 +76,9 @@ flag rate at nominal: bench/RESULTS.md). Either way the compared pair is the mos
 adverse significant comparison between informative groups, if there is one. With a correction, `verdict.attenuation`
 holds the compared pair's corrected gap and whether the weighted gap understates it.
 
-Intervals: bootstrap percentile intervals (B replicates), or for random groups
-(MQOS-AUC exact) the t interval est ± t_{G−1}·sd/√G over G random groups. Without
+Intervals: bootstrap percentile intervals (B replicates, or parametric draws under
+release noise), or for random groups (MQOS-AUC: exact without release noise, sampled
+always) the t interval est ± t_{G−1}·sd/√G over G random groups. Without
 release noise the verdict's test (`verdict.compared`'s intervals and the MDD, not the
 group and difference intervals reported) takes each group's spread at the overall's
 value, as a score test (or Wilson's interval) takes the variance at the null:
