@@ -339,7 +339,7 @@ def test_insecure_says_so_loudly(inputs, capsys, tmp_path):
         assert "client serving" in line and "INSECURE" in line, line
     finally:
         proc.terminate()
-        _, err = proc.communicate(timeout=15)
+        _, err = proc.communicate(timeout=60)
     assert tls.INSECURE_WARNING in err
 
     capsys.readouterr()

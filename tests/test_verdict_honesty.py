@@ -254,3 +254,21 @@ def test_marginal_intervals_that_do_not_overlap_are_no_finding_when_nothing_is_s
     found = _finish(_values([0.1, 0.145, 0.1, 0.1, 0.1, 0.1, 0.1], [0.01] * 6 + [0.004], replicates=2000, seed=1),
                     interval="percentile", noisy=True).verdict
     assert found.significant and "non-overlapping group CIs: white/black" in found.message
+
+
+def test_below_overall_never_calls_an_excess_a_shortfall():
+    """MQOS-AUC's rule compares overall − group: where every group lies above overall the
+    most adverse difference is negative, and the verdict names it as the group closest to
+    overall, not as a "shortfall" of a negative size."""
+    from common.metrics.mqos_auc import EXACT
+    plan = EXACT.plan(GROUPS, (), None, "exact", {}, {})
+    values = _values([0.86, 0.87, 0.88, 0.86, 0.87, 0.865, 0.85], [0.004] * 7, replicates=400)
+    report = finish(EXACT, plan, values, option="exact", confidence=0.95, tau=0.05, params={}, info={},
+                    replicates=400, interval="percentile")
+    v = report.verdict
+    assert v.compared["estimate"] < 0 and "shortfall" not in v.message
+    assert "group closest to overall (none lies below it), overall - white" in v.message
+    below = finish(EXACT, plan, _values([0.80, 0.87, 0.88, 0.86, 0.87, 0.865, 0.85], [0.004] * 7, replicates=400),
+                   option="exact", confidence=0.95, tau=0.05, params={}, info={}, replicates=400,
+                   interval="percentile")
+    assert "largest shortfall of a group below overall, overall - white = +0.0500" in below.verdict.message

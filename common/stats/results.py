@@ -960,6 +960,8 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
                 "mdd": _detectable(mdds[pick], span)}
     words = {"range": "largest gap between two groups", "below_overall": "largest shortfall of a group below overall",
              "negative_cells": "most negative pair cell", "nonzero_pairs": "largest DTI"}[rule]
+    if rule == "below_overall" and est[pick] < 0:  # no group lies below overall: no shortfall to name
+        words = "group closest to overall (none lies below it)"
     band = _interval_words(band_low[pick], band_high[pick])
     mdd_words = (f"no gap the metric can take (at most {span[1]:g}) is detectable with {POWER:.0%} power at "
                  f"this size" if beyond_range else
@@ -981,7 +983,7 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
                         f"judged: {', '.join(left_out)}")
         message += excluded_words + "; " + _needed(factor, noisy, widest)
     else:
-        message = (f"significant disparity, severity {severity}: {words} {labels[pick]} = {est[pick]:+.4f}, "
+        message = (f"significant disparity, severity {severity}: {words}, {labels[pick]} = {est[pick]:+.4f}, "
                    f"{confidence:.0%} simultaneous interval {band} excludes 0 (tau {tau:g}; "
                    f"{int(significant.sum())} significant of {len(labels)} compared)")
         if left_out:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import threading
 import time
 
 #: SIGTERM to exit: sessions get this long to end cleanly, gRPC calls a little more
@@ -139,18 +138,33 @@ def link_settings(args: argparse.Namespace):
     return LinkSettings.from_env(peer_timeout_s=args.peer_timeout)
 
 
+class StopRequest:
+    """A stop asked for by SIGTERM or SIGINT. The handler only sets a flag: CPython runs a
+    handler in the main thread between two of its bytecodes, so a handler that took a lock
+    (`threading.Event.set` takes its condition's) could interrupt that thread while it holds
+    the same lock inside `Event.wait`, and wait on itself for ever. The waiting loop sleeps
+    in short slices and reads the flag: a process-directed signal may land on any thread,
+    and the handler runs only when the main thread next returns to the interpreter loop."""
+
+    def __init__(self) -> None:
+        self.asked = False
+
+    def ask(self, *_: object) -> None:
+        self.asked = True
+
+    def wait(self, poll_s: float = SIGNAL_POLL_S) -> None:
+        while not self.asked:
+            time.sleep(poll_s)
+
+
 def serve_forever(server, servicer, executor=None) -> int:
-    """Block until SIGTERM/SIGINT, then shut down within about 10 s: health NOT_SERVING,
-    no new audit, running sessions ended with a "shutting down" error to the operator
-    and the peer, gRPC stopped, worker processes terminated."""
-    stop = threading.Event()
+    """Block until SIGTERM/SIGINT (`StopRequest`), then shut down within about 10 s: health
+    NOT_SERVING, no new audit, running sessions ended with a "shutting down" error to the
+    operator and the peer, gRPC stopped, worker processes terminated."""
+    stop = StopRequest()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    # Wait in short slices: a process-directed signal may land on any thread, and CPython
-    # runs its handler only when the main thread next returns to the interpreter loop — a
-    # wait without a timeout could sleep through SIGTERM for ever.
-    while not stop.wait(SIGNAL_POLL_S):
-        pass
+        signal.signal(sig, stop.ask)
+    stop.wait()
     draining_since = time.monotonic()
     servicer.shutdown(SHUTDOWN_SESSIONS_S)
     time.sleep(max(0.0, NOT_SERVING_MIN_S - (time.monotonic() - draining_since)))
