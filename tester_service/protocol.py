@@ -712,7 +712,7 @@ class TesterSession:
             sigma_b = 0.0
         else:
             sigma0, sigma_b = self.release.sigmas(2)
-            sigma_m, pair, levels = 0.0, 0, None
+            levels = None
 
         def noise(ciphertext: int, component: int, replicate: int) -> int:
             one = [0] * slots
