@@ -4,6 +4,7 @@ MQOS-AUC exact (both from second moments), and of the forms measured against the
     nice -n 10 .venv/bin/python bench/bench_random_groups.py [--metric pot,mqos-auc] [--sizes 10000,100000]
                                                           [--datasets 400] [--seed 1] [--save PREFIX]
                                                           [--form today|moments|separate|pooled]
+                                                          [--shift-black D]
     .venv/bin/python bench/bench_random_groups.py --merge PREFIX.*     # one table from --save files
     nice -n 10 .venv/bin/python bench/bench_random_groups.py --check   # the twin against the sessions
 
@@ -18,7 +19,7 @@ releases under the default `ReleasePolicy`, built from the real code wherever it
   "overall" the sum of the noised group items, a withheld group's items zeros; then the real
   `common.stats.moments.finish_release` and `finish` with percentile intervals of 1,000 draws.
   `--check` finds it equal to the real sessions to the last digit at zero noise.
-* POT, random groups (`pot_audit`, `--form separate|pooled`): the Test-Client's rows (`Pot.client_rows`: deciles, Silverman's
+* POT, random groups (`pot_audit`, `--form separate|pooled`): the Test-Client's rows (`Pot.client_rows`: deciles, the default
   bandwidth, K·(Y − c) and K) quantised by the metric's components; the Tester's canonical row
   order, `common.stats.bootstrap.assign_buckets` into `RELEASE_GROUPS` groups; per group and random
   group the sums Σ q_ij·v_i (q the quantised probabilities); the estimate's slots with noise
@@ -61,6 +62,10 @@ Beta(2, 2) scores (the same for every group), every DTI 0.
 
 `--form pooled` measures the alternative form (`FORM`): the estimate as the sum of the noised
 groups, which makes the t interval calibrated at the price of a noisier estimate (design §8.4).
+`--shift-black D` (MQOS-AUC) draws each member's true race from its probabilities and moves every
+score of a true black member by D on the latent scale, so that the groups' negatives are scored
+differently (`shifted_auc_frame`; truth: `shifted_truth`), against the pooled placement variances
+the interval reads.
 Each dataset is also finished without noise (the same rows and random groups), and the table
 gives each estimate's distance from that noiseless value (rms and largest, over its cells).
 
@@ -117,6 +122,12 @@ FORM = "today"
 MU = math.sqrt(2.0) * NormalDist().inv_cdf(AUC)
 #: the parametric draws of the second-moments form (the audits' default bootstrap count)
 MOMENT_REPLICATES = 1000
+#: MQOS-AUC (`--shift-black`): every score of a member whose true race (drawn from p) is black
+#: moves by this much on the latent scale, positives and negatives alike, so the groups'
+#: negatives are scored differently while each race's own AUC stays AUC (0: null data)
+SHIFT_BLACK = 0.0
+#: the shifted data's truth (`shifted_truth`): the mean over this many samples of this many members
+TRUTH_SAMPLES, TRUTH_MEMBERS = 10, 400_000
 
 
 @dataclass
@@ -174,11 +185,12 @@ def pot_frame(n: int, rng: np.random.Generator) -> pd.DataFrame:
     return pd.DataFrame({"member_id": [f"m{i}" for i in range(n)], "score": score, "outcome": outcome})
 
 
-def pot_truth(refs, h: float) -> np.ndarray:
+def pot_truth(refs, h) -> np.ndarray:
     """m(s_q) = E[K·S]/E[K] over Beta(2, 2) scores on their 4-decimal grid."""
     s = np.linspace(0.0, 1.0, 10_001)
     w = s * (1.0 - s)
-    k = np.exp(-0.5 * ((s[:, None] - np.asarray(refs)[None, :]) / h) ** 2) * w[:, None]
+    hq = np.broadcast_to(np.asarray(h, dtype=np.float64), np.shape(refs))
+    k = np.exp(-0.5 * ((s[:, None] - np.asarray(refs)[None, :]) / hq[None, :]) ** 2) * w[:, None]
     return (k * s[:, None]).sum(axis=0) / k.sum(axis=0)
 
 
@@ -281,6 +293,32 @@ def auc_frame(n: int, rng: np.random.Generator) -> pd.DataFrame:
     y = (rng.random(n) < POSITIVE_RATE).astype(np.int8)
     score = np.round(1.0 / (1.0 + np.exp(-(MU * y + rng.normal(0.0, 1.0, n)))), 6)
     return pd.DataFrame({"member_id": [f"m{i}" for i in range(n)], "y_true": y, "score": score})
+
+
+def shifted_auc_frame(p: np.ndarray, rng: np.random.Generator) -> pd.DataFrame:
+    """`auc_frame` with every score of a true black member (race r_i ~ p_i) moved by
+    SHIFT_BLACK on the latent scale."""
+    n = len(p)
+    race = (rng.random(n)[:, None] > np.cumsum(p, axis=1)).sum(axis=1).clip(0, K - 1)
+    y = (rng.random(n) < POSITIVE_RATE).astype(np.int8)
+    latent = MU * y + rng.normal(0.0, 1.0, n) + SHIFT_BLACK * (race == GROUPS.index("black"))
+    score = np.round(1.0 / (1.0 + np.exp(-latent)), 6)
+    return pd.DataFrame({"member_id": [f"m{i}" for i in range(n)], "y_true": y, "score": score})
+
+
+def shifted_truth(pool: np.ndarray, seed: int) -> dict:
+    """Each cell's weighted AUC on `shifted_auc_frame` data: the mean of the estimator over
+    TRUTH_SAMPLES samples of TRUTH_MEMBERS (it is consistent; a member's pairs across races no
+    longer have AUC 0.85, and one sample of 400,000 still errs by 0.001-0.003)."""
+    rng = np.random.default_rng([seed, TRUTH_MEMBERS, 99])
+    samples = []
+    for _ in range(TRUTH_SAMPLES):
+        p = pool[rng.choice(len(pool), size=TRUTH_MEMBERS, replace=True)]
+        rows = EXACT.client_rows(shifted_auc_frame(p, rng), "mqos_auc.csv", "exact", {}, rng)
+        q = encoding.quantize_probabilities(p, encoding.PROBABILITY_BITS)
+        cells = auc_cell_slots(q, rows.values[:, 0].astype(np.int64), np.asarray(rows.strata), False)
+        samples.append([0.5 + v / d for v, d in cells])
+    return dict(enumerate(np.mean(samples, axis=0)))
 
 
 def auc_form(q_ext: np.ndarray, y: np.ndarray, rank: np.ndarray, units: np.ndarray | None) -> np.ndarray:
@@ -476,12 +514,16 @@ def run(metric: str, pool: np.ndarray, n: int, datasets: int, seed: int, policy:
     import pickle
     rng = np.random.default_rng([seed, n, list(SETTINGS).index(metric)])
     frame_of, audit_of = SETTINGS[metric]
+    shifted = metric == "mqos-auc" and SHIFT_BLACK != 0.0
+    truth = shifted_truth(pool, seed) if shifted else None
     records = []
     for i in range(datasets):
         p = pool[rng.choice(len(pool), size=n, replace=False)]
-        frame = frame_of(n, rng)
+        frame = shifted_auc_frame(p, rng) if shifted else frame_of(n, rng)
         twin = copy.deepcopy(rng)  # the same rows and random groups, without the noise
         audit = audit_of(p, frame, policy, rng, rng)
+        if truth is not None:
+            audit.truth = truth
         records.append(record(metric, audit, audit_of(p, frame, policy, twin, twin, noise=False)))
         if save and ((i + 1) % 25 == 0 or i + 1 == datasets):
             Path(save).write_bytes(pickle.dumps({"metric": metric, "members": n, "records": records}))
@@ -586,9 +628,11 @@ def main(argv=None) -> int:
     ap.add_argument("--check-members", type=int, default=4000, help="the members of --check's audits")
     ap.add_argument("--form", choices=("today", "separate", "pooled", "moments"), default="today",
                     help="the release's form (module docstring, FORM)")
+    ap.add_argument("--shift-black", type=float, default=0.0, metavar="D",
+                    help="MQOS-AUC: true black members' scores moved by D on the latent scale (SHIFT_BLACK)")
     args = ap.parse_args(argv)
-    global FORM
-    FORM = args.form
+    global FORM, SHIFT_BLACK
+    FORM, SHIFT_BLACK = args.form, args.shift_black
     if args.check:
         return check(args.check_members)
     if args.merge:

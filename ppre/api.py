@@ -36,6 +36,11 @@ API_SETTINGS = ("audit_local(privacy_budget=...) sets the budget, audit_local(pr
                 "another file; each pair of inputs has its own budget")
 
 
+#: the default wait for an audit: as long as the Tester lets one run
+#: (`tester_service.server.AUDIT_DEADLINE_S`, not imported here to keep this module light)
+AUDIT_TIMEOUT_S = 6 * 3600.0
+
+
 class AuditFailed(RuntimeError):
     """The audit ended without a result: `code` as in `ppre audit --json`'s error object
     (bad_input, release_refused, protocol_error, ...), `message` in words."""
@@ -53,7 +58,7 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
                 result_recipient: str = "client", release_controls: bool = True,
                 noise_rho: float = DEFAULT_RHO_PER_AUDIT, privacy_budget: float = DEFAULT_BUDGET,
                 privacy_ledger: str | Path | None = None, history: bool | str | Path | None = True,
-                preparation=None, executor=None, timeout: float = 3600.0,
+                preparation=None, executor=None, timeout: float = AUDIT_TIMEOUT_S,
                 on_progress: Callable | None = None, tester_columns: Mapping[str, str] | None = None,
                 client_columns: Mapping[str, str] | None = None) -> AuditReport:
     """One audit through both services on loopback.

@@ -53,6 +53,12 @@ EXCHANGE_METHOD = "/ppre.v1.Client/Exchange"
 TESTER_METHODS = "/ppre.v1.Tester/"
 
 
+#: the longest an audit may run, and the operator's default wait for one (`ppre audit --timeout`):
+#: a 1,000,000-member POT or MQOS-AUC audit takes 1-2 h on two cores; stalls are caught much
+#: sooner by the peer timeout (`channels.LinkSettings.peer_timeout_s`)
+AUDIT_DEADLINE_S = 6 * 3600.0
+
+
 @dataclass
 class TesterConfig:
     client_address: str
@@ -65,7 +71,7 @@ class TesterConfig:
     #: most audits at once (`--max-sessions`); beyond it RunAudit answers RESOURCE_EXHAUSTED
     max_sessions: int = 4
     #: longest audit; stalls are caught much sooner by the peer timeout
-    deadline_s: float = 6 * 3600.0
+    deadline_s: float = AUDIT_DEADLINE_S
     sessions: list = field(default_factory=list)  # live sessions, for tests of teardown
     #: the hash-chained record of every audit request and its outcome (`--audit-log`)
     audit_log: AuditLog | None = None

@@ -122,3 +122,17 @@ def test_the_result_carries_the_group_mapping_and_the_self_id_epsilon(population
     html, _ = write_report(report, tmp_path / "rep")
     page = html.read_text()
     assert "group mapping" in page and "hsm=black+hispanic+aian" in page and "randomized response" in page
+
+
+def test_the_api_and_the_cli_wait_for_an_audit_as_long_as_the_tester_lets_it_run():
+    """The default wait covers a 1,000,000-member POT or MQOS-AUC audit on two cores (1-2 h):
+    the operator's deadline is the Tester's own session limit, in the API and the CLI alike."""
+    import inspect
+
+    from ppre import api
+    from ppre.cli import build_parser
+    from tester_service.server import AUDIT_DEADLINE_S, TesterConfig
+
+    assert inspect.signature(api.audit_local).parameters["timeout"].default == AUDIT_DEADLINE_S
+    assert TesterConfig.__dataclass_fields__["deadline_s"].default == AUDIT_DEADLINE_S >= 4 * 3600
+    assert build_parser().parse_args(["audit", "--metric", "ero"]).timeout == AUDIT_DEADLINE_S

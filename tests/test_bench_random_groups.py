@@ -136,3 +136,23 @@ def test_twin_matches_the_sessions_at_zero_noise():
     the parametric draws too, their seed a digest of the released slots), with the same
     noise sd per slot."""
     assert bench.check(1500) == 0
+
+
+def test_shifted_auc_data_moves_only_true_black_members_scores(monkeypatch):
+    """`--shift-black`: a member whose probabilities are one-hot black has every score moved
+    on the latent scale (its negatives above the others'); the others' scores are unchanged
+    in distribution, and each race keeps its own AUC."""
+    from sklearn.metrics import roc_auc_score
+    monkeypatch.setattr(bench, "SHIFT_BLACK", 1.0)
+    n, black = 40_000, bench.GROUPS.index("black")
+    p = np.zeros((n, bench.K))
+    p[: n // 2, black] = 1.0
+    p[n // 2:, bench.GROUPS.index("white")] = 1.0
+    frame = bench.shifted_auc_frame(p, np.random.default_rng(4))
+    latent = np.log(frame.score / (1.0 - frame.score)).to_numpy()
+    y = frame.y_true.to_numpy().astype(bool)
+    b, w = np.arange(n) < n // 2, np.arange(n) >= n // 2
+    assert np.mean(latent[b & ~y]) - np.mean(latent[w & ~y]) == pytest.approx(1.0, abs=0.05)
+    assert np.mean(latent[b & y]) - np.mean(latent[w & y]) == pytest.approx(1.0, abs=0.05)
+    for rows in (b, w):
+        assert roc_auc_score(y[rows], frame.score[rows]) == pytest.approx(bench.AUC, abs=0.01)

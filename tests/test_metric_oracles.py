@@ -341,11 +341,12 @@ def test_output_metric_equals_pandas_groupby_mean(tmp_path):
 # ----------------------------------------------------------------------------------
 # 6. POT: direct Nadaraya-Watson with numpy, hard and soft groups; DTI
 # ----------------------------------------------------------------------------------
-def nadaraya_watson(weights: np.ndarray, scores: np.ndarray, outcome: np.ndarray, refs, h: float) -> np.ndarray:
-    """(Q, k): m_j(s_q) = Σ_i w_ij K_h(S_i − s_q) Y_i / Σ_i w_ij K_h(S_i − s_q), Gaussian K."""
+def nadaraya_watson(weights: np.ndarray, scores: np.ndarray, outcome: np.ndarray, refs, h) -> np.ndarray:
+    """(Q, k): m_j(s_q) = Σ_i w_ij K_h(S_i − s_q) Y_i / Σ_i w_ij K_h(S_i − s_q), Gaussian K
+    (``h`` one bandwidth or one per reference score)."""
     out = np.empty((len(refs), weights.shape[1]))
-    for q, ref in enumerate(refs):
-        k = np.exp(-0.5 * ((scores - ref) / h) ** 2) / (h * math.sqrt(2 * math.pi))
+    for q, (ref, hq) in enumerate(zip(refs, np.broadcast_to(h, np.shape(refs)))):
+        k = np.exp(-0.5 * ((scores - ref) / hq) ** 2) / (hq * math.sqrt(2 * math.pi))
         for j in range(weights.shape[1]):
             out[q, j] = np.sum(weights[:, j] * k * outcome) / np.sum(weights[:, j] * k)
     return out
@@ -400,8 +401,9 @@ def test_pot_curves_equal_nadaraya_watson_and_dti(tmp_path, soft, recipient, dti
 
 
 def test_pot_negative_outcome_where_a_kernel_rounds_to_zero(tmp_path):
-    """Signed outcomes with the default reference scores (deciles) and bandwidth (Silverman):
-    a row about 6 bandwidths from a reference score has a kernel below 2^-25 (it rounds to 0)
+    """Signed outcomes with the default reference scores (deciles) and bandwidths (Silverman's
+    rule for n/50 rows, scaled by each decile's local spacing): a row about 6 bandwidths from a
+    reference score has a kernel below 2^-25 (it rounds to 0)
     while |K·Y| >= 2^-25 (it does not). The curves must still equal Nadaraya-Watson."""
     rng = np.random.default_rng(610)
     shared, t_only, c_only = member_sets(600, 20, 20)
@@ -417,8 +419,11 @@ def test_pot_negative_outcome_where_a_kernel_rounds_to_zero(tmp_path):
     refs = np.quantile(score, np.arange(1, 10) / 10)  # the default: the deciles of the dataset's scores
     assert report.info["reference_scores"] == pytest.approx(list(refs), abs=1e-12)
     sd, (q75, q25) = np.std(score, ddof=1), np.percentile(score, [75, 25])
-    h = 0.9 * min(sd, (q75 - q25) / 1.34) * len(score) ** -0.2  # Silverman's rule of thumb
-    assert report.info["bandwidth"] == pytest.approx(h, rel=1e-12)
+    scale = 0.9 * min(sd, (q75 - q25) / 1.34) * (len(score) / 50) ** -0.2  # Silverman's rule for n/50 rows
+    ranks = np.clip([np.mean(score < r) for r in refs], 0.05, 0.95)  # each decile's window: 10% of the scores
+    spacing = np.quantile(score, ranks + 0.05) - np.quantile(score, ranks - 0.05)
+    h = scale * np.clip(spacing / np.median(spacing), 0.25, 4.0)
+    assert report.info["bandwidth"] == pytest.approx(list(h), rel=1e-12)
     matched = client.merge(table, on="member_id")
     w = np.column_stack([matched[GROUPS].to_numpy(), np.ones(len(matched))])
     m = nadaraya_watson(w, matched.score.to_numpy(), matched.outcome.to_numpy(), refs, h)

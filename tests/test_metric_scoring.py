@@ -76,6 +76,38 @@ def test_silverman_bandwidth():
     assert (err.value.file, err.value.column, err.value.row) == ("scores.csv", "score", 3)
 
 
+def test_curve_bandwidths_scale_with_a_fiftieth_of_the_rows_and_follow_the_local_spacing():
+    """The default: Silverman's rule for n/50 rows at the median reference score, each
+    reference score's bandwidth scaled by its local spacing, so that every decile's kernel
+    holds about as many rows; Silverman's single bandwidth gives the tails' deciles far less."""
+    rng = np.random.default_rng(3)
+    s = rng.normal(0.0, 1.0, 50_000)
+    refs = sc.reference_scores(s)
+    h = sc.curve_bandwidths(s, refs, "scores.csv")
+    assert np.median(h) == pytest.approx(sc.silverman_bandwidth(s, "f") * 50 ** 0.2, rel=1e-9)
+    assert h[0] > 1.5 * h[4] and h[-1] > 1.5 * h[4]              # sparse tails, wider kernels
+
+    def masses(bandwidth):
+        return np.exp(-0.5 * ((s[:, None] - refs[None, :]) / bandwidth) ** 2).sum(axis=0)
+
+    assert masses(h).max() / masses(h).min() < 1.3
+    assert masses(sc.silverman_bandwidth(s, "f")).max() / masses(sc.silverman_bandwidth(s, "f")).min() > 1.5
+
+
+def test_curve_bandwidths_with_tied_or_lopsided_scores_stay_positive_and_bounded():
+    s = np.concatenate([np.full(900, 0.5), np.linspace(0.0, 1.0, 100)])   # 90% tied: windows of width 0
+    refs = np.array([0.1, 0.5, 0.9])
+    h = sc.curve_bandwidths(s, refs, "scores.csv")
+    assert np.all(h > 0) and np.all(np.isfinite(h))
+    assert np.allclose(h, sc.silverman_bandwidth(s, "f") * 50 ** 0.2)  # the median window is 0: the scale
+    s = np.concatenate([np.linspace(0.0, 0.01, 990), np.linspace(10.0, 1000.0, 10)])
+    h = sc.curve_bandwidths(s, np.array([0.005, 500.0]), "scores.csv")
+    assert h.max() / h.min() <= 4.0 ** 2 + 1e-9
+    with pytest.raises(InputError) as err:
+        sc.curve_bandwidths(np.array([0.1, 0.2, np.nan, 0.4]), np.array([0.2]), "scores.csv")
+    assert (err.value.file, err.value.column, err.value.row) == ("scores.csv", "score", 3)
+
+
 def test_kernel_components_and_pot_curves():
     rng = np.random.default_rng(2)
     n, k = 400, 3

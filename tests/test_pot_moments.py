@@ -40,13 +40,24 @@ def test_residual_cross_moments_are_the_kernel_weighted_residual_products():
 def test_the_test_clients_residual_moments_are_checked():
     """The residual cross-moments are a Q × Q matrix of finite numbers with a diagonal ≥ 0;
     anything else (or none) is a bad HelloAck (`common.protocol.validation`)."""
-    good = {"reference_scores": [0.2, 0.8], "bandwidth": 0.1, RESIDUAL_INFO: [[0.1, 0.02], [0.03, 0.2]]}
+    good = {"reference_scores": [0.2, 0.8], "bandwidth": [0.1, 0.12], RESIDUAL_INFO: [[0.1, 0.02], [0.03, 0.2]]}
     POT.check_info(good, [])
     for bad in ([[0.1, 0.0]], [[0.1, 0.0], [0.0, float("nan")]], [[-0.1, 0.0], [0.0, 0.2]], [[0.1], [0.2]], None):
         info = dict(good, **{RESIDUAL_INFO: bad}) if bad is not None else \
             {k: v for k, v in good.items() if k != RESIDUAL_INFO}
         with pytest.raises(ValueError, match="residual moments"):
             POT.check_info(info, [])
+
+
+def test_the_test_clients_bandwidths_are_checked():
+    """One positive, finite bandwidth per reference score; a single number, a list of
+    another length, 0, a NaN or a non-number is a bad HelloAck."""
+    good = {"reference_scores": [0.2, 0.8], "bandwidth": [0.1, 0.12], RESIDUAL_INFO: [[0.1, 0.02], [0.03, 0.2]]}
+    for bad in (0.1, [0.1], [0.1, 0.0], [0.1, float("nan")], [0.1, -0.2], [0.1, float("inf")]):
+        with pytest.raises(ValueError, match="bandwidth"):
+            POT.check_info(dict(good, bandwidth=bad), [])
+    with pytest.raises((ValueError, TypeError)):
+        POT.check_info(dict(good, bandwidth=[0.1, None]), [])
 
 
 def test_cross_moments_of_another_shape_are_refused_by_the_plan():
@@ -64,8 +75,8 @@ def _plug_in(p: np.ndarray, frame, info) -> tuple[np.ndarray, np.ndarray]:
     """(curves (k, Q), cov (k, Q, k, Q)): every group's curve and the delta method's covariance
     Σ_i p_ia·p_ib·K_q·K_q'·e_aq·e_bq' / (D_aq·D_bq') with each group's own residuals."""
     s, y = frame["score"].to_numpy(), frame["outcome"].to_numpy().astype(float)
-    refs, h = np.asarray(info["reference_scores"]), float(info["bandwidth"])
-    k = np.exp(-0.5 * ((s[:, None] - refs[None, :]) / h) ** 2)
+    refs, h = np.asarray(info["reference_scores"]), np.asarray(info["bandwidth"])
+    k = np.exp(-0.5 * ((s[:, None] - refs[None, :]) / h[None, :]) ** 2)
     den = p.T @ k                                                   # (groups, Q)
     curves = (p.T @ (k * y[:, None])) / den
     z = p[:, :, None] * k[:, None, :] * (y[:, None, None] - curves[None]) / den[None]   # (n, groups, Q)

@@ -150,6 +150,26 @@ def test_pot_sensitivity_holds_with_overlapping_kernels():
     assert_sensitivity_holds("pot", frame, params={"reference_scores": "0.2,0.25,0.8", "bandwidth": "0.05"})
 
 
+def test_pot_sensitivity_holds_with_the_default_bandwidths_one_per_reference_score():
+    scores = [0.01, 0.02, 0.03, 0.05, 0.2, 0.5, 0.9, 0.95, 0.3, 0.04]   # sparse on the right: wider kernels there
+    outcome = [0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    frame = pd.DataFrame({"member_id": [f"m{i}" for i in range(10)], "score": scores, "outcome": outcome})
+    info = _rows("pot", frame).info
+    assert len(set(info["bandwidth"])) > 1
+    assert_sensitivity_holds("pot", frame, params={})
+
+
+def test_kernel_energy_bounds_the_densest_point_with_one_bandwidth_per_reference_score():
+    from common.metrics.pot import kernel_energy
+    refs, h = np.array([0.1, 0.15, 0.3, 0.32, 0.8]), np.array([0.02, 0.08, 0.01, 0.05, 0.3])
+    grid = np.linspace(-1.0, 2.0, 3_000_001)
+    densest = max(float(np.exp(-(((chunk[:, None] - refs[None, :]) / h[None, :]) ** 2)).sum(axis=1).max())
+                  for chunk in np.array_split(grid, 300))
+    bound = kernel_energy(refs, h)
+    assert densest <= bound <= densest + 0.01
+    assert kernel_energy(refs[::-1], h[::-1]) == pytest.approx(bound)   # the pairs, not the order, count
+
+
 def test_mqos_ndcg_sensitivity_holds_with_viewers_beyond_the_cap():
     rows = []
     for q in range(14):  # viewer v0 issues 8 queries (cap 3), the others fewer

@@ -2,9 +2,11 @@
 
 Dataset: `member_id, score, outcome` (finite numbers). The
 Test-Client picks the reference scores s_1..s_Q (the deciles of its scores by default,
-or `reference_scores`), the Gaussian kernel's bandwidth h (Silverman's rule on the
-scores by default, or `bandwidth`) and computes per row, in plaintext, the 2Q values
-K_h(S_i − s_q)·Y_i and K_h(S_i − s_q) (unnormalised kernel: the 1/h cancels), packed
+or `reference_scores`), the Gaussian kernel's bandwidth h_q per reference score (by
+default `scoring.curve_bandwidths`: Silverman's rule for a group of n/50 rows, widened
+where the scores are sparse so that every point's kernel holds about as many rows; or one
+`bandwidth` for all) and computes per row, in plaintext, the 2Q values
+K_q(S_i)·Y_i and K_q(S_i) with K_q(S) = exp(−((S − s_q)/h_q)²/2) (unnormalised kernel: the 1/h cancels), packed
 into as few ciphertexts as the slot plan allows. Cells: m_j(s_q) = Σ p_ij K Y / Σ p_ij K
 per group (and overall) and reference score — the curves; derived from them per
 replicate, DTI_ab = Σ_q w_q (m_a(s_q) − m_b(s_q)) for every ordered pair of groups,
@@ -23,8 +25,8 @@ score q by Δp_j·K_q(Y − c) and its denominator slot by Δp_j·K_q in group j
 most √2·m times the component bounds (HI − LO)/2 and 1 (`Metric.slot_sensitivity`).
 The release of all 2Q slots with noise σ·bound per slot is β/σ²-zCDP with
 β = max over a row of Σ_q K_q²·(((Y − c)/((HI − LO)/2))² + 1) ≤ 2·max_S Σ_q
-exp(−(S − s_q)²/h²) (`sensitivity_components`), which both parties compute from the
-reference scores and the bandwidth (on a grid, plus the grid's largest possible miss
+exp(−(S − s_q)²/h_q²) (`sensitivity_components`), which both parties compute from the
+reference scores and the bandwidths (on a grid, plus the grid's largest possible miss
 from the derivative bound), so well separated reference scores cost about 2
 components instead of 2Q.
 
@@ -61,8 +63,8 @@ import numpy as np
 from common.metrics.base import (OUT_OF_RANGE_PARAM, Cell, ClientRows, Component, Item, Metric, Param, Plan,
                                  bounded_column, finite_column, float_list)
 from common.metrics.output import DEFAULT_OUTCOME_RANGE, OUTCOME_RANGE_PARAM, centred_bound, fixed_bound
-from common.metrics.scoring import (DECILES, MAX_REFERENCE_SCORES, kernel_components, reference_scores,
-                                    silverman_bandwidth)
+from common.metrics.scoring import (DECILES, MAX_REFERENCE_SCORES, curve_bandwidths, kernel_components,
+                                    reference_scores)
 
 SCALE_BITS = 24
 #: grid points at most over the reference scores' span when bounding Σ_q K_q² (`kernel_energy`)
@@ -73,20 +75,24 @@ RESIDUAL_INFO = "residual_moments"
 RESIDUAL_DIGITS = 9
 
 
-def kernel_energy(refs, h: float) -> float:
-    """An upper bound on max_S Σ_q K_q(S)² = max_S Σ_q exp(−(S − s_q)²/h²): the largest
-    value on a grid over [min s_q, max s_q] (outside it every term falls), plus the most
-    the function can rise between grid points (|d/dS| ≤ Q·√2·e^(−1/2)/h), capped at Q."""
-    r = np.sort(np.asarray(refs, dtype=np.float64))
-    q = len(r)
+def kernel_energy(refs, h) -> float:
+    """An upper bound on max_S Σ_q K_q(S)² = max_S Σ_q exp(−(S − s_q)²/h_q²) (``h`` one
+    bandwidth or one per reference score): the largest value on a grid over
+    [min s_q, max s_q] (outside it every term falls), plus the most the function can rise
+    between grid points (|d/dS| ≤ Q·√2·e^(−1/2)/min h_q), capped at Q."""
+    r = np.asarray(refs, dtype=np.float64)
+    hq = np.broadcast_to(np.asarray(h, dtype=np.float64), r.shape)
+    order = np.argsort(r)
+    r, hq = r[order], hq[order]
+    q, h_min = len(r), float(hq.min())
     span = float(r[-1] - r[0])
-    points = int(min(ENERGY_GRID, max(2, math.ceil(span / (h / 1000.0)) + 1)))
+    points = int(min(ENERGY_GRID, max(2, math.ceil(span / (h_min / 1000.0)) + 1)))
     grid = np.linspace(r[0], r[-1], points)
     best = 0.0
     for chunk in np.array_split(grid, max(1, points // 20_000)):
-        best = max(best, float(np.exp(-(((chunk[:, None] - r[None, :]) / h) ** 2)).sum(axis=1).max()))
+        best = max(best, float(np.exp(-(((chunk[:, None] - r[None, :]) / hq[None, :]) ** 2)).sum(axis=1).max()))
     step = span / (points - 1) if points > 1 else 0.0
-    slack = step / 2.0 * q * math.sqrt(2.0) * math.exp(-0.5) / h
+    slack = step / 2.0 * q * math.sqrt(2.0) * math.exp(-0.5) / h_min
     return min(float(q), best + slack)
 
 
@@ -118,7 +124,8 @@ class Pot(Metric):
     description = "pointwise outcome test: per-group kernel regression of the outcome on the score, and DTI"
     params = (
         Param("reference_scores", "comma-separated reference scores (default: the score deciles)", float_list),
-        Param("bandwidth", "Gaussian kernel bandwidth (default: Silverman's rule on the scores)", _bandwidth),
+        Param("bandwidth", "Gaussian kernel bandwidth at every reference score (default: one per reference score, "
+              "from the scores' spread and local spacing)", _bandwidth),
         Param("dti_weights", "comma-separated weights w_q, one per reference score (default: 1/Q each)",
               float_list),
         OUTCOME_RANGE_PARAM, OUT_OF_RANGE_PARAM,
@@ -166,7 +173,7 @@ class Pot(Metric):
 
     def sensitivity_components(self, option, params, info):
         return min(2.0 * len(info["reference_scores"]),
-                   2.0 * kernel_energy(info["reference_scores"], float(info["bandwidth"])))
+                   2.0 * kernel_energy(info["reference_scores"], info["bandwidth"]))
 
     def client_rows(self, frame, file, option, params, rng):
         scores = finite_column(frame, "score", file)
@@ -175,8 +182,9 @@ class Pot(Metric):
         outcome = bounded_column(finite_column(frame, "outcome", file), lo, hi, params, info, file=file,
                                  column="outcome", bound="outcome_range")
         refs = reference_scores(scores, params.get("reference_scores"))
-        h = params.get("bandwidth") or silverman_bandwidth(scores, file)
-        info.update({"reference_scores": [float(r) for r in refs], "bandwidth": float(h)})
+        given = params.get("bandwidth")
+        h = np.full(refs.shape, float(given)) if given else curve_bandwidths(scores, refs, file)
+        info.update({"reference_scores": [float(r) for r in refs], "bandwidth": [float(x) for x in h]})
         self._weights(params, info)
         centre, _ = centred_bound(lo, hi)
         values = kernel_components(scores, outcome - centre, refs, h)
@@ -187,7 +195,9 @@ class Pot(Metric):
         refs = info["reference_scores"]
         if not 1 <= len(refs) <= MAX_REFERENCE_SCORES or not all(math.isfinite(float(r)) for r in refs):
             raise ValueError("reference scores")
-        if not float(info["bandwidth"]) > 0:
+        h = info["bandwidth"]
+        if not isinstance(h, list) or len(h) != len(refs) or not all(math.isfinite(float(x)) and float(x) > 0
+                                                                   for x in h):
             raise ValueError("bandwidth")
         if int(info.get("rows_clipped", 0)) < 0:
             raise ValueError("clipped rows")

@@ -11,8 +11,9 @@ tail of one column) are in tests/metric_reference.py.
 
 POT (pointwise outcome test, eqs. (10)-(12))
     Nadaraya-Watson regression of the outcome on the score per group at reference
-    scores s_q (by default the score deciles), with a Gaussian kernel of Silverman
-    bandwidth h:  m_j(s_q) = sum_i p_ij K((S_i - s_q)/h) Y_i / sum_i p_ij K((S_i - s_q)/h).
+    scores s_q (by default the score deciles), with a Gaussian kernel of bandwidth h_q
+    per reference score (by default ``curve_bandwidths``):
+    m_j(s_q) = sum_i p_ij K((S_i - s_q)/h_q) Y_i / sum_i p_ij K((S_i - s_q)/h_q).
     The kernel is left unnormalised (no 1/(h sqrt(2 pi))): the factor cancels in the
     ratio. P2 computes the per-row columns (``kernel_components``), P1 weights them
     by p_ij. Summary (eq. (11)): DTI_ab = sum_q w_q (m_a(s_q) - m_b(s_q)).
@@ -60,6 +61,7 @@ __all__ = [
     "WEIGHT_SCALE",
     "reference_scores",
     "silverman_bandwidth",
+    "curve_bandwidths",
     "kernel_components",
     "dense_score_rank",
     "doubled_a_weights",
@@ -190,18 +192,62 @@ def silverman_bandwidth(scores: np.ndarray, file: str) -> float:
     return h
 
 
-def _kernel(scores: np.ndarray, refs: np.ndarray, h: float) -> np.ndarray:
-    if not (np.isfinite(h) and h > 0):
+#: the default curve bandwidth is Silverman's rule for a group holding this fraction of the rows
+CURVE_GROUP_SHARE = 1.0 / 50.0
+#: the share of the scores in the window whose width sets a reference score's bandwidth
+NEIGHBOUR_SHARE = 0.1
+#: how far a reference score's bandwidth may stray from the median one (either way)
+MAX_BANDWIDTH_RATIO = 4.0
+
+
+def curve_bandwidths(scores: np.ndarray, refs: np.ndarray, file: str) -> np.ndarray:
+    """POT's default bandwidth per reference score (design §5.5, docs/metrics/pot.md).
+
+    Two departures from Silverman's rule on all n scores, both because a curve is read per
+    group and each of its points is a ratio over the group's kernel mass Σ_i p_ij·K_q:
+
+    * the scale is Silverman's rule for a group of CURVE_GROUP_SHARE·n rows,
+      0.9·min(sd, IQR/1.34)·(n/50)^(-1/5) (50^(1/5) ≈ 2.19 times the whole table's), so
+      that a group of a few per cent of the rows has a curve point resting on some hundreds
+      of its members rather than tens (the release noise of a point falls as its mass
+      grows; the bandwidth still shrinks as n^(-1/5));
+    * the width follows the scores' local spacing (a nearest-neighbour bandwidth): h_q is
+      the scale times w_q/median(w), where w_q is the width of the window of the
+      NEIGHBOUR_SHARE of the scores centred (in rank) on s_q, so every reference score's
+      kernel holds about as many rows (the deciles in a distribution's tails no longer rest
+      on a third of the rows the middle ones do). The ratio is kept within
+      [1/MAX_BANDWIDTH_RATIO, MAX_BANDWIDTH_RATIO]; a window of width 0 (tied scores) takes
+      the scale itself.
+
+    Errors as ``silverman_bandwidth``'s (too few or equal scores: InputError naming
+    ``file`` and the column "score")."""
+    scale = silverman_bandwidth(scores, file) * CURVE_GROUP_SHARE ** -0.2   # rows checked, named there
+    s = np.sort(_as_vector(scores, name="scores"))
+    r = _as_vector(refs, name="reference scores")
+    rank = np.clip(np.searchsorted(s, r) / s.size, NEIGHBOUR_SHARE / 2, 1.0 - NEIGHBOUR_SHARE / 2)
+    width = np.quantile(s, rank + NEIGHBOUR_SHARE / 2) - np.quantile(s, rank - NEIGHBOUR_SHARE / 2)
+    middle = float(np.median(width))
+    if not (math.isfinite(middle) and middle > 0):
+        return np.full(r.shape, scale)
+    ratio = np.where(width > 0, width / middle, 1.0)
+    return scale * np.clip(ratio, 1.0 / MAX_BANDWIDTH_RATIO, MAX_BANDWIDTH_RATIO)
+
+
+def _kernel(scores: np.ndarray, refs: np.ndarray, h) -> np.ndarray:
+    """K_q(S_i) = exp(-((S_i - s_q)/h_q)^2 / 2), (n, Q); ``h`` one bandwidth or one per reference score."""
+    hq = np.broadcast_to(np.asarray(h, dtype=np.float64), refs.shape)
+    if not (np.isfinite(hq).all() and (hq > 0).all()):
         raise ValueError("the bandwidth must be a positive number")
     with np.errstate(over="ignore"):  # a distance beyond float64 gives a kernel of exactly 0
-        z = (scores[:, None] - refs[None, :]) / h
+        z = (scores[:, None] - refs[None, :]) / hq[None, :]
         return np.exp(-0.5 * z * z)
 
 
 def kernel_components(scores: np.ndarray, outcome: np.ndarray, refs: np.ndarray,
-                      h: float) -> np.ndarray:
+                      h) -> np.ndarray:
     """P2's per-row POT values, shape (n, 2Q): columns [K_1 Y, K_1, K_2 Y, K_2, ...] with
-    K_q = exp(-((S_i - s_q)/h)^2 / 2) (unnormalised Gaussian kernel)."""
+    K_q = exp(-((S_i - s_q)/h_q)^2 / 2) (unnormalised Gaussian kernel; ``h`` one bandwidth
+    or one per reference score)."""
     s = _as_vector(scores, name="scores")
     y = _as_vector(outcome, s.size, name="outcome")
     r = _as_vector(refs, name="reference scores")

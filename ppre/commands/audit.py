@@ -101,7 +101,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_column_arguments(s, "tester-", env=False, whose="--local: the Tester's files")
     add_column_arguments(s, "client-", env=False, whose="--local: the Test-Client's --client-data")
     add_release_arguments(s, local=True)
-    s.add_argument("--timeout", type=float, default=3600.0)
+    from tester_service.server import AUDIT_DEADLINE_S
+    s.add_argument("--timeout", type=float, default=AUDIT_DEADLINE_S, metavar="SECONDS",
+                   help=f"how long to wait for the whole audit (default {AUDIT_DEADLINE_S:.0f}, as long as the "
+                        "Tester lets an audit run; a stalled peer is caught much sooner by the services' peer timeout, "
+                        "PPRE_PEER_TIMEOUT)")
     add_executor_argument(s)
     add_log_arguments(s)
     add_tls_arguments(s, "operator")

@@ -1,0 +1,129 @@
+"""The utility bar at 100,000 members, every metric, as a user runs it (docs/metrics/README.md).
+
+On `ppre synth --members 100000 --seed 1` data each metric is audited as
+`bench/bench_utility.py` audits it (`ppre audit --local --json`, the same arguments, here
+through `ppre.cli.main` in this process): once without the release controls (the
+noiseless estimate) and once with the defaults (ρ 0.2 per audit, in a fresh data
+directory, so the local ledger never refuses). The test holds the defaults' result to
+the bar:
+
+* every group with an effective size of at least 2,000 (a curve point: its group's; a
+  pair cell: the smaller group's) and every LOT cell is within 0.01 of its noiseless
+  estimate (the output metric: 1% of its declared outcome range), and defined where the
+  noiseless one is;
+* no reported value lies outside its metric's range, and no effective size is negative;
+* the verdict agrees with its own table: the compared entry's estimate is the table's
+  entry of the same name, and its band lies on the side of 0 the verdict says.
+
+Cost: the noiseless audit runs with `--bootstrap 10` (only its estimates are compared;
+the defaults' audit is run exactly as a user runs it), and with 1024-bit Paillier keys
+(`tests.helpers.TEST_BITS`, `allow_insecure`): the encodings, noise and finishing are
+those of 2048-bit keys, only the modulus differs (the 2048-bit table is the benchmark's,
+bench/RESULTS.md). MQOS-AUC exact at 100,000 rows needs more plaintext bits for a masked
+cell than a 1024-bit key holds, so it runs with production keys. One audit pair per metric
+takes 1-5 minutes on two cores; marked slow (CI runs slow tests).
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import bench_utility as bar  # noqa: E402
+from tests.helpers import TEST_BITS  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+MEMBERS = 100_000
+#: the noiseless audit's replicates: only its estimates are compared
+NOISELESS_BOOTSTRAP = 10
+#: metrics whose masked cells at MEMBERS rows need a production-size key
+PRODUCTION_KEYS = {"mqos-auc"}
+
+
+@pytest.fixture(scope="module")
+def population(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("utility_population")
+    bar.synth(MEMBERS, 1, folder)
+    return folder
+
+
+def audit(metric: str, folder: Path, home: Path, *, controls: bool, monkeypatch, capsys) -> dict:
+    """One of bench_utility's `ppre audit --local --json` runs, in this process (module docstring)."""
+    import ppre.local
+    from ppre import cli
+
+    dataset, extra, _ = bar.METRICS[metric]
+    home.mkdir()
+    monkeypatch.setenv("XDG_DATA_HOME", str(home))  # a fresh data directory: its own ledger
+    monkeypatch.setenv("HOME", str(home))
+    if metric not in PRODUCTION_KEYS:
+        monkeypatch.setattr(ppre.local, "local_services",
+                            partial(ppre.local.local_services, modulus_bits=TEST_BITS, allow_insecure=True))
+    argv = ["audit", "--local", "--metric", metric, *extra, "--tester-members", str(folder / "members.csv"),
+            "--tester-self-id", str(folder / "self_id.csv"), "--client-data", str(folder / "client" / dataset),
+            "--json", "--insecure", "--history", "none"]
+    if not controls:
+        argv += ["--no-release-controls", "--bootstrap", str(NOISELESS_BOOTSTRAP), "--seed", "1"]
+    capsys.readouterr()
+    code = cli.main(argv)
+    out = capsys.readouterr().out
+    monkeypatch.undo()
+    assert code == 0, out[-800:]
+    return json.loads(out)
+
+
+def verdict_disagreements(report: dict) -> list[str]:
+    """Where the verdict's compared entry differs from the table, or its band from its words."""
+    verdict = report.get("verdict") or {}
+    compared = verdict.get("compared") or {}
+    label = compared.get("label")
+    table = bar.quantities(report)
+    wrong = []
+    if label in table and compared.get("estimate") is not None and table[label][0] is not None \
+            and not math.isclose(compared["estimate"], table[label][0], rel_tol=1e-9, abs_tol=1e-12):
+        wrong.append(f"compared {label} {compared['estimate']} but the table says {table[label][0]}")
+    low, high = compared.get("band_low"), compared.get("band_high")
+    if verdict.get("significant") and low is not None and high is not None and low <= 0 <= high:
+        wrong.append(f"significant, yet {label}'s band [{low}, {high}] includes 0")
+    message = verdict.get("message", "")
+    if low is not None and high is not None and (low > 0 or high < 0) and "that includes 0" in message:
+        wrong.append(f"{label}'s band [{low}, {high}] excludes 0, the message says it includes it")
+    if "nan" in message.lower().replace("nonzero", ""):
+        wrong.append("a NaN in the message")
+    return wrong
+
+
+@pytest.mark.parametrize("metric", list(bar.METRICS))
+def test_the_defaults_keep_every_large_group_within_001_of_the_noiseless_estimate(metric, population, tmp_path,
+                                                                                   monkeypatch, capsys):
+    exact = audit(metric, population, tmp_path / "noiseless", controls=False, monkeypatch=monkeypatch,
+                  capsys=capsys)
+    noisy = audit(metric, population, tmp_path / "defaults", controls=True, monkeypatch=monkeypatch,
+                  capsys=capsys)
+    assert noisy["release"]["controls"] and not exact["release"]["controls"]
+    tolerance = bar.TOLERANCE * bar.scale(metric, noisy)
+    sizes = noisy["release"].get("effective_sizes") or {}
+    reference = bar.quantities(exact)
+    held, misses = 0, []
+    for label, (estimate, _) in bar.quantities(noisy).items():
+        size = bar.effective_size(label, sizes, metric)
+        if size is not None and size < bar.MIN_SIZE_FOR_BAR:
+            continue
+        noiseless = reference.get(label, (None, None))[0]
+        if noiseless is None:
+            continue
+        held += 1
+        if estimate is None or abs(estimate - noiseless) > tolerance:
+            misses.append(f"{label}: {estimate} against {noiseless}")
+    assert held > 0, "no quantity the bar applies to"
+    assert not misses, misses
+    assert bar.out_of_range(metric, exact) == [] and bar.out_of_range(metric, noisy) == []
+    assert verdict_disagreements(exact) == [] and verdict_disagreements(noisy) == []
