@@ -1,8 +1,8 @@
 """The utility bar at 100,000 members, every metric, as a user runs it (docs/metrics/README.md).
 
 On `ppre synth --members 100000 --seed 1` data each metric is audited as
-`bench/bench_utility.py` audits it (`ppre audit --local --json`, the same arguments, here
-through `ppre.cli.main` in this process): once without the release controls (the
+`bench/bench_utility.py` audits it (`ppre audit --local --json`, the same arguments, a process
+per audit, here through `ppre.cli.main` so that the key size can be set): once without the release controls (the
 noiseless estimate) and once with the defaults (ρ 0.2 per audit, in a fresh data
 directory, so the local ledger never refuses). The test holds the defaults' result to
 the bar:
@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 import sys
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -55,29 +56,35 @@ def population(tmp_path_factory) -> Path:
     return folder
 
 
-def audit(metric: str, folder: Path, home: Path, *, controls: bool, monkeypatch, capsys) -> dict:
-    """One of bench_utility's `ppre audit --local --json` runs, in this process (module docstring)."""
-    import ppre.local
-    from ppre import cli
+#: one audit in a fresh process (as bench_utility runs it), with test-size keys unless told
+AUDIT_SCRIPT = """
+import json, sys
+from functools import partial
+import ppre.local
+from ppre import cli
+if sys.argv[2] == "small":
+    ppre.local.local_services = partial(ppre.local.local_services, modulus_bits=int(sys.argv[3]), allow_insecure=True)
+sys.exit(cli.main(json.loads(sys.argv[1])))
+"""
 
+
+def audit(metric: str, folder: Path, home: Path, *, controls: bool) -> dict:
+    """One of bench_utility's `ppre audit --local --json` runs, in its own process (module
+    docstring): nothing of one audit's process state (remembered dials, the data directory)
+    reaches another."""
     dataset, extra, _ = bar.METRICS[metric]
     home.mkdir()
-    monkeypatch.setenv("XDG_DATA_HOME", str(home))  # a fresh data directory: its own ledger
-    monkeypatch.setenv("HOME", str(home))
-    if metric not in PRODUCTION_KEYS:
-        monkeypatch.setattr(ppre.local, "local_services",
-                            partial(ppre.local.local_services, modulus_bits=TEST_BITS, allow_insecure=True))
     argv = ["audit", "--local", "--metric", metric, *extra, "--tester-members", str(folder / "members.csv"),
             "--tester-self-id", str(folder / "self_id.csv"), "--client-data", str(folder / "client" / dataset),
             "--json", "--insecure", "--history", "none"]
     if not controls:
         argv += ["--no-release-controls", "--bootstrap", str(NOISELESS_BOOTSTRAP), "--seed", "1"]
-    capsys.readouterr()
-    code = cli.main(argv)
-    out = capsys.readouterr().out
-    monkeypatch.undo()
-    assert code == 0, out[-800:]
-    return json.loads(out)
+    keys = "production" if metric in PRODUCTION_KEYS else "small"
+    env = dict(os.environ, XDG_DATA_HOME=str(home), HOME=str(home))  # a fresh data directory: its own ledger
+    proc = subprocess.run([sys.executable, "-c", AUDIT_SCRIPT, json.dumps(argv), keys, str(TEST_BITS)], cwd=ROOT,
+                          env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, (proc.stdout[-800:], proc.stderr[-800:])
+    return json.loads(proc.stdout)
 
 
 def verdict_disagreements(report: dict) -> list[str]:
@@ -102,12 +109,9 @@ def verdict_disagreements(report: dict) -> list[str]:
 
 
 @pytest.mark.parametrize("metric", list(bar.METRICS))
-def test_the_defaults_keep_every_large_group_within_001_of_the_noiseless_estimate(metric, population, tmp_path,
-                                                                                   monkeypatch, capsys):
-    exact = audit(metric, population, tmp_path / "noiseless", controls=False, monkeypatch=monkeypatch,
-                  capsys=capsys)
-    noisy = audit(metric, population, tmp_path / "defaults", controls=True, monkeypatch=monkeypatch,
-                  capsys=capsys)
+def test_the_defaults_keep_every_large_group_within_001_of_the_noiseless_estimate(metric, population, tmp_path):
+    exact = audit(metric, population, tmp_path / "noiseless", controls=False)
+    noisy = audit(metric, population, tmp_path / "defaults", controls=True)
     assert noisy["release"]["controls"] and not exact["release"]["controls"]
     tolerance = bar.TOLERANCE * bar.scale(metric, noisy)
     sizes = noisy["release"].get("effective_sizes") or {}
