@@ -295,11 +295,16 @@ def auc_frame(n: int, rng: np.random.Generator) -> pd.DataFrame:
     return pd.DataFrame({"member_id": [f"m{i}" for i in range(n)], "y_true": y, "score": score})
 
 
+def true_races(p: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Each member's true race, an index into GROUPS, drawn from its probabilities p_i."""
+    return (rng.random(len(p))[:, None] > np.cumsum(p, axis=1)).sum(axis=1).clip(0, K - 1)
+
+
 def shifted_auc_frame(p: np.ndarray, rng: np.random.Generator) -> pd.DataFrame:
     """`auc_frame` with every score of a true black member (race r_i ~ p_i) moved by
     SHIFT_BLACK on the latent scale."""
     n = len(p)
-    race = (rng.random(n)[:, None] > np.cumsum(p, axis=1)).sum(axis=1).clip(0, K - 1)
+    race = true_races(p, rng)
     y = (rng.random(n) < POSITIVE_RATE).astype(np.int8)
     latent = MU * y + rng.normal(0.0, 1.0, n) + SHIFT_BLACK * (race == GROUPS.index("black"))
     score = np.round(1.0 / (1.0 + np.exp(-latent)), 6)

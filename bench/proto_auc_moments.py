@@ -281,7 +281,7 @@ def alt_frame(p: np.ndarray, alt: float, rng: np.random.Generator):
     logistic(μ_r·y + N(0, 1)) with AUC `alt` for race black, 0.85 for the others."""
     from statistics import NormalDist
     n = len(p)
-    race = (rng.random(n)[:, None] > np.cumsum(p, axis=1)).sum(axis=1).clip(0, K - 1)
+    race = rg.true_races(p, rng)
     race_auc = np.full(K, AUC)
     race_auc[ALT_GROUP] = alt
     mu = np.sqrt(2.0) * np.array([NormalDist().inv_cdf(a) for a in race_auc])
