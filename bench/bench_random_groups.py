@@ -98,7 +98,7 @@ from common.stats import bootstrap as boot  # noqa: E402
 from common.stats import correction  # noqa: E402
 from common.stats.moments import finish_release  # noqa: E402
 from common.crypto import encoding  # noqa: E402
-from common.metrics.base import Item  # noqa: E402
+from common.metrics.base import SECOND_MOMENTS, Item  # noqa: E402
 from common.metrics.mqos_auc import EXACT, normaliser_bits, released_form  # noqa: E402
 from common.metrics.pot import METRIC as POT  # noqa: E402
 from common.metrics.scoring import doubled_a_weights  # noqa: E402
@@ -198,6 +198,7 @@ def pot_client(frame: pd.DataFrame, rng: np.random.Generator, n_units: int):
     """The Test-Client's side of a POT audit: (params, info, layout, its rows'
     quantised slots (n, cts·slots), the slots' sensitivity per ciphertext (cts, slots))."""
     params = POT.parse_params({})
+    params[SECOND_MOMENTS] = True  # the residual moments are stated (the random-group forms never read them)
     rows = POT.client_rows(frame, "pot.csv", "default", params, rng)
     info = rows.info
     comps = POT.components("default", params, info)
@@ -382,7 +383,7 @@ def auc_moment_audit(p: np.ndarray, frame: pd.DataFrame, policy: ReleasePolicy, 
     `exact`: the cells' slots as `mqos_auc.released_form`'s integers (the Tester's), else
     float64 (the draws' seed, a digest of the released slots, then differs)."""
     n = len(frame)
-    rows = EXACT.client_rows(frame, "mqos_auc.csv", "exact", {}, rng)
+    rows = EXACT.client_rows(frame, "mqos_auc.csv", "exact", {SECOND_MOMENTS: True}, rng)
     q = encoding.quantize_probabilities(p, encoding.PROBABILITY_BITS)
     order, _ = canonical_units(q, 1, unit_rng)
     q, y, rank = q[order], rows.values[order, 0].astype(np.int64), np.asarray(rows.strata)[order]

@@ -98,6 +98,7 @@ import bench_random_groups as rg  # noqa: E402
 from bench_random_groups import (AUC, CONFIDENCE, GROUPS, K, SCALE, Audit, auc_frame, record,  # noqa: E402
                                  summary, table, to_slots)
 from common.crypto import encoding  # noqa: E402
+from common.metrics.base import SECOND_MOMENTS  # noqa: E402
 from common.metrics.mqos_auc import EXACT, normaliser_bits  # noqa: E402
 from common.metrics.scoring import doubled_a_weights  # noqa: E402
 from common.stats.moments import draw_seed, gaussian_draws  # noqa: E402
@@ -220,7 +221,7 @@ def sampling_cov(s1, s0, p1, p0, v1, v0, auc=None):
 def auc_moment_audit(p: np.ndarray, frame, policy: ReleasePolicy, rng: np.random.Generator,
                      unit_rng: np.random.Generator = None, noise: bool = True) -> Audit:
     n = len(frame)
-    rows = EXACT.client_rows(frame, "mqos_auc.csv", "exact", {}, rng)
+    rows = EXACT.client_rows(frame, "mqos_auc.csv", "exact", {SECOND_MOMENTS: True}, rng)
     y, rank = rows.values[:, 0], np.asarray(rows.strata)
     v1, v0, own_rate = placement_spreads(y, frame["score"].to_numpy())
     q = encoding.quantize_probabilities(p, encoding.PROBABILITY_BITS)

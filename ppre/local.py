@@ -6,7 +6,8 @@ TLS by default: a development CA is made in memory for the run (`common.net.tls.
 nothing is written to disk), with the Tester's, the Test-Client's and the operator's
 certificates, and the two addresses are remembered (`channels.remember_dial`) so that
 `run_audit(services.tester_address, ...)` in this process presents the operator's
-certificate. `tls=False` runs plaintext (no identities), for tests that need it.
+certificate. `tls=False` runs plaintext (no identities; the addresses are remembered as
+plaintext), for tests that need it.
 
 Under result recipient `client` the Test-Client keeps the result and the Tester ends
 with a receipt (design §3.7); here one user holds both sides, so `run_audit` on these
@@ -109,10 +110,11 @@ def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: Dat
                                  accountant=accountant, tls=tester_tls, executor=executor, history=history)
     tester_server, tester_port, tester_servicer = serve_tester(tester_config, 0, host="127.0.0.1")
     tester_address = f"127.0.0.1:{tester_port}"
-    if pki is not None:
-        # this process dials the Tester as the operator, and the Test-Client as the Tester does
-        channels.remember_dial(tester_address, operator_tls, TESTER_IDENTITY)
-        channels.remember_dial(client_address, tester_tls, tester_config.client_name)
+    # this process dials the Tester as the operator, and the Test-Client as the Tester does;
+    # without TLS both addresses are remembered as plaintext, so that a dial another
+    # server of this process once remembered for a reused port is never taken for these
+    channels.remember_dial(tester_address, operator_tls, TESTER_IDENTITY if pki is not None else None)
+    channels.remember_dial(client_address, tester_tls, tester_config.client_name if pki is not None else None)
     remember_local_results(tester_address, partial(delivered_result, client_config.results))
     try:
         yield LocalServices(tester_address, client_address, tester_config, client_config,

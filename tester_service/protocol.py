@@ -182,7 +182,7 @@ class TesterSession:
         #: how the groups were coarsened from the six races ("" for none), for the result
         self._group_mapping = group_mapping
         self.release = release if release is not None else ReleasePolicy()
-        if self._moments_form() and self.metric.moment_squares:  # rows carry f² too (`common.stats.moments`)
+        if self._moments_form():  # rows carry f² (`moment_squares`), the Test-Client states its facts
             self.params[SECOND_MOMENTS] = True
         self._charge = charge
         self._release_info: dict[str, Any] = {}

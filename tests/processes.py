@@ -337,7 +337,9 @@ class ServiceProcess:
 
     def close(self) -> None:
         """Finalizer: never leave the process, its workers (also those of earlier
-        incarnations), or a stopped group behind."""
+        incarnations), or a stopped group behind; and forget how this process dialled it,
+        so that a later service on a reused port is not dialled with these credentials."""
+        channels.forget_dial(self.address)
         if self.proc is None:
             return
         if self.proc.poll() is None:

@@ -37,10 +37,10 @@ def test_placement_variances_are_delongs_components_ties_included():
 @pytest.mark.parametrize("stated", [None, [0.01], [0.01, -0.001], [0.01, 0.3], [0.01, float("nan")], "x"])
 def test_stated_placement_variances_are_checked(stated):
     """Each is a variance of a fraction (at most ¼), two of them; anything else is refused
-    (the session turns the ValueError into a protocol error naming the fact)."""
-    info = {} if stated is None else {PLACEMENT_INFO: stated}
+    (the session turns the ValueError into a protocol error naming the fact; whether they
+    must be there at all is the release form's: tests/test_stated_facts.py)."""
     with pytest.raises(ValueError, match="placement variances"):
-        EXACT.check_info(info, ())
+        EXACT.check_info({PLACEMENT_INFO: stated}, ())
     EXACT.check_info({PLACEMENT_INFO: [0.02, 0.25]}, ())
 
 

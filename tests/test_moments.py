@@ -218,17 +218,6 @@ def test_a_header_claiming_second_moments_for_a_metric_without_them_is_refused()
                                                                               min_effective_size=0.0))
 
 
-def test_a_hello_asking_squares_of_a_metric_without_them_is_refused():
-    tester, client = make_inputs(600, 600, 600, seed=33)
-
-    def tap(direction, msg):
-        if msg.WhichOneof("body") == "hello":
-            msg.hello.second_moments = True
-
-    with pytest.raises(ProtocolError, match="squared components"):
-        local_audit(tester, client, tap=tap)
-
-
 # ----------------------------------------------------------------------------------
 # The output metric: the rows carry f², the pair items its second moments
 # ----------------------------------------------------------------------------------
@@ -356,11 +345,12 @@ def test_ndcg_draws_have_the_delta_method_variance_with_one_spread_per_query():
 
 def release_form_tap(seen: dict):
     """A tap recording what the Test-Client is told of the release's form: whether the
-    Hello asks for squares, the header's interval, its noise sd per item slot."""
+    Hello announces second moments (rows with squares, for a metric with
+    `moment_squares`; the stated facts), the header's interval, its noise sd per item slot."""
     def tap(direction, msg):
         kind = msg.WhichOneof("body")
         if kind == "hello":
-            seen["squares"] = msg.hello.second_moments
+            seen["second_moments"] = msg.hello.second_moments
         if kind == "aggregates_header":
             header = msg.aggregates_header
             seen["interval"] = header.interval
@@ -370,8 +360,9 @@ def release_form_tap(seen: dict):
 
 @pytest.mark.slow
 def test_ndcg_audit_under_the_controls_releases_second_moments():
-    """MQOS-NDCG under release noise: no squares travel, the header says "parametric",
-    and a large group's interval is near the noiseless bootstrap's."""
+    """MQOS-NDCG under release noise: the Hello announces second moments (no squares: the
+    rows keep two components; the Test-Client states its spread), the header says
+    "parametric", and a large group's interval is near the noiseless bootstrap's."""
     from tests.metric_data import random_ranked_lists
     tester, _ = make_inputs(3000, 10, 0, seed=35)
     lists = random_ranked_lists(4500, np.random.default_rng(1), min_len=3, max_len=6, viewers=3000)
@@ -380,7 +371,7 @@ def test_ndcg_audit_under_the_controls_releases_second_moments():
     spec = AuditSpec(metric="mqos-ndcg", client_dataset="d", bootstrap=200, seed=1,
                      params={"max_queries_per_viewer": "2"})
     report, _, _ = local_audit(tester, lists, spec=spec, tap=tap, release=ReleasePolicy(rho=1.0, budget=1.0))
-    assert (seen["squares"], seen["interval"]) == (False, "parametric")
+    assert (seen["second_moments"], seen["interval"]) == (True, "parametric")
     assert report.release["interval_from"].startswith("second moments")
     assert report.info["spread_per_query"] > 0 and report.info["queries_squared"] >= report.info["queries"]
     plain, _, _ = local_audit(tester, lists, spec=spec)
@@ -408,7 +399,7 @@ def test_output_audit_under_the_controls_releases_second_moments_with_squares(mo
     policy = ReleasePolicy(rho=1.0, budget=1.0)
     report, session, _ = local_audit(tester, client, spec=spec, tap=tap, release=policy,
                                      modulus_bits=modulus_bits)
-    assert (seen["squares"], seen["interval"]) == (True, "parametric")
+    assert (seen["second_moments"], seen["interval"]) == (True, "parametric")
     # every released slot of f² is noised at the second moments' σ_m: f's bound is 2 (the
     # range's half-width), f²'s 4, so its noise is 2·σ_m/σ₀ times f's in a group item and
     # twice f's in a pair item; the pair items of f² join where f² has a ciphertext of its own

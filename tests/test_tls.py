@@ -35,7 +35,7 @@ from tester_service.audit_log import AuditLog, verify
 from tester_service.inputs import read_probability_table
 from tester_service import server as tester_server
 from tester_service.server import run_audit
-from tests.helpers import TEST_BITS, wait_until, write_inputs
+from tests.helpers import TEST_BITS, free_loopback_port, wait_until, write_inputs
 from tests.processes import child_env, ppre_argv
 
 N, OVERLAP = 160, 130  # above the Tester's minimum intersection
@@ -359,3 +359,24 @@ def test_local_services_can_run_plaintext(inputs):
         event = run_audit(svc.tester_address, _request())
         assert event.WhichOneof("event") == "result", event
         assert wait_until(lambda: svc.client_servicer.active_sessions == 0)
+
+
+def test_plaintext_local_services_ignore_a_tls_dial_left_for_a_reused_port(inputs, monkeypatch):
+    """A TLS service this process once ran on a port left its dial behind; plaintext local
+    services that get the same port remember it as plaintext for their lifetime, so the
+    operator's channel does not try TLS (it failed with "Tls handshake failed")."""
+    import ppre.local as local
+    _, _, tp, cp = inputs
+    port = free_loopback_port()
+    stale = DevCA.generate("another run's CA").identity("operator")
+    channels.remember_dial(f"127.0.0.1:{port}", stale, tls.TESTER_IDENTITY)
+    monkeypatch.setattr(local, "serve_tester", lambda config, _port, host: tester_server.serve(config, port, host))
+    try:
+        with local_services(lambda: read_probability_table(tp), DatasetRegistry(named={"ero": cp}),
+                            modulus_bits=TEST_BITS, allow_insecure=True, tls=False) as svc:
+            assert svc.tester_address == f"127.0.0.1:{port}"
+            event = run_audit(svc.tester_address, _request(), timeout=60)
+            assert event.WhichOneof("event") == "result", event
+        assert channels.known_dial(svc.tester_address) is None and channels.known_dial(svc.client_address) is None
+    finally:
+        channels.forget_dial(f"127.0.0.1:{port}")

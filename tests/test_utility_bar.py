@@ -1,4 +1,5 @@
-"""The utility bar at 100,000 members, every metric, as a user runs it (docs/metrics/README.md).
+"""The utility bar at 100,000 members, every metric, as a user runs it (docs/metrics/README.md),
+and what 1,000 members say under the defaults (inconclusive, never a green finding).
 
 On `ppre synth --members 100000 --seed 1` data each metric is audited as
 `bench/bench_utility.py` audits it (`ppre audit --local --json`, the same arguments, a process
@@ -131,3 +132,35 @@ def test_the_defaults_keep_every_large_group_within_001_of_the_noiseless_estimat
     assert not misses, misses
     assert bar.out_of_range(metric, exact) == [] and bar.out_of_range(metric, noisy) == []
     assert verdict_disagreements(exact) == [] and verdict_disagreements(noisy) == []
+
+
+#: the size at which no metric can be informative under the defaults (the bar's third point)
+FEW_MEMBERS = 1_000
+#: words by which an inconclusive verdict names what would make it conclusive
+CONCLUSIVE_WITH = ("conclusive with ", "would make them conclusive")
+
+
+@pytest.fixture(scope="module")
+def few_members(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("utility_few")
+    bar.synth(FEW_MEMBERS, 1, folder)
+    return folder
+
+
+@pytest.mark.parametrize("metric", list(bar.METRICS))
+def test_at_1000_members_no_metric_shows_a_green_finding_it_could_not_have_seen(metric, few_members, tmp_path):
+    """At 1,000 members under the defaults the audit cannot detect a gap of tau: a verdict
+    is "none" (green) only with a detectable gap at most tau, which these sizes never give,
+    so it is inconclusive (naming what would make it conclusive: more members, fewer
+    groups, a larger budget or larger pools) or a finding whose band excludes 0; its
+    values stay in range and its words agree with its table."""
+    report = audit(metric, few_members, tmp_path / "defaults", controls=True)
+    assert report["release"]["controls"]
+    verdict = report["verdict"]
+    mdd = verdict.get("mdd")
+    assert verdict["severity"] != "none" or (mdd is not None and mdd <= verdict["tau"]), verdict["message"]
+    assert verdict["severity"] != "insufficient data", verdict["message"]
+    if verdict["severity"] == "inconclusive":
+        assert any(words in verdict["message"] for words in CONCLUSIVE_WITH), verdict["message"]
+    assert bar.out_of_range(metric, report) == []
+    assert verdict_disagreements(report) == []

@@ -272,3 +272,28 @@ def test_below_overall_never_calls_an_excess_a_shortfall():
                    option="exact", confidence=0.95, tau=0.05, params={}, info={}, replicates=400,
                    interval="percentile")
     assert "largest shortfall of a group below overall, overall - white = +0.0500" in below.verdict.message
+
+
+def test_a_significant_gap_of_uncertain_size_says_so_and_under_noise_no_band_must_clear_tau():
+    """Under release noise a comparison with an uninformative group counts at its band's
+    level, so the verdict must not claim that such gaps were "compared only for gaps whose
+    band clears tau" (a 1,000-member output audit said so beside a band from +0.02); and a
+    severity read off the estimate (high) whose band reaches down into a milder one (low)
+    says how small the band lets the gap be."""
+    sds = [0.004, 0.1, 0.004, 0.004, 0.004, 0.004, 0.002]  # black far too wide to be informative
+    values = _values([0.1, 0.4, 0.1, 0.1, 0.1, 0.1, 0.1], sds, replicates=2000, seed=4)
+    v = _finish(values, interval="percentile", noisy=True).verdict
+    assert v.significant and v.severity == "high" and "black" in v.uninformative
+    assert "compared only for gaps whose band clears tau" not in v.message
+    assert "not informative (interval half-width above 0.5 tau): black" in v.message
+    low = v.compared["band_low"] if v.compared["estimate"] > 0 else -v.compared["band_high"]
+    assert 0 < low < 0.05, v.compared
+    assert f"the band allows a gap as small as {low:.4f} (low)" in v.message
+    # without noise (strict significance) a gap with an uninformative group must clear tau
+    # itself: this one's band does not, so it is no finding there
+    plain = _finish(values, interval="percentile", noisy=False).verdict
+    assert not plain.significant and plain.severity == "inconclusive"
+    # a narrow band whose nearer end reads as the estimate does adds no such words
+    sharp = _finish(_values([0.1, 0.3, 0.1, 0.1, 0.1, 0.1, 0.1], [0.002] * 7, replicates=2000, seed=4),
+                    interval="percentile", noisy=True).verdict
+    assert sharp.severity == "high" and "as small as" not in sharp.message

@@ -39,8 +39,10 @@ from common.errors import EncodingOverflowError, InputError
 PROBABILITY_BITS = 32
 #: the key in a metric's parsed parameters that says this audit's release gives its
 #: interval from second moments (`common.stats.moments`): set by the Tester for a noisy
-#: release of a metric with `Metric.moment_squares`, and by the Test-Client from the
-#: Hello (`Hello.second_moments`); never a user's parameter
+#: release of a metric with `Metric.moment_interval`, and by the Test-Client from the
+#: Hello (`Hello.second_moments`); never a user's parameter. With it the rows carry the
+#: squares of `Metric.moment_squares` and the Test-Client states the facts of
+#: `Metric.stated_facts`; without it neither (design §8.4, §9.1)
 SECOND_MOMENTS = "second_moments"
 #: room a slot keeps for the release controls' noise (at most 8 sd of σ ≤ 2^20 times a
 #: member's largest contribution, which `item_bits` already bounds)
@@ -430,6 +432,12 @@ class Metric:
     #: component as a last component (`moment_components`), released in the pair items
     #: and at the second moments' noise only (`tester_service.release`)
     moment_squares = False
+    #: the keys of the dataset facts (`ClientRows.info`) that the Test-Client states about
+    #: its whole table for the interval under release noise alone (a spread, cross-moments,
+    #: placement variances): sent only when the Hello says the interval comes from second
+    #: moments (`SECOND_MOMENTS`), required then and refused otherwise
+    #: (`common.protocol.validation`), since nothing else reads them
+    stated_facts: tuple[str, ...] = ()
     #: the range every per-group value lies in (rates: (0, 1)), a constraint of the
     #: corrected estimator's solve (`common.stats.correction.bounded_solve`); None: unbounded
     estimate_range: tuple[float, float] | None = None

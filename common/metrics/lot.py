@@ -54,8 +54,9 @@ and its outer product moves by at most 2·||Δw|| (the pair items' PAIR_FACTOR, 
 same L2 count over rank pairs as the cells). The delta method
 ``Var(Num_c − R_c·Den_c) = σ_s²·S_cc`` then needs the spread of the gaps per rank pair,
 σ_s² = Σ (ΔỸ − mean_s)²/n_s over all the Test-Client's rows of rank pair s, which it
-sends with its dataset facts (`info["gap_spread"]`, validated; the Tester learns these
-nine numbers of the Test-Client's table, design §9.1; the spread around the rank
+sends with its dataset facts under this release only (`info["gap_spread"]`,
+`stated_facts`, validated; the Tester learns these nine numbers of the Test-Client's
+table, design §9.1; the spread around the rank
 pair's mean rather than each cell's own only widens the interval). Each rank pair is
 one family of `common.stats.moments` whose "groups" are its cells, drawn independently of the
 others; a pooled cell's draws are the sums of its rank pairs' draws, as its release is
@@ -71,8 +72,8 @@ import numpy as np
 import math
 
 from common.errors import InputError
-from common.metrics.base import (OUT_OF_RANGE_PARAM, PROBABILITY_BITS, Cell, ClientRows, Component, Item, Metric,
-                                 Param, Plan, bounded_column, boolean, finite_column, value_range)
+from common.metrics.base import (OUT_OF_RANGE_PARAM, PROBABILITY_BITS, SECOND_MOMENTS, Cell, ClientRows, Component,
+                                 Item, Metric, Param, Plan, bounded_column, boolean, finite_column, value_range)
 from common.metrics.ranking import lot_rows, ranked_lists
 
 #: raw relevances may be declared up to this magnitude (differences encoded with 32 fractional bits)
@@ -128,6 +129,7 @@ class Lot(Metric):
     strata_cells = True
     uses_strata = True
     moment_interval = True
+    stated_facts = (SPREAD_INFO,)
     verdict_rule = "negative_cells"
 
     @staticmethod
@@ -168,8 +170,9 @@ class Lot(Metric):
             delta = self._bounded_gaps(delta, params, clipped, file)
         values = np.column_stack([delta, np.ones_like(delta)])
         info = {"queries": rows.n_queries, "pairs": rows.n_pairs, "skipped_single_item": rows.skipped_single_item,
-                "skipped_zero_idcg": rows.skipped_zero_idcg, **clipped,
-                SPREAD_INFO: gap_spreads(delta, np.asarray(rows.rank_pair), len(rows.rank_pair_labels))}
+                "skipped_zero_idcg": rows.skipped_zero_idcg, **clipped}
+        if params.get(SECOND_MOMENTS):  # stated for the interval under release noise alone
+            info[SPREAD_INFO] = gap_spreads(delta, np.asarray(rows.rank_pair), len(rows.rank_pair_labels))
         return ClientRows(ids=(np.asarray(rows.higher_ids, dtype=object), np.asarray(rows.lower_ids, dtype=object)),
                           values=values, units=np.asarray(rows.query), strata=np.asarray(rows.rank_pair),
                           strata_labels=tuple(rows.rank_pair_labels), info=info)
@@ -191,7 +194,9 @@ class Lot(Metric):
             raise ValueError("no rank pairs")
         if int(info.get("rows_clipped", 0)) < 0:
             raise ValueError("clipped rows")
-        spreads = info.get(SPREAD_INFO, [])
+        if SPREAD_INFO not in info:  # stated only for second moments (`Metric.stated_facts`)
+            return
+        spreads = info[SPREAD_INFO]
         if not isinstance(spreads, list) or len(spreads) != len(strata_labels) or \
                 not all(isinstance(x, (int, float)) and 0.0 <= float(x) <= MAX_GAP_SPREAD for x in spreads):
             raise ValueError("gap spreads per rank pair")

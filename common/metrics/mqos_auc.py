@@ -67,8 +67,8 @@ group and overall (the global AUC). Verdict: a group significantly below overall
   - the Test-Client states from its own rows DeLong's placement variances σ1² (of the
     positives' fraction of negatives scored below, ties ½) and σ0² (of the negatives'
     fraction of positives scored above), `placement_variances`,
-    `info["placement_variances"]`: two numbers about its whole table, which one member
-    moves by O(1/n).
+    `info["placement_variances"]` (under this release only: `stated_facts`): two numbers
+    about its whole table, which one member moves by O(1/n).
 
   The finishing party reads the weighted DeLong covariance
   ``Cov(AUC_a, AUC_b) = σ1²·S1_ab/(P1_a·P1_b) + σ0²·S0_ab/(P0_a·P0_b)`` with the
@@ -136,7 +136,7 @@ import numpy as np
 
 from common.crypto import paillier
 from common.metrics.base import (NOISE_HEADROOM_BITS, Cell, ClientRows, Component, Item, Metric, Param, Plan,
-                                 PROBABILITY_BITS, bits,
+                                 PROBABILITY_BITS, SECOND_MOMENTS, bits,
                                  finite_column, positive_int)
 from common.metrics.scoring import DEFAULT_RANDOM_GROUPS, dense_score_rank, doubled_a_weights, sample_pair_graph
 from common.tables import binary_column
@@ -331,6 +331,7 @@ class ExactAuc(MqosAuc):
     #: under release noise the interval comes from the pair items and the stated placement
     #: variances (module docstring, "Interval under release noise"), one unit, no random groups
     moment_interval = True
+    stated_facts = (PLACEMENT_INFO,)
 
     def for_option(self, option):
         return self
@@ -340,10 +341,13 @@ class ExactAuc(MqosAuc):
 
     def client_rows(self, frame, file, option, params, rng):
         y, scores = _labels_and_scores(frame, file)
+        stated = {PLACEMENT_INFO: placement_variances(y, scores)} if params.get(SECOND_MOMENTS) else {}
         return ClientRows(ids=(frame["member_id"].to_numpy(dtype=object),), values=y[:, None].astype(np.float64),
-                          strata=dense_score_rank(scores), info={PLACEMENT_INFO: placement_variances(y, scores)})
+                          strata=dense_score_rank(scores), info=stated)
 
     def check_info(self, info, strata_labels):
+        if PLACEMENT_INFO not in info:  # stated only for second moments (`Metric.stated_facts`)
+            return
         stated = info.get(PLACEMENT_INFO)
         if not isinstance(stated, list) or len(stated) != 2 or \
                 not all(isinstance(x, (int, float)) and math.isfinite(x) and 0.0 <= x <= 0.25 for x in stated):

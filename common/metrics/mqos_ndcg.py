@@ -30,9 +30,9 @@ queries viewers actually issue costs accuracy, one below them costs data (counte
 estimate's sums and the pair items' S^d_ab = Σ p_a·p_b·d (as for ERO); the delta method
 ``Var(Num_j − R_j·Den_j) = σ²·S^d_jj`` then needs one spread per query σ², which the
 Test-Client reads off its own rows: σ² = Σ (f − c·d)²/Σ d over all its viewers, c their
-mean (`spread_facts`), sent with the other dataset facts (`info`: `spread_per_query`,
-and `queries_squared` = Σ d² for κ = Σ d²/Σ d, which enters the covariances across
-groups only). The squares are not released under noise as the output metric's are:
+mean (`spread_facts`), sent with the other dataset facts under this release only
+(`stated_facts`; `info`: `spread_per_query`, and `queries_squared` = Σ d² for
+κ = Σ d²/Σ d, which enters the covariances across groups only). The squares are not released under noise as the output metric's are:
 their bound (K² per viewer) is some thousand times a real NDCG's spread (about 0.01 per
 query), and noise sized for it would make σ² noise (measured: weighted coverage 0.85
 for white at 100,000 members). The assumption is that the joined viewers spread as all
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.metrics.base import Cell, ClientRows, Component, Metric, Param, Plan, positive_int
+from common.metrics.base import SECOND_MOMENTS, Cell, ClientRows, Component, Metric, Param, Plan, positive_int
 from common.metrics.ranking import ranked_lists, viewer_ndcg
 
 VALUE_BITS = 32
@@ -89,6 +89,7 @@ class MqosNdcg(Metric):
     name = "mqos-ndcg"
     corrects = True
     moment_interval = True
+    stated_facts = (SPREAD_INFO, SQUARED_QUERIES_INFO)
     description = "minimum quality of service: per-group mean NDCG of the viewers' queries"
     numeric_columns = ("rank", "relevance")
     text_columns = ("query_id",)
@@ -130,7 +131,8 @@ class MqosNdcg(Metric):
         info = {"queries": int(v.total_queries) - dropped, "viewers": len(v.viewer_ids),
                 "zero_idcg_queries": int(v.zero_idcg_queries), "queries_dropped": dropped,
                 "viewers_capped": capped}
-        info.update(spread_facts(sums, kept))
+        if params.get(SECOND_MOMENTS):  # stated for the interval under release noise alone
+            info.update(spread_facts(sums, kept))
         return ClientRows(ids=(np.asarray(v.viewer_ids, dtype=object),),
                           values=np.column_stack([sums, kept.astype(np.float64)]), info=info)
 

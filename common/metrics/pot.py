@@ -41,7 +41,8 @@ reference scores as well as across groups. Released as they are these would be
 Q(Q + 1)/2 more components per row on the pair weights. The Test-Client states instead,
 from its own rows, the residual cross-moments per unit of kernel mass
 ``τ_qq' = Σ_i K_q·K_q'·e_q·e_q' / Σ_i K_q`` (e_q = Y − m̂(s_q) around its own overall
-curve; `residual_cross_moments`, `info["residual_moments"]`), and the covariance is read
+curve; `residual_cross_moments`, `info["residual_moments"]`, under this release only:
+`stated_facts`), and the covariance is read
 as ``½(S^d_ab,q·τ_qq' + S^d_ab,q'·τ_q'q)``: exact where a group's scores spread as all
 the rows' do near s_q (under the null in particular), and a group whose curve differs
 from the overall one gets a larger residual spread, so a wider interval, never a
@@ -60,8 +61,8 @@ import math
 
 import numpy as np
 
-from common.metrics.base import (OUT_OF_RANGE_PARAM, Cell, ClientRows, Component, Item, Metric, Param, Plan,
-                                 bounded_column, finite_column, float_list)
+from common.metrics.base import (OUT_OF_RANGE_PARAM, SECOND_MOMENTS, Cell, ClientRows, Component, Item, Metric,
+                                 Param, Plan, bounded_column, finite_column, float_list)
 from common.metrics.output import DEFAULT_OUTCOME_RANGE, OUTCOME_RANGE_PARAM, centred_bound, fixed_bound
 from common.metrics.scoring import (DECILES, MAX_REFERENCE_SCORES, curve_bandwidths, kernel_components,
                                     reference_scores)
@@ -121,6 +122,7 @@ class Pot(Metric):
     name = "pot"
     corrects = True
     moment_interval = True
+    stated_facts = (RESIDUAL_INFO,)
     description = "pointwise outcome test: per-group kernel regression of the outcome on the score, and DTI"
     params = (
         Param("reference_scores", "comma-separated reference scores (default: the score deciles)", float_list),
@@ -188,7 +190,8 @@ class Pot(Metric):
         self._weights(params, info)
         centre, _ = centred_bound(lo, hi)
         values = kernel_components(scores, outcome - centre, refs, h)
-        info[RESIDUAL_INFO] = residual_cross_moments(values)
+        if params.get(SECOND_MOMENTS):  # stated for the interval under release noise alone
+            info[RESIDUAL_INFO] = residual_cross_moments(values)
         return ClientRows(ids=(frame["member_id"].to_numpy(dtype=object),), values=values, info=info)
 
     def check_info(self, info, strata_labels):
@@ -201,8 +204,8 @@ class Pot(Metric):
             raise ValueError("bandwidth")
         if int(info.get("rows_clipped", 0)) < 0:
             raise ValueError("clipped rows")
-        if RESIDUAL_INFO not in info:
-            raise ValueError("residual moments missing")
+        if RESIDUAL_INFO not in info:  # stated only for second moments (`Metric.stated_facts`)
+            return
         tau = np.asarray(info[RESIDUAL_INFO], dtype=np.float64)
         if tau.shape != (len(refs), len(refs)) or not np.all(np.isfinite(tau)) or np.any(np.diag(tau) < 0):
             raise ValueError("residual moments")
@@ -211,7 +214,7 @@ class Pot(Metric):
         """The residual cross-moments τ the Test-Client states (module docstring), by
         which the finishing party reads the curves' covariances off S^d (`cross`)."""
         shape = super().moment_shape(option, params, info, layout)
-        shape["cross"] = info[RESIDUAL_INFO]
+        shape["cross"] = info.get(RESIDUAL_INFO, ())  # without it (no release noise) nothing reads it
         return shape
 
     @staticmethod

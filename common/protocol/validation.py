@@ -204,6 +204,22 @@ def _labels(values: Iterable[str], what: str, most: int) -> tuple[str, ...]:
     return values
 
 
+def _check_stated_facts(metric, info: dict, second_moments: bool) -> None:
+    """The facts a Test-Client states about its whole table for the interval under release
+    noise (`Metric.stated_facts`): all of them when this audit's interval comes from
+    second moments, none otherwise, since then nothing reads them (design §9.1)."""
+    if second_moments:
+        missing = [k for k in metric.stated_facts if k not in info]
+        if missing:
+            raise ProtocolError(f"the Test-Client's dataset facts lack {', '.join(missing)}, which the interval "
+                                f"under release noise reads")
+    else:
+        unasked = [k for k in metric.stated_facts if k in info]
+        if unasked:
+            raise ProtocolError(f"the Test-Client stated {', '.join(unasked)}, which an audit whose interval is "
+                                f"not from second moments does not ask for")
+
+
 # ------------------------------------------------------------------ the gate
 class Gate:
     """One session's gate for its peer's messages (module docstring): the phase table,
@@ -315,6 +331,7 @@ class TesterInbound(Gate):
             metric.check_info(info, list(labels))
         except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as exc:
             raise ProtocolError(f"the Test-Client's dataset facts are malformed ({exc})") from None
+        _check_stated_facts(metric, info, bool(s.params.get(SECOND_MOMENTS)))
         bounds = metric.value_bounds(s.spec.metric_option, s.params)
         if dict(ack.value_bounds) != bounds:  # the noise is sized from ours: its rows must respect them
             raise ProtocolError(f"the Test-Client's declared value bounds {dict(ack.value_bounds)} differ from "
@@ -451,9 +468,9 @@ class ClientInbound(Gate):
         if hello.correction not in ("", *correction.METHODS) or (
                 hello.correction not in ("", "none") and not metric.corrects):
             raise ProtocolError(f"the Tester asked for a correction '{hello.correction}' that {metric.name} lacks")
-        if hello.second_moments:  # the rows are to carry their squares (`common.stats.moments`)
-            if not metric.moment_squares:
-                raise ProtocolError(f"the Tester asked for squared components, which {metric.name} lacks")
+        if hello.second_moments:  # the interval from second moments (`common.stats.moments`)
+            if not metric.moment_interval:
+                raise ProtocolError(f"the Tester asked for second moments, which {metric.name} lacks")
             params[SECOND_MOMENTS] = True
         bounds = metric.value_bounds(option, params)
         if dict(hello.value_bounds) != bounds:  # both parties size and clip from the same bounds
@@ -500,8 +517,9 @@ class ClientInbound(Gate):
         corrections = None
         if header.interval == "parametric" and not s._metric.moment_interval:
             raise ProtocolError(f"aggregates header: {s._metric.name} has no second moments to release")
-        if header.interval == "parametric" and s._metric.moment_squares and not s._params.get(SECOND_MOMENTS):
-            raise ProtocolError("aggregates header: second moments without the squares the Hello did not ask for")
+        if header.interval == "parametric" and not s._params.get(SECOND_MOMENTS):
+            raise ProtocolError("aggregates header: second moments the Hello did not ask for (no squares, "
+                                "no stated facts)")
         if s._hello.correction not in ("", "none") or header.interval == "parametric":
             plan, corrections = s._metric.moment_plan(  # M's items, the second moments too
                 plan, groups, s._option, s._params, s._info, s._layout)

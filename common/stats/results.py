@@ -14,7 +14,9 @@ report the same thing. Its parts:
   picking the largest of many gaps does not manufacture significance); severity is
   "none" (not significant, a gap of τ was detectable, and no group was left out),
   "inconclusive" (not significant, and one of those fails), "low" (significant,
-  |gap| < τ), "moderate" (at least τ) or "high" (at least 2τ). Rules per metric: "range" (ERO, output metric: every
+  |gap| < τ), "moderate" (at least τ) or "high" (at least 2τ), read off the estimate; where
+  the band's end nearer 0 reads milder, the message says how small the band lets the gap
+  be (a wide band's finding is of a gap, not of its size). Rules per metric: "range" (ERO, output metric: every
   pair of groups; the largest significant gap), "below_overall" (MQOS: overall −
   group > 0), "negative_cells" (LOT: a cell significantly below 0, the lower-ranked
   member more relevant), "nonzero_pairs" (POT: DTI ≠ 0), "inclusion" (probabilistic
@@ -861,6 +863,26 @@ def _relation(low: Any, high: Any) -> str:
     return "includes 0"
 
 
+def _nearer_end(rule: str, estimate: float, band_low: float, band_high: float) -> float:
+    """The end of a significant comparison's band nearer 0, as an adverse magnitude (the
+    smallest gap the band allows, in the direction the rule judges)."""
+    if rule == "below_overall":
+        return float(band_low)
+    if rule == "negative_cells":
+        return float(-band_high)
+    return float(band_low) if estimate >= 0 else float(-band_high)
+
+
+def _uncertain_size(severity: str, nearer: float, tau: float) -> str:
+    """Words for a significant gap whose band reaches into a milder severity than its
+    estimate's: the severity is read off the estimate, and the band says the gap may be
+    as small as its nearer end (module docstring, "none" and severity)."""
+    if not math.isfinite(nearer) or _severity(nearer, tau) == severity:
+        return ""
+    return (f"; the severity is the estimate's: the band allows a gap as small as {nearer:.4f} "
+            f"({_severity(nearer, tau)}), so how large the gap is stays uncertain")
+
+
 def _needed(factor: float | None, noisy: bool | None = None, widest: str | None = None) -> str:
     """What would make an inconclusive audit conclusive; the privacy budget only where
     release noise is on (`noisy` None: not known, both said); `widest`: the comparison
@@ -986,8 +1008,12 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
         message = (f"significant disparity, severity {severity}: {words}, {labels[pick]} = {est[pick]:+.4f}, "
                    f"{confidence:.0%} simultaneous interval {band} excludes 0 (tau {tau:g}; "
                    f"{int(significant.sum())} significant of {len(labels)} compared)")
-        if left_out:
+        message += _uncertain_size(severity, _nearer_end(rule, est[pick], band_low[pick], band_high[pick]), tau)
+        if left_out and strict_significance:
             message += (f"; not informative, so compared only for gaps whose band clears tau: "
+                        f"{', '.join(left_out)}")
+        elif left_out:
+            message += (f"; not informative (interval half-width above {INFORMATIVE_SHARE:g} tau): "
                         f"{', '.join(left_out)}")
     if severity != "inconclusive":
         message += excluded_words
