@@ -208,6 +208,34 @@ def bucket_rows(units: np.ndarray, strata: np.ndarray | None, n_strata: int,
     return groups_idx, keys
 
 
+def split_buckets(groups_idx: Sequence[np.ndarray], max_rows: int) -> tuple[list[np.ndarray], list[int]]:
+    """Design §3.6: each bucket's rows in pieces of at most `max_rows`, and each piece's
+    bucket. A bucket's sum is the product of its pieces' sums (`merge_piece_sums`), so a
+    bucket as large as the table (the one unit of a release of second moments) is
+    aggregated on every worker and never held whole by one task; buckets within the cap
+    stay whole."""
+    pieces: list[np.ndarray] = []
+    owner: list[int] = []
+    for b, idx in enumerate(groups_idx):
+        for piece in np.array_split(idx, -(-len(idx) // max(1, max_rows))):
+            pieces.append(piece)
+            owner.append(b)
+    return pieces, owner
+
+
+def merge_piece_sums(sums: Sequence[Sequence[int]], owner: Sequence[int], n_buckets: int, n_cts: int,
+                     n2: int) -> list[list[int]]:
+    """`bucket_sums_packed`'s rows per bucket from its pieces' rows (`split_buckets`): one
+    row per bucket and row ciphertext t, each slot the product mod n² of the pieces' (the
+    ciphertext of the summed values)."""
+    merged: list[list[int] | None] = [None] * (n_buckets * n_cts)
+    for piece, bucket in enumerate(owner):
+        for t in range(n_cts):
+            row, k = sums[piece * n_cts + t], bucket * n_cts + t
+            merged[k] = list(row) if merged[k] is None else [a * b % n2 for a, b in zip(merged[k], row)]
+    return merged  # type: ignore[return-value]
+
+
 def weight_kinds(weights: Sequence) -> tuple[list[int], list[int]]:
     """Design §3.6: the weight columns given row by row (explicit) and the constant ones
     (an int: the constant times the bucket's Enc(Σ v)); a tuple is a sum of others."""

@@ -586,6 +586,9 @@ class TesterSession:
         # aggregate: per (unit, stratum) and weight column and row ciphertext
         n_cts = self._layout.n_ciphertexts
         groups_idx, keys = aggregation.bucket_rows(units, strata, self._n_strata(), metric.strata_cells)
+        n_parts = self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS)
+        # a bucket larger than a part's share of the rows is summed in pieces on every worker
+        pieces, owner = aggregation.split_buckets(groups_idx, -(-n // n_parts))
         explicit, const = aggregation.weight_kinds(weights)
         need_ones = bool(const)
         pub = self._pub
@@ -606,12 +609,13 @@ class TesterSession:
                 jobs += [(cts[rows, t].tobytes(), columns) for t in range(n_cts)]
             return pub.n, width, jobs
 
-        parts = parallel.split(groups_idx, self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS))
+        parts = parallel.split(pieces, n_parts)
         ticks = chunk_ticks(len(parts), partial(self._tick, "aggregation"))
         # built as the workers take them: a few tasks' copies of the rows at a time
         sums = [s for part in self._executor.stream(aggregation.bucket_sums_packed, (task(p) for p in parts),
                                                     checkpoint=ticks) for s in part]
         del cts, packed, columns_of
+        sums = aggregation.merge_piece_sums(sums, owner, len(groups_idx), n_cts, pub.n2)
         agg = aggregation.combine_bucket_sums(sums, keys, weights, pub.n, pub.n2, n_cts)
         self._lap("aggregation")
         self._progress("aggregation", f"aggregated {n} rows into {len(keys)} buckets x {len(weights)} weights")

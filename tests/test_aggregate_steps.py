@@ -142,6 +142,44 @@ def test_bucket_sums_combine_to_every_weight_columns_sum(key):
             assert got == [wv, 5 * sum(v), wv + 5 * sum(v)]
 
 
+
+def test_a_bucket_larger_than_the_cap_is_cut_into_pieces_and_small_ones_stay_whole():
+    """The one unit of a release of second moments holds every row: cut into pieces of at
+    most the cap it spreads over the workers (it went to one task: one core, and the
+    whole table in one message); buckets within the cap are unchanged."""
+    whole = [np.arange(10), np.arange(10, 13)]
+    pieces, owner = aggregation.split_buckets(whole, 4)
+    assert [len(x) for x in pieces] == [4, 3, 3, 3] and owner == [0, 0, 0, 1]
+    assert np.concatenate(pieces).tolist() == list(range(13))
+    same, owner = aggregation.split_buckets(whole, 10)
+    assert [x.tolist() for x in same] == [x.tolist() for x in whole] and owner == [0, 1]
+
+
+def test_pieces_sums_merge_to_the_whole_buckets_ciphertexts(key):
+    """Summing a bucket in pieces and multiplying the pieces' ciphertexts gives exactly the
+    ciphertexts of the bucket summed whole (the products are the same, in another order)."""
+    pub = key.public
+    width = pub.ciphertext_bytes
+    rng = np.random.default_rng(4)
+    values = rng.integers(0, 1000, size=(9, 2)).tolist()
+    weights = rng.integers(1, 1 << 32, size=9)
+    cts = [paillier.encrypt_chunk(pub.n, pub.h, row) for row in values]
+    buckets = [np.arange(7), np.arange(7, 9)]
+
+    def sums_of(groups):
+        jobs = [(paillier.ciphertexts_to_bytes([cts[i][t] for i in idx], width), [weights[idx].tolist()])
+                for idx in groups for t in range(2)]
+        return aggregation.bucket_sums_packed(pub.n, width, jobs)
+
+    pieces, owner = aggregation.split_buckets(buckets, 3)
+    assert len(pieces) == 4
+    merged = aggregation.merge_piece_sums(sums_of(pieces), owner, len(buckets), 2, pub.n2)
+    assert [list(map(int, r)) for r in merged] == [list(map(int, r)) for r in sums_of(buckets)]
+    got = key.decrypt_mod_p([merged[0][0], merged[3][0]])  # (bucket 0, ciphertext 0), (bucket 1, ciphertext 1)
+    assert got == [sum(int(weights[i]) * values[i][0] for i in range(7)),
+                   sum(int(weights[i]) * values[i][1] for i in range(7, 9))]
+
+
 # ------------------------------------------------------------------ count rows
 def test_count_rows_of_random_groups_are_the_estimate_then_each_group_alone():
     rng = np.random.default_rng(1)

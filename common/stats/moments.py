@@ -98,12 +98,18 @@ def moment_matrices(row, family, k: int) -> tuple[np.ndarray, np.ndarray]:
     return sf, sd
 
 
-def pooled_spread(plan, family, row, k: int) -> float:
+def pooled_spread(plan, family, row, k: int, noise_sd: Sequence[float] = ()) -> float:
     """σ², the outcome's spread around its mean over all joined rows (f² units), from the
     overall sums: ``Σ f²/n − (Σ f/n)²`` with Σ f² the overall item's f² slot where it
     shares the group items' ciphertext, else the pair items' ``Σ_a≤b c_ab·S^ff_ab``
-    (c = 1 on the diagonal, 2 off it: Σ_i f_i²·(Σ_a p_ia)² = Σ_i f_i²); clipped to
-    [0, (span/2)²], the most a value in the declared range can spread. Where the
+    (c = 1 on the diagonal, 2 off it: Σ_i f_i²·(Σ_a p_ia)² = Σ_i f_i²); plus one sd of
+    that estimate's own release noise (`noise_sd`: Σ f²'s noise over n), then clipped to
+    [0, (span/2)²], the most a value in the declared range can spread. The noise on Σ f²
+    is sized for f²'s bound (span/2)², so at small sizes it is a large share of the
+    spread (at 1,000 members about 40% of an outcome's with sd 0.5 in a range of width 4),
+    and an interval that took σ² as known would cover too little whenever the noise
+    pulled it low (white's intervals 0.88 at 1,000 members, bench/RESULTS.md); one sd
+    more costs nothing where the noise is small (0.4% of σ² at 100,000 members). Where the
     Test-Client states the spread from its own rows (`Family.spread`: MQOS-NDCG), that."""
     if family.spread is not None:
         return float(family.spread)
@@ -114,12 +120,15 @@ def pooled_spread(plan, family, row, k: int) -> float:
     n, total = float(row[cell.item][family.den_slot]), float(row[cell.item][family.num_slot])
     if family.sq_items == family.pair_items:  # f² shares the group items' ciphertext
         squares = float(row[cell.item][family.sq_slot])
+        squares_sd = noise_of(noise_sd, cell.item, family.sq_slot, plan.item_slots)
     else:
-        squares = sum((1.0 if a == b else 2.0) * float(row[family.sq_items[p]][family.sq_slot])
-                      for p, (a, b) in enumerate(pairs(k)))
+        weights = [(1.0 if a == b else 2.0, family.sq_items[p]) for p, (a, b) in enumerate(pairs(k))]
+        squares = sum(c * float(row[i][family.sq_slot]) for c, i in weights)
+        squares_sd = float(np.sqrt(sum((c * noise_of(noise_sd, i, family.sq_slot, plan.item_slots)) ** 2
+                                       for c, i in weights)))
     if not n > 0:
         return 0.0
-    return float(np.clip(squares / n - (total / n) ** 2, 0.0, (family.span / 2.0) ** 2))
+    return float(np.clip(squares / n - (total / n) ** 2 + squares_sd / n, 0.0, (family.span / 2.0) ** 2))
 
 
 def aggregate_moments(row, family, k: int, num: np.ndarray, den: np.ndarray,
@@ -187,7 +196,7 @@ def weighted_draws(plan, moments, row: Sequence[Sequence[int]], estimate: np.nda
             d_num, d_den = joint[f]
         else:
             noise_n, noise_d = _family_noise(plan, family, noise_sd)
-            blocks = aggregate_moments(row, family, k, num, den, pooled_spread(plan, family, row, k))
+            blocks = aggregate_moments(row, family, k, num, den, pooled_spread(plan, family, row, k, noise_sd))
             cov = WEIGHT_SCALE * family.unit * np.block(blocks) + np.diag(np.concatenate([noise_n, noise_d]) ** 2)
             delta = gaussian_draws(cov, replicates, rng)
             d_num, d_den = delta[:, :k], delta[:, k:]
@@ -322,7 +331,7 @@ def corrected_rows(plan, moments, row: Sequence[Sequence[int]], noise_sd: Sequen
         if joint is not None:
             d_num, d_den = joint[f]
         else:
-            v = residual_moments(row, family, k, pooled_spread(plan, family, row, k))
+            v = residual_moments(row, family, k, pooled_spread(plan, family, row, k, noise_sd))
             noise_n, noise_d = _family_noise(plan, family, noise_sd)
             d_num = gaussian_draws(WEIGHT_SCALE * family.unit * v + np.diag(noise_n ** 2), replicates, rng)
             d_den = rng.standard_normal((replicates, k)) * noise_d
