@@ -261,6 +261,32 @@ def test_an_empty_chunk_of_masked_plaintexts_that_is_not_the_last_is_refused():
     assert "empty chunk" in str(_masked_plaintexts_refused(once))
 
 
+def test_masked_plaintexts_in_several_chunks_are_accepted_and_give_the_same_result():
+    """A table of masked plaintexts split into two non-empty chunks, the first not the
+    last, is a normal transfer (a large result always is): accepted, with the same count
+    checked at the end (a mutant of the empty-chunk check that refused every chunk but
+    the last survived the tool's run)."""
+    from proto import ppre_pb2 as pb
+
+    def split(replies):
+        out = []
+        for r in replies:
+            mp = r.masked_plaintexts
+            if r.WhichOneof("body") != "masked_plaintexts" or len(mp.values) < 2 * mp.width:
+                out.append(r)
+                continue
+            cut = len(mp.values) // mp.width // 2
+            head, tail = pb.PeerMessage(), pb.PeerMessage()
+            head.masked_plaintexts.width = tail.masked_plaintexts.width = mp.width
+            head.masked_plaintexts.values = mp.values[:cut * mp.width]
+            tail.masked_plaintexts.values = mp.values[cut * mp.width:]
+            head.masked_plaintexts.last, tail.masked_plaintexts.last = False, mp.last
+            tail.masked_plaintexts.phase_seconds.update(mp.phase_seconds)
+            out += [head, tail]
+        return out
+    assert _masked_plaintexts_refused(split) is None
+
+
 
 # ---------------------------------------------------------------- the verdict
 def test_a_group_is_informative_when_its_half_width_is_at_most_half_tau():
