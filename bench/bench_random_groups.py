@@ -484,7 +484,8 @@ def record(metric: str, audit: Audit, clean: Audit | None = None) -> dict:
     same release without noise, `clean`) each estimate's distance from its noiseless value."""
     v = audit.report.verdict
     out = {"flag": bool(v.significant), "inconclusive": v.severity == "inconclusive",
-           "band": band_flag(metric, audit), "cells": group_intervals(metric, audit)}
+           "band": band_flag(metric, audit), "cells": group_intervals(metric, audit),
+           "significant": list(v.significant_comparisons)}
     if clean is not None:
         noisy, plain = out["cells"], group_intervals(metric, clean)
         out["noise"] = {g: [a[3] - b[3] for a, b in zip(noisy[g], plain[g]) if a[3] is not None and b[3] is not None]
