@@ -485,7 +485,8 @@ def record(metric: str, audit: Audit, clean: Audit | None = None) -> dict:
     v = audit.report.verdict
     out = {"flag": bool(v.significant), "inconclusive": v.severity == "inconclusive",
            "band": band_flag(metric, audit), "cells": group_intervals(metric, audit),
-           "significant": list(v.significant_comparisons)}
+           "significant": list(v.significant_comparisons),
+           "pairs": {f"{c.higher}>{c.lower}": (c.estimate, c.ci_low, c.ci_high) for c in audit.report.cells}}
     if clean is not None:
         noisy, plain = out["cells"], group_intervals(metric, clean)
         out["noise"] = {g: [a[3] - b[3] for a, b in zip(noisy[g], plain[g]) if a[3] is not None and b[3] is not None]
