@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -36,7 +37,7 @@ def calibration(records: list[dict]) -> list[tuple[str, int, float, float, float
 
 
 def main(argv: list[str]) -> int:
-    records = pickle.loads(open(argv[0], "rb").read())["records"]
+    records = pickle.loads(Path(argv[0]).read_bytes())["records"]
     rows = calibration(records)
     print(f"{len(records)} datasets")
     for label, n, rms, sd, cover in sorted(rows, key=lambda r: -r[2] / r[3]):

@@ -227,7 +227,9 @@ def merge_piece_sums(sums: Sequence[Sequence[int]], owner: Sequence[int], n_buck
                      n2: int) -> list[list[int]]:
     """`bucket_sums_packed`'s rows per bucket from its pieces' rows (`split_buckets`): one
     row per bucket and row ciphertext t, each slot the product mod n² of the pieces' (the
-    ciphertext of the summed values)."""
+    ciphertext of the summed values); the rows as they are where every bucket is one piece."""
+    if len(owner) == n_buckets:
+        return list(sums)
     merged: list[list[int] | None] = [None] * (n_buckets * n_cts)
     for piece, bucket in enumerate(owner):
         for t in range(n_cts):

@@ -56,8 +56,8 @@ same L2 count over rank pairs as the cells). The delta method
 σ_s² = Σ (ΔỸ − mean_s)²/n_s over all the Test-Client's rows of rank pair s, which it
 sends with its dataset facts under this release only (`info["gap_spread"]`,
 `stated_facts`, validated; the Tester learns these nine numbers of the Test-Client's
-table, design §9.1; the spread around the rank
-pair's mean rather than each cell's own only widens the interval). Each rank pair is
+table, design §9.1; the spread around the rank pair's mean rather than each cell's own
+only widens the interval). Each rank pair is
 one family of `common.stats.moments` whose "groups" are its cells, drawn independently of the
 others; a pooled cell's draws are the sums of its rank pairs' draws, as its release is
 the sum of theirs. Rows of one query in neighbouring rank pairs share a member's

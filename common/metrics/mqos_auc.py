@@ -348,7 +348,7 @@ class ExactAuc(MqosAuc):
     def check_info(self, info, strata_labels):
         if PLACEMENT_INFO not in info:  # stated only for second moments (`Metric.stated_facts`)
             return
-        stated = info.get(PLACEMENT_INFO)
+        stated = info[PLACEMENT_INFO]
         if not isinstance(stated, list) or len(stated) != 2 or \
                 not all(isinstance(x, (int, float)) and math.isfinite(x) and 0.0 <= x <= 0.25 for x in stated):
             raise ValueError("placement variances")

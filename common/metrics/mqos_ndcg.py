@@ -32,9 +32,9 @@ estimate's sums and the pair items' S^d_ab = Σ p_a·p_b·d (as for ERO); the de
 Test-Client reads off its own rows: σ² = Σ (f − c·d)²/Σ d over all its viewers, c their
 mean (`spread_facts`), sent with the other dataset facts under this release only
 (`stated_facts`; `info`: `spread_per_query`, and `queries_squared` = Σ d² for
-κ = Σ d²/Σ d, which enters the covariances across groups only). The squares are not released under noise as the output metric's are:
-their bound (K² per viewer) is some thousand times a real NDCG's spread (about 0.01 per
-query), and noise sized for it would make σ² noise (measured: weighted coverage 0.85
+κ = Σ d²/Σ d, which enters the covariances across groups only). The squares are not
+released under noise as the output metric's are: their bound (K² per viewer) is some
+thousand times a real NDCG's spread (about 0.01 per query), and noise sized for it would make σ² noise (measured: weighted coverage 0.85
 for white at 100,000 members). The assumption is that the joined viewers spread as all
 the Test-Client's viewers do; the Tester learns σ² and Σ d² of the Test-Client's whole
 table (design §9.1).
