@@ -288,6 +288,76 @@ def test_masked_plaintexts_in_several_chunks_are_accepted_and_give_the_same_resu
 
 
 
+
+# ---------------------------------------------------------------- refusal texts
+# A peer's refusal reaches the operator as its text: each is pinned whole (a mutation
+# tool's run of common/protocol/validation.py found wording mutants, e.g. the text
+# replaced by None, surviving every test that matched a word of it).
+@pytest.mark.parametrize("seconds, text", [
+    ({f"phase_{i}": 1.0 for i in range(65)}, "too many phase timings"),
+    ({"Bad Key": 1.0}, "malformed phase timings"),
+    ({"join": float("nan")}, "malformed phase timings"),
+    ({"join": -1.0}, "malformed phase timings"),
+])
+def test_phase_timings_are_refused_in_words(seconds, text):
+    from common.errors import ProtocolError
+    from common.protocol.validation import MAX_SECONDS_ENTRIES, check_seconds
+    assert MAX_SECONDS_ENTRIES == 64
+    with pytest.raises(ProtocolError) as refused:
+        check_seconds(seconds)
+    assert str(refused.value) == text
+    assert check_seconds({"join": 0.0, "psi_upload": 2.5}) == {"join": 0.0, "psi_upload": 2.5}
+
+
+@pytest.mark.parametrize("phase", ["x" * 65, "join\n"])
+def test_a_malformed_heartbeat_is_refused_in_words(phase):
+    from common.errors import ProtocolError
+    from common.protocol.validation import check_heartbeat
+    from proto import ppre_pb2 as pb
+    with pytest.raises(ProtocolError) as refused:
+        check_heartbeat(pb.Heartbeat(phase=phase))
+    assert str(refused.value) == "malformed heartbeat"
+    check_heartbeat(pb.Heartbeat(phase="x" * 64))
+
+
+@pytest.mark.parametrize("text, shown", [("out of disk space", "out of disk space"),
+                                         ("", "the Test-Client aborted")])
+def test_the_test_clients_abort_reaches_the_tester_with_its_text(text, shown):
+    """The Test-Client's Abort ends the Tester's session with the Test-Client's own words
+    (or, without any, says who aborted), and its code."""
+    from common.errors import PeerAborted
+    from proto import ppre_pb2 as pb
+
+    def abort(replies):
+        if not replies:
+            return replies
+        msg = pb.PeerMessage()
+        msg.abort.code, msg.abort.message = "input_error", text
+        return [msg]
+    refused = _masked_plaintexts_refused(abort)
+    assert isinstance(refused, PeerAborted) and (refused.code, str(refused)) == ("input_error", shown)
+
+
+def test_masked_plaintexts_refusals_name_what_is_wrong():
+    """The masked plaintexts' refusals in words: wider than the widest plaintext, and one
+    more value than the items (the exact texts the operator reads)."""
+    from common.protocol.validation import MAX_PLAINTEXT_WIDTH
+
+    def widen(replies):
+        for r in _masked(replies):
+            r.masked_plaintexts.width = MAX_PLAINTEXT_WIDTH + 1
+            r.masked_plaintexts.values = bytes(MAX_PLAINTEXT_WIDTH + 1)
+        return replies
+
+    def extra(replies):
+        for r in _masked(replies):
+            mp = r.masked_plaintexts
+            mp.values = mp.values + bytes(mp.width)
+        return replies
+    assert str(_masked_plaintexts_refused(widen)) == "masked plaintext table is malformed"
+    assert str(_masked_plaintexts_refused(extra)) == "too many masked plaintexts"
+
+
 # ---------------------------------------------------------------- the verdict
 def test_a_group_is_informative_when_its_half_width_is_at_most_half_tau():
     from common.stats.results import INFORMATIVE_SHARE, is_informative
