@@ -678,3 +678,66 @@ def test_an_aggregates_table_shorter_than_announced_is_refused_by_the_test_clien
     finally:
         tester.close()
         client.close()
+
+
+def _client_refusal(tamper):
+    """An ERO audit with the Tester's messages passed through `tamper` before the
+    Test-Client reads them: the Test-Client's refusal (None if it accepted them all)."""
+    from client_service.protocol import ClientSession
+    from common.errors import ProtocolError
+    from tester_service.protocol import AuditSpec, TesterSession
+    from tester_service.release import ReleasePolicy
+    from tests.helpers import TEST_BITS, make_inputs
+    tester_df, client_df = make_inputs(60, 60, 60, seed=53)
+    client_df = client_df.assign(member_id=client_df["member_id"].astype(str))
+    spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=3, seed=1)
+    tester = TesterSession(spec, tester_df, min_modulus_bits=TEST_BITS, release=ReleasePolicy.off())
+    client = ClientSession(lambda name, metric: client_df.copy(), modulus_bits=TEST_BITS, allow_insecure=True,
+                           accept_noiseless=True)
+    try:
+        pending = list(tester.start())
+        while pending:
+            try:
+                replies = [r for msg in tamper(list(pending)) for r in client.receive(msg)]
+            except ProtocolError as exc:
+                return exc
+            pending = [out for r in replies for out in tester.receive(r)]
+        return None
+    finally:
+        tester.close()
+        client.close()
+
+
+def _header(edit):
+    def tamper(messages):
+        for m in messages:
+            if m.WhichOneof("body") == "aggregates_header":
+                edit(m.aggregates_header)
+        return messages
+    return tamper
+
+
+def _set_groups(groups, small=()):
+    def edit(header):
+        del header.groups[:]
+        header.groups.extend(groups)
+        del header.small_groups[:]
+        header.small_groups.extend(small)
+    return edit
+
+
+@pytest.mark.parametrize("groups, small, text", [
+    (["white", "white", "black", "api", "aian", "multiple"], (), "aggregates header: bad group list"),
+    ([], (), "aggregates header: bad group list"),
+    (None, ("martian",), "aggregates header: small groups are not among the groups"),
+])
+def test_the_test_client_refuses_a_header_with_a_bad_group_list(groups, small, text):
+    """The AggregatesHeader's groups must be distinct and non-empty, and its small groups
+    among them: each refusal in its words (survivors of the mutation run weakened the
+    two checks' `or` to `and`)."""
+    assert _client_refusal(lambda messages: messages) is None  # untouched: accepted
+
+    def edit(header):
+        _set_groups(list(header.groups) if groups is None else groups, small)(header)
+    refused = _client_refusal(_header(edit))
+    assert refused is not None and str(refused) == text
