@@ -764,3 +764,14 @@ def test_a_slot_holds_the_largest_masked_value_its_recipients_mask_makes(recipie
         largest = v + (1 << (item_bits + STATISTICAL_BITS)) - 1
     assert largest.bit_length() + 1 <= layout.slot_bits  # with its sign
     assert mask_bits("client") > mask_bits("tester")     # the ratio mask is the wider
+
+
+@pytest.mark.parametrize("field, value", [("confidence", 0.0), ("confidence", 1.0), ("confidence", 1.5),
+                                          ("tau", 0.0), ("tau", -0.05), ("replicates", 0)])
+def test_the_test_client_refuses_a_header_with_bad_bootstrap_parameters(field, value):
+    """Confidence strictly inside (0, 1), τ above 0 and at least one replicate, each edge
+    refused in its words (boundary mutants of the check survived the mutation run)."""
+    def edit(header):
+        setattr(header, field, value)
+    refused = _client_refusal(_header(edit))
+    assert refused is not None and str(refused) == "aggregates header: bad bootstrap parameters"
