@@ -775,3 +775,19 @@ def test_the_test_client_refuses_a_header_with_bad_bootstrap_parameters(field, v
         setattr(header, field, value)
     refused = _client_refusal(_header(edit))
     assert refused is not None and str(refused) == "aggregates header: bad bootstrap parameters"
+
+
+def test_the_test_client_refuses_an_unknown_interval_or_too_many_random_groups():
+    """An interval method it does not know, or more random groups than MAX_RANDOM_GROUPS,
+    is refused in its words; exactly MAX_RANDOM_GROUPS passes that check (the table is then
+    refused for holding fewer rows than the edited header announces)."""
+    from common.protocol.validation import MAX_RANDOM_GROUPS
+    interval = "aggregates header: unknown interval method or too many random groups"
+
+    def edit(method, replicates):
+        def apply(header):
+            header.interval, header.replicates = method, replicates
+        return _header(apply)
+    assert str(_client_refusal(edit("magic", 3))) == interval
+    assert str(_client_refusal(edit("random_groups", MAX_RANDOM_GROUPS + 1))) == interval
+    assert "rows received" in str(_client_refusal(edit("random_groups", MAX_RANDOM_GROUPS)))
