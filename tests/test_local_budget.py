@@ -132,3 +132,16 @@ def test_the_api_on_dataframes_has_a_budget_per_pair_of_frames(user_home):
     ledger = user_home / "mine.json"
     assert audit_local(pools, probabilities=tester, metric="prob-count", history=False, privacy_ledger=ledger,
                        privacy_budget=1.0).release["budget_left"] == pytest.approx(0.8)
+
+
+def test_the_local_ledger_lives_in_the_users_data_directory(tmp_path, monkeypatch):
+    """$XDG_DATA_HOME/ppre/privacy-ledger.json, else ~/.local/share/ppre/privacy-ledger.json,
+    the run history beside it (the suite's conftest points XDG_DATA_HOME at a temporary
+    directory, so the fallback is checked here on its own: a mutation run found it unpinned)."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert local_ledger_path() == tmp_path / "data" / "ppre" / "privacy-ledger.json"
+    assert local_history_path() == tmp_path / "data" / "ppre" / "history.sqlite"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert local_ledger_path() == tmp_path / "home" / ".local" / "share" / "ppre" / "privacy-ledger.json"
+    assert local_history_path() == tmp_path / "home" / ".local" / "share" / "ppre" / "history.sqlite"
