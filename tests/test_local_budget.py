@@ -145,3 +145,32 @@ def test_the_local_ledger_lives_in_the_users_data_directory(tmp_path, monkeypatc
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert local_ledger_path() == tmp_path / "home" / ".local" / "share" / "ppre" / "privacy-ledger.json"
     assert local_history_path() == tmp_path / "home" / ".local" / "share" / "ppre" / "history.sqlite"
+
+
+@pytest.mark.parametrize("text, why", [
+    ("[0.1]", "not a JSON object"),
+    ('{"a": -0.1}', "'spent' is not an object of identity: spent rho"),
+    ('{"spent": {"a": true}}', "'spent' is not an object of identity: spent rho"),
+    ('{"spent": {"a": 0.1}, "refusals": {"a": 1.5}}', "'refusals' is not an object of identity: refused audits"),
+    ("{not json", "Expecting property name"),
+])
+def test_a_ledger_that_is_not_one_is_refused_naming_the_file_and_why(tmp_path, text, why):
+    """A privacy ledger that is not the accountant's is refused before any audit, the error
+    naming the file and what is wrong with it (never read as a fresh, empty budget)."""
+    from common.errors import InputError
+    path = tmp_path / "ledger.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(InputError) as refused:
+        PrivacyAccountant(0.4, path)
+    message = str(refused.value)
+    assert str(path) in message and "cannot be read as a privacy ledger" in message and why in message
+    assert path.read_text(encoding="utf-8") == text  # left as it was
+
+
+def test_a_local_identity_is_the_prefix_and_16_hex_digits_of_the_inputs_digest():
+    import re
+    tester, client = make_inputs(30, 30, 30, seed=5)
+    identity = local_identity([tester, None], client)
+    assert re.fullmatch(re.escape(LOCAL_IDENTITY_PREFIX) + "[0-9a-f]{16}", identity), identity
+    assert local_identity([tester, None], client) == identity
+    assert local_identity([tester, None], client.iloc[1:]) != identity
