@@ -680,17 +680,18 @@ def test_an_aggregates_table_shorter_than_announced_is_refused_by_the_test_clien
         client.close()
 
 
-def _client_refusal(tamper):
-    """An ERO audit with the Tester's messages passed through `tamper` before the
-    Test-Client reads them: the Test-Client's refusal (None if it accepted them all)."""
+def _client_refusal(tamper, metric: str = "ero", option: str = ""):
+    """An audit without release controls (ERO, or MQOS-AUC with `option`) with the
+    Tester's messages passed through `tamper` before the Test-Client reads them: the
+    Test-Client's refusal (None if it accepted them all)."""
     from client_service.protocol import ClientSession
     from common.errors import ProtocolError
     from tester_service.protocol import AuditSpec, TesterSession
     from tester_service.release import ReleasePolicy
     from tests.helpers import TEST_BITS, make_inputs
-    tester_df, client_df = make_inputs(60, 60, 60, seed=53)
+    tester_df, client_df = make_inputs(60, 60, 60, seed=53) if metric == "ero" else _auc_inputs(60, 53)
     client_df = client_df.assign(member_id=client_df["member_id"].astype(str))
-    spec = AuditSpec(metric="ero", client_dataset="d", bootstrap=3, seed=1)
+    spec = AuditSpec(metric=metric, client_dataset="d", bootstrap=3, seed=1, metric_option=option)
     tester = TesterSession(spec, tester_df, min_modulus_bits=TEST_BITS, release=ReleasePolicy.off())
     client = ClientSession(lambda name, metric: client_df.copy(), modulus_bits=TEST_BITS, allow_insecure=True,
                            accept_noiseless=True)
@@ -791,3 +792,18 @@ def test_the_test_client_refuses_an_unknown_interval_or_too_many_random_groups()
     assert str(_client_refusal(edit("magic", 3))) == interval
     assert str(_client_refusal(edit("random_groups", MAX_RANDOM_GROUPS + 1))) == interval
     assert "rows received" in str(_client_refusal(edit("random_groups", MAX_RANDOM_GROUPS)))
+
+
+@pytest.mark.parametrize("metric, option, text", [
+    ("ero", "", "aggregates header: second moments the Hello did not ask for (no squares, no stated facts)"),
+    ("mqos-auc", "sampled", "aggregates header: mqos-auc has no second moments to release"),
+])
+def test_the_test_client_refuses_a_parametric_header_it_did_not_ask_for(metric, option, text):
+    """A header that says "parametric" (second moments) where the Hello asked for none
+    (ERO without release noise), or for a metric whose interval never comes from them
+    (MQOS-AUC sampled), is refused in the words of its own check (the mutation run found
+    either check's "parametric" mistyped surviving: the other check caught it instead)."""
+    def edit(header):
+        header.interval = "parametric"
+    assert _client_refusal(lambda messages: messages, metric, option) is None
+    assert str(_client_refusal(_header(edit), metric, option)) == text
