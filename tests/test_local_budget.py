@@ -174,3 +174,16 @@ def test_a_local_identity_is_the_prefix_and_16_hex_digits_of_the_inputs_digest()
     assert re.fullmatch(re.escape(LOCAL_IDENTITY_PREFIX) + "[0-9a-f]{16}", identity), identity
     assert local_identity([tester, None], client) == identity
     assert local_identity([tester, None], client.iloc[1:]) != identity
+
+
+@pytest.mark.parametrize("text, spent, refusals", [
+    ('{"a": 0.0, "b": 0.2}', {"a": 0.0, "b": 0.2}, {}),                      # the flat form: no refusals
+    ('{"spent": {"a": 0.1}}', {"a": 0.1}, {}),                                 # refusals absent: none
+    ('{"spent": {"a": 0.1, "b": 0}, "refusals": {"b": 2}}', {"a": 0.1, "b": 0.0}, {"b": 2}),
+])
+def test_a_ledger_in_either_form_is_read_as_written(tmp_path, text, spent, refusals):
+    path = tmp_path / "ledger.json"
+    path.write_text(text, encoding="utf-8")
+    accountant = PrivacyAccountant(0.4, path)
+    assert {k: accountant.spent(k) for k in spent} == spent
+    assert {k: accountant.refusals(k) for k in spent} == {k: refusals.get(k, 0) for k in spent}
