@@ -680,7 +680,7 @@ def test_an_aggregates_table_shorter_than_announced_is_refused_by_the_test_clien
         client.close()
 
 
-def _client_refusal(tamper, metric: str = "ero", option: str = ""):
+def _client_refusal(tamper, metric: str = "ero", option: str = "", correction: str = "none"):
     """An audit without release controls (ERO, or MQOS-AUC with `option`) with the
     Tester's messages passed through `tamper` before the Test-Client reads them: the
     Test-Client's refusal (None if it accepted them all)."""
@@ -691,7 +691,8 @@ def _client_refusal(tamper, metric: str = "ero", option: str = ""):
     from tests.helpers import TEST_BITS, make_inputs
     tester_df, client_df = make_inputs(60, 60, 60, seed=53) if metric == "ero" else _auc_inputs(60, 53)
     client_df = client_df.assign(member_id=client_df["member_id"].astype(str))
-    spec = AuditSpec(metric=metric, client_dataset="d", bootstrap=3, seed=1, metric_option=option)
+    spec = AuditSpec(metric=metric, client_dataset="d", bootstrap=3, seed=1, metric_option=option,
+                     correction=correction)
     tester = TesterSession(spec, tester_df, min_modulus_bits=TEST_BITS, release=ReleasePolicy.off())
     client = ClientSession(lambda name, metric: client_df.copy(), modulus_bits=TEST_BITS, allow_insecure=True,
                            accept_noiseless=True)
@@ -807,3 +808,20 @@ def test_the_test_client_refuses_a_parametric_header_it_did_not_ask_for(metric, 
         header.interval = "parametric"
     assert _client_refusal(lambda messages: messages, metric, option) is None
     assert str(_client_refusal(_header(edit), metric, option)) == text
+
+
+@pytest.mark.parametrize("unidentifiable, correction", [
+    (["white"], "none"),                     # named although no correction was asked for
+    (["martian"], "calibration"),            # not among the groups
+    (["black", "black"], "calibration"),     # named twice
+])
+def test_the_test_client_refuses_unidentifiable_groups_that_cannot_be(unidentifiable, correction):
+    """The header's unidentifiable groups must be among its groups, each named once, and
+    only where the Hello asked for the correction (the mutation run found each of the
+    three conditions joined to the next by `and` surviving)."""
+    def edit(header):
+        del header.unidentifiable[:]
+        header.unidentifiable.extend(unidentifiable)
+    assert _client_refusal(lambda messages: messages, correction=correction) is None
+    assert str(_client_refusal(_header(edit), correction=correction)) == \
+        "aggregates header: the unidentifiable groups are not among the groups"
