@@ -180,6 +180,7 @@ def test_a_local_identity_is_the_prefix_and_16_hex_digits_of_the_inputs_digest()
     ('{"a": 0.0, "b": 0.2}', {"a": 0.0, "b": 0.2}, {}),                      # the flat form: no refusals
     ('{"spent": {"a": 0.1}}', {"a": 0.1}, {}),                                 # refusals absent: none
     ('{"spent": {"a": 0.1, "b": 0}, "refusals": {"b": 2}}', {"a": 0.1, "b": 0.0}, {"b": 2}),
+    ('{"spent": {"a": 0.1}, "refusals": {"a": 0}}', {"a": 0.1}, {"a": 0}),
 ])
 def test_a_ledger_in_either_form_is_read_as_written(tmp_path, text, spent, refusals):
     path = tmp_path / "ledger.json"
@@ -187,3 +188,17 @@ def test_a_ledger_in_either_form_is_read_as_written(tmp_path, text, spent, refus
     accountant = PrivacyAccountant(0.4, path)
     assert {k: accountant.spent(k) for k in spent} == spent
     assert {k: accountant.refusals(k) for k in spent} == {k: refusals.get(k, 0) for k in spent}
+
+
+def test_the_ledger_is_saved_beside_itself_not_in_the_system_temp_directory(tmp_path, monkeypatch):
+    """The accountant writes the ledger to a temporary file in the ledger's own directory
+    and renames it into place (a rename is atomic only within one filesystem): with the
+    system's temporary directory gone, a charge still saves, and nothing else is left."""
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-directory"))
+    path = tmp_path / "ledgers" / "ledger.json"
+    path.parent.mkdir()
+    accountant = PrivacyAccountant(0.4, path)
+    accountant.charge("client-a", 0.2)
+    assert PrivacyAccountant(0.4, path).spent("client-a") == pytest.approx(0.2)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["ledger.json"]
