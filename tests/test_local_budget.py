@@ -202,3 +202,18 @@ def test_the_ledger_is_saved_beside_itself_not_in_the_system_temp_directory(tmp_
     accountant.charge("client-a", 0.2)
     assert PrivacyAccountant(0.4, path).spent("client-a") == pytest.approx(0.2)
     assert sorted(p.name for p in path.parent.iterdir()) == ["ledger.json"]
+
+
+def test_a_ledger_save_that_fails_says_why_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """When the rename into place fails (a full disk, a read-only directory), the charge
+    fails with that error and the half-written temporary file is removed."""
+    import os
+    path = tmp_path / "ledger.json"
+    accountant = PrivacyAccountant(0.4, path)
+
+    def no_space(src, dst):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "replace", no_space)
+    with pytest.raises(OSError, match="No space left on device"):
+        accountant.charge("client-a", 0.2)
+    assert list(tmp_path.iterdir()) == []
