@@ -825,3 +825,20 @@ def test_the_test_client_refuses_unidentifiable_groups_that_cannot_be(unidentifi
     assert _client_refusal(lambda messages: messages, correction=correction) is None
     assert str(_client_refusal(_header(edit), correction=correction)) == \
         "aggregates header: the unidentifiable groups are not among the groups"
+
+
+@pytest.mark.parametrize("change", ["items", "item_slots", "suppressed out of range", "suppressed twice"])
+def test_the_test_client_refuses_a_header_whose_cells_are_not_the_plans(change):
+    """The header's item count and slots per item must be the plan's, and its suppressed
+    items distinct indices among them (the mutation run found the four conditions joined
+    by `and` surviving)."""
+    def edit(header):
+        if change == "items":
+            header.items += 1
+        elif change == "item_slots":
+            header.item_slots += 1
+        elif change == "suppressed out of range":
+            header.suppressed_items.append(header.items)
+        else:
+            header.suppressed_items.extend([0, 0])
+    assert str(_client_refusal(_header(edit))) == "aggregates header: the cells do not match the metric's plan"
