@@ -680,7 +680,8 @@ def test_an_aggregates_table_shorter_than_announced_is_refused_by_the_test_clien
         client.close()
 
 
-def _client_refusal(tamper, metric: str = "ero", option: str = "", correction: str = "none"):
+def _client_refusal(tamper, metric: str = "ero", option: str = "", correction: str = "none",
+                    recipient: str = "client"):
     """An audit without release controls (ERO, or MQOS-AUC with `option`) with the
     Tester's messages passed through `tamper` before the Test-Client reads them: the
     Test-Client's refusal (None if it accepted them all)."""
@@ -692,7 +693,7 @@ def _client_refusal(tamper, metric: str = "ero", option: str = "", correction: s
     tester_df, client_df = make_inputs(60, 60, 60, seed=53) if metric == "ero" else _auc_inputs(60, 53)
     client_df = client_df.assign(member_id=client_df["member_id"].astype(str))
     spec = AuditSpec(metric=metric, client_dataset="d", bootstrap=3, seed=1, metric_option=option,
-                     correction=correction)
+                     correction=correction, result_recipient=recipient)
     tester = TesterSession(spec, tester_df, min_modulus_bits=TEST_BITS, release=ReleasePolicy.off())
     client = ClientSession(lambda name, metric: client_df.copy(), modulus_bits=TEST_BITS, allow_insecure=True,
                            accept_noiseless=True)
@@ -842,3 +843,14 @@ def test_the_test_client_refuses_a_header_whose_cells_are_not_the_plans(change):
         else:
             header.suppressed_items.extend([0, 0])
     assert str(_client_refusal(_header(edit))) == "aggregates header: the cells do not match the metric's plan"
+
+
+@pytest.mark.parametrize("field", ["plain_rows", "zero_tests"])
+def test_the_test_client_refuses_plain_rows_or_zero_tests_under_the_additive_mask(field):
+    """Where only the Tester learns the result (the additive mask) the header may announce
+    no plain rows and no zero tests (the mutation run found this condition joined to the
+    parametric one by `and` surviving)."""
+    def edit(header):
+        setattr(header, field, 1 if field == "plain_rows" else header.items)
+    assert _client_refusal(lambda messages: messages, recipient="tester") is None
+    assert str(_client_refusal(_header(edit), recipient="tester")) == "aggregates header: malformed release fields"
