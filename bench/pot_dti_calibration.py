@@ -62,21 +62,27 @@ def dti_draws(audit, groups) -> np.ndarray:
 
 
 def band(draws: np.ndarray) -> tuple[np.ndarray, float]:
-    """The max-|t| band's per-column sd and quantile q (`results.simultaneous_bands`, percentile)."""
-    est, reps = draws[0], draws[1:]
-    sd = reps.std(axis=0, ddof=1)
-    return sd, float(np.quantile((np.abs(reps - est) / sd).max(axis=1), 0.95))
+    """The verdict's max-|t| band (`results.simultaneous_bands`, percentile) as each column's
+    draws' sd and the one quantile q of max |t| that est ± q·sd spans."""
+    from common.stats.results import simultaneous_bands
+    _, high = simultaneous_bands(draws, 0.95, "percentile")
+    sd = draws[1:].std(axis=0, ddof=1)
+    return sd, float(np.median((high - draws[0]) / sd))
+
+
+def kernels(frame) -> np.ndarray:
+    """(rows, reference scores) of the Test-Client's kernel values K_q(S_i), as `Pot.client_rows`
+    encodes them (the default reference scores and bandwidths)."""
+    from common.metrics.pot import METRIC as POT
+    return POT.client_rows(frame, "pot.csv", "default", POT.parse_params({}), np.random.default_rng(0)).values[:, 1::2]
 
 
 def sandwich(frame, p: np.ndarray, groups) -> np.ndarray:
     """The DTIs' sampling covariance from each row's influence (groups' own residuals)."""
     from common.crypto import encoding
-    from common.metrics.pot import METRIC as POT
     q = encoding.quantize_probabilities(p, encoding.PROBABILITY_BITS).astype(np.float64) / 2.0 ** 32
-    s, y = frame["score"].to_numpy(float), frame["outcome"].to_numpy(float)
-    info = POT.client_rows(frame, "pot.csv", "default", POT.parse_params({}), np.random.default_rng(0)).info
-    refs, h = np.array(info["reference_scores"]), np.array(info["bandwidth"])
-    k = np.exp(-0.5 * ((s[:, None] - refs[None, :]) / h[None, :]) ** 2)
+    y = frame["outcome"].to_numpy(float)
+    k = kernels(frame)
     infl = []
     for a in range(len(groups)):
         den = q[:, a] @ k

@@ -178,7 +178,6 @@ def test_dti_sandwich_matches_the_dtis_spread_over_datasets():
     variance is within 25% of the mean sandwich variance for every pair (the Monte Carlo
     error of a variance over 150 datasets is about 12%)."""
     import pot_dti_calibration as calibration
-    from common.metrics.pot import METRIC as POT
     n, reps = 3000, 150
     rng = np.random.default_rng(11)
     p = rng.dirichlet(np.full(bench.K, 0.5), size=n)
@@ -186,10 +185,7 @@ def test_dti_sandwich_matches_the_dtis_spread_over_datasets():
     for _ in range(reps):
         frame = bench.pot_frame(n, rng)
         sandwiches.append(np.diag(calibration.sandwich(frame, p, bench.GROUPS)))
-        s, y = frame["score"].to_numpy(float), frame["outcome"].to_numpy(float)
-        info = POT.client_rows(frame, "pot.csv", "default", POT.parse_params({}), rng).info
-        refs, h = np.array(info["reference_scores"]), np.array(info["bandwidth"])
-        k = np.exp(-0.5 * ((s[:, None] - refs[None, :]) / h[None, :]) ** 2)
+        y, k = frame["outcome"].to_numpy(float), calibration.kernels(frame)
         curves = [(p[:, a] * y) @ k / (p[:, a] @ k) for a in range(bench.K)]
         ests.append([(curves[a] - curves[b]).mean() for a in range(bench.K) for b in range(a + 1, bench.K)])
     ratio = np.var(np.array(ests), axis=0) / np.mean(sandwiches, axis=0)

@@ -5,6 +5,7 @@ verdict. Each test fails on the mutants the note lists for it and passes on the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import hmac
 import json
@@ -189,9 +190,10 @@ def test_a_heartbeat_carries_a_short_printable_phase():
             check_heartbeat(pb.Heartbeat(phase=bad))
 
 
-def _tester_refusal(spec, tester_df, client_df, tamper):
-    """Both sessions driven to the end with `tamper` applied to each batch of the
-    Test-Client's messages: the Tester's refusal (None if it accepted them all)."""
+def _drive(spec, tester_df, client_df, *, to_tester=lambda replies: replies, to_client=lambda messages: messages):
+    """Both sessions (no release controls) driven to the end, each batch of the Test-Client's
+    messages passed through `to_tester` and of the Tester's through `to_client`: (the first
+    refusal either raised or None, the Tester's result)."""
     from client_service.protocol import ClientSession
     from common.errors import ProtocolError
     from tester_service.protocol import TesterSession
@@ -203,16 +205,24 @@ def _tester_refusal(spec, tester_df, client_df, tamper):
     try:
         pending = list(tester.start())
         while pending:
-            replies = tamper([r for msg in pending for r in client.receive(msg)])
             try:
+                replies = to_tester([r for msg in to_client(list(pending)) for r in client.receive(msg)])
                 pending = [out for r in replies for out in tester.receive(r)]
             except ProtocolError as exc:
-                return exc
-        assert tester.result is not None
-        return None
+                return exc, None
+        return None, tester.result
     finally:
         tester.close()
         client.close()
+
+
+def _tester_refusal(spec, tester_df, client_df, tamper):
+    """The Tester's refusal of the Test-Client's messages passed through `tamper` (None if
+    it accepted them all and finished with a result)."""
+    refused, result = _drive(spec, tester_df, client_df, to_tester=tamper)
+    if refused is None:
+        assert result is not None
+    return refused
 
 
 def _masked_plaintexts_refused(tamper):
@@ -285,8 +295,6 @@ def test_masked_plaintexts_in_several_chunks_are_accepted_and_give_the_same_resu
             out += [head, tail]
         return out
     assert _masked_plaintexts_refused(split) is None
-
-
 
 
 # ---------------------------------------------------------------- refusal texts
@@ -685,30 +693,19 @@ def _client_refusal(tamper, metric: str = "ero", option: str = "", correction: s
     """An audit without release controls (ERO, or MQOS-AUC with `option`) with the
     Tester's messages passed through `tamper` before the Test-Client reads them: the
     Test-Client's refusal (None if it accepted them all)."""
-    from client_service.protocol import ClientSession
-    from common.errors import ProtocolError
-    from tester_service.protocol import AuditSpec, TesterSession
-    from tester_service.release import ReleasePolicy
-    from tests.helpers import TEST_BITS, make_inputs
+    from tester_service.protocol import AuditSpec
+    from tests.helpers import make_inputs
     tester_df, client_df = make_inputs(60, 60, 60, seed=53) if metric == "ero" else _auc_inputs(60, 53)
-    client_df = client_df.assign(member_id=client_df["member_id"].astype(str))
     spec = AuditSpec(metric=metric, client_dataset="d", bootstrap=3, seed=1, metric_option=option,
                      correction=correction, result_recipient=recipient)
-    tester = TesterSession(spec, tester_df, min_modulus_bits=TEST_BITS, release=ReleasePolicy.off())
-    client = ClientSession(lambda name, metric: client_df.copy(), modulus_bits=TEST_BITS, allow_insecure=True,
-                           accept_noiseless=True)
-    try:
-        pending = list(tester.start())
-        while pending:
-            try:
-                replies = [r for msg in tamper(list(pending)) for r in client.receive(msg)]
-            except ProtocolError as exc:
-                return exc
-            pending = [out for r in replies for out in tester.receive(r)]
-        return None
-    finally:
-        tester.close()
-        client.close()
+    return _drive(spec, tester_df, client_df, to_client=tamper)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _untouched_refusal(metric: str = "ero", option: str = "", correction: str = "none",
+                       recipient: str = "client"):
+    """`_client_refusal` of the Tester's messages as they are (each setting's audit run once)."""
+    return _client_refusal(lambda messages: messages, metric, option, correction, recipient)
 
 
 def _header(edit):
@@ -720,15 +717,6 @@ def _header(edit):
     return tamper
 
 
-def _set_groups(groups, small=()):
-    def edit(header):
-        del header.groups[:]
-        header.groups.extend(groups)
-        del header.small_groups[:]
-        header.small_groups.extend(small)
-    return edit
-
-
 @pytest.mark.parametrize("groups, small, text", [
     (["white", "white", "black", "api", "aian", "multiple"], (), "aggregates header: bad group list"),
     ([], (), "aggregates header: bad group list"),
@@ -738,35 +726,15 @@ def test_the_test_client_refuses_a_header_with_a_bad_group_list(groups, small, t
     """The AggregatesHeader's groups must be distinct and non-empty, and its small groups
     among them: each refusal in its words (survivors of the mutation run weakened the
     two checks' `or` to `and`)."""
-    assert _client_refusal(lambda messages: messages) is None  # untouched: accepted
+    assert _untouched_refusal() is None  # untouched: accepted
 
     def edit(header):
-        _set_groups(list(header.groups) if groups is None else groups, small)(header)
+        given = list(header.groups) if groups is None else groups
+        del header.groups[:], header.small_groups[:]
+        header.groups.extend(given)
+        header.small_groups.extend(small)
     refused = _client_refusal(_header(edit))
     assert refused is not None and str(refused) == text
-
-
-# ---------------------------------------------------------------- masking
-@pytest.mark.parametrize("recipient", ["client", "tester"])
-@pytest.mark.parametrize("item_bits", [40, 96, 200])
-def test_a_slot_holds_the_largest_masked_value_its_recipients_mask_makes(recipient, item_bits):
-    """The layout's slot width (`choose_layout` with `mask_bits(recipient)`) holds, signed,
-    the largest value the recipient's mask can make of a cell value of `item_bits` bits:
-    the ratio mask's r·v + e with r < 2^R_MAX_BITS and e < r·2^PRECISION_BITS (the
-    Test-Client learns the result), the additive pad's v + s with s < 2^(item_bits +
-    STATISTICAL_BITS) (the Tester does). The mutation run found `mask_bits` swapping the two
-    masks' widths unnoticed: every test's values sit far below their bound."""
-    from common.crypto.masking import PRECISION_BITS, R_MAX_BITS, STATISTICAL_BITS, mask_bits
-    from common.metrics.base import choose_layout
-    layout = choose_layout(item_bits, mask_bits(recipient), 4, 8192)
-    v = (1 << item_bits) - 1
-    if recipient == "client":
-        r = (1 << R_MAX_BITS) - 1
-        largest = r * v + (r << PRECISION_BITS) - 1
-    else:
-        largest = v + (1 << (item_bits + STATISTICAL_BITS)) - 1
-    assert largest.bit_length() + 1 <= layout.slot_bits  # with its sign
-    assert mask_bits("client") > mask_bits("tester")     # the ratio mask is the wider
 
 
 @pytest.mark.parametrize("field, value", [("confidence", 0.0), ("confidence", 1.0), ("confidence", 1.5),
@@ -807,7 +775,7 @@ def test_the_test_client_refuses_a_parametric_header_it_did_not_ask_for(metric, 
     either check's "parametric" mistyped surviving: the other check caught it instead)."""
     def edit(header):
         header.interval = "parametric"
-    assert _client_refusal(lambda messages: messages, metric, option) is None
+    assert _untouched_refusal(metric, option) is None
     assert str(_client_refusal(_header(edit), metric, option)) == text
 
 
@@ -823,7 +791,7 @@ def test_the_test_client_refuses_unidentifiable_groups_that_cannot_be(unidentifi
     def edit(header):
         del header.unidentifiable[:]
         header.unidentifiable.extend(unidentifiable)
-    assert _client_refusal(lambda messages: messages, correction=correction) is None
+    assert _untouched_refusal(correction=correction) is None
     assert str(_client_refusal(_header(edit), correction=correction)) == \
         "aggregates header: the unidentifiable groups are not among the groups"
 
@@ -852,5 +820,28 @@ def test_the_test_client_refuses_plain_rows_or_zero_tests_under_the_additive_mas
     parametric one by `and` surviving)."""
     def edit(header):
         setattr(header, field, 1 if field == "plain_rows" else header.items)
-    assert _client_refusal(lambda messages: messages, recipient="tester") is None
+    assert _untouched_refusal(recipient="tester") is None
     assert str(_client_refusal(_header(edit), recipient="tester")) == "aggregates header: malformed release fields"
+
+
+# ---------------------------------------------------------------- masking
+@pytest.mark.parametrize("recipient", ["client", "tester"])
+@pytest.mark.parametrize("item_bits", [40, 96, 200])
+def test_a_slot_holds_the_largest_masked_value_its_recipients_mask_makes(recipient, item_bits):
+    """The layout's slot width (`choose_layout` with `mask_bits(recipient)`) holds, signed,
+    the largest value the recipient's mask can make of a cell value of `item_bits` bits:
+    the ratio mask's r·v + e with r < 2^R_MAX_BITS and e < r·2^PRECISION_BITS (the
+    Test-Client learns the result), the additive pad's v + s with s < 2^(item_bits +
+    STATISTICAL_BITS) (the Tester does). The mutation run found `mask_bits` swapping the two
+    masks' widths unnoticed: every test's values sit far below their bound."""
+    from common.crypto.masking import PRECISION_BITS, R_MAX_BITS, STATISTICAL_BITS, mask_bits
+    from common.metrics.base import choose_layout
+    layout = choose_layout(item_bits, mask_bits(recipient), 4, 8192)
+    v = (1 << item_bits) - 1
+    if recipient == "client":
+        r = (1 << R_MAX_BITS) - 1
+        largest = r * v + (r << PRECISION_BITS) - 1
+    else:
+        largest = v + (1 << (item_bits + STATISTICAL_BITS)) - 1
+    assert largest.bit_length() + 1 <= layout.slot_bits  # with its sign
+    assert mask_bits("client") > mask_bits("tester")     # the ratio mask is the wider

@@ -34,10 +34,10 @@ mean (`spread_facts`), sent with the other dataset facts under this release only
 (`stated_facts`; `info`: `spread_per_query`, and `queries_squared` = Σ d² for
 κ = Σ d²/Σ d, which enters the covariances across groups only). The squares are not
 released under noise as the output metric's are: their bound (K² per viewer) is some
-thousand times a real NDCG's spread (about 0.01 per query), and noise sized for it would make σ² noise (measured: weighted coverage 0.85
-for white at 100,000 members). The assumption is that the joined viewers spread as all
-the Test-Client's viewers do; the Tester learns σ² and Σ d² of the Test-Client's whole
-table (design §9.1).
+thousand times a real NDCG's spread (about 0.01 per query), and noise sized for it would
+make σ² noise (measured: weighted coverage 0.85 for white at 100,000 members). The
+assumption is that the joined viewers spread as all the Test-Client's viewers do; the
+Tester learns σ² and Σ d² of the Test-Client's whole table (design §9.1).
 """
 from __future__ import annotations
 
