@@ -49,6 +49,12 @@ DatasetLoader = Callable[[str, Metric], pd.DataFrame]
 NOISELESS_REFUSED = ("the Tester sent aggregates without release noise (its release controls are off); this "
                      "Test-Client refuses them: its operator can accept them with `ppre client serve "
                      "--accept-noiseless` (env PPRE_ACCEPT_NOISELESS=1)")
+#: the answer to a Hello for a metric that, without release noise, the Tester computes from
+#: the joined rows' plaintext strata (`Metric.he_under_noise`), when the operator did not opt in
+NOISELESS_HELLO_REFUSED = ("the Tester asked for {metric} without release noise (its release controls are off), "
+                           "which it would compute from our rows' plaintext strata; this Test-Client refuses: its "
+                           "operator can accept it with `ppre client serve --accept-noiseless` "
+                           "(env PPRE_ACCEPT_NOISELESS=1)")
 #: own ids hashed and encrypted per step of step 4 (a checkpoint and a progress report each)
 ID_STEP_ROWS = 32_768
 
@@ -175,6 +181,8 @@ class ClientSession:
     # ---------------------------------------------------------------- step 1
     def _on_hello(self, hello: pb.Hello, choice: validation.HelloChoice) -> list[pb.PeerMessage]:
         metric = choice.metric
+        if metric.he_under_noise and not metric.encrypted(choice.params) and not self._accept_noiseless:
+            raise ProtocolError(NOISELESS_HELLO_REFUSED.format(metric=metric.name))
         self._option, self._params = choice.option, choice.params
         self._metric = metric
         self._progress("load_dataset", 0, 0)
@@ -197,13 +205,13 @@ class ClientSession:
             self._units = rng.integers(0, hello.buckets, size=len(keys))[inverse]
         elif metric.resampling == "client_groups":
             self._units = np.asarray(rows.units, dtype=np.int64)[order]
-        if metric.uses_strata:
+        if metric.row_strata(self._params):
             self._strata = np.asarray(rows.strata, dtype=np.int64)[order]
         self.dataset = hello.client_dataset
         self._hello = hello
         ack = pb.HelloAck(rows=n, strata_labels=list(self._strata_labels), info_json=json.dumps(self._info),
                           value_bounds=metric.value_bounds(self._option, self._params))  # what rows were clipped to
-        if metric.needs_he:
+        if metric.encrypted(self._params):
             comps = metric.components(self._option, self._params, self._info)
             ints = []
             for c, comp in enumerate(comps):
@@ -324,7 +332,8 @@ class ClientSession:
         units, strata = self._units, self._strata
         self._units = self._strata = None
         width = n_cts = 0
-        if metric.needs_he:
+        encrypted = metric.encrypted(self._params)
+        if encrypted:
             width, n_cts = self._paillier.public.ciphertext_bytes, self._layout.n_ciphertexts
             self.phase = Phase.WAIT_SQUARE_REQUEST if metric.needs_squares else Phase.WAIT_AGGREGATES_HEADER
             if metric.needs_squares:
@@ -341,7 +350,7 @@ class ClientSession:
                 cols["strata"] = wire.pack_indices(strata[start:stop])
             return cols
 
-        if metric.needs_he:
+        if encrypted:
             # HE.Enc of each chunk's values on the executor, sent as each chunk is ready
             # (the Tester joins one chunk while the next ones are encrypted)
             pub = self._paillier.public
@@ -364,7 +373,7 @@ class ClientSession:
                 yield from wire.chunk_messages(layout, b - a, **columns(a, b))
         yield wire.table_end(layout, n)
         del own_points
-        if not metric.needs_he:
+        if not encrypted:
             # nothing more to do: P1 computes the statistic from the joined rows alone
             self.phase = Phase.DONE
             self._lap("send_rows")
@@ -464,7 +473,8 @@ class ClientSession:
                         interval=interval,
                         tau=header.tau, params=self._params, info=self._info, replicates=header.replicates,
                         small_groups=[g for g in header.small_groups if g in header.groups], corrected=corrected,
-                        noisy=header.plain_rows > 0)  # rows released as noised aggregates: noise on
+                        noisy=header.plain_rows > 0,  # rows released as noised aggregates: noise on
+                        min_size=header.min_effective_size)
         self._lap("finish_statistic")
         return self._keep(report)
 

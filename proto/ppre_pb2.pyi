@@ -164,7 +164,7 @@ class AuditError(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("protocol_version", "metric", "client_dataset", "metric_option", "salt_share", "probability_bits", "result_recipient", "sealed_width", "metric_params", "buckets", "correction", "audit_id", "value_bounds", "second_moments")
+    __slots__ = ("protocol_version", "metric", "client_dataset", "metric_option", "salt_share", "probability_bits", "result_recipient", "sealed_width", "metric_params", "buckets", "correction", "audit_id", "value_bounds", "second_moments", "release_noise")
     class MetricParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +193,7 @@ class Hello(_message.Message):
     AUDIT_ID_FIELD_NUMBER: _ClassVar[int]
     VALUE_BOUNDS_FIELD_NUMBER: _ClassVar[int]
     SECOND_MOMENTS_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_NOISE_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     metric: str
     client_dataset: str
@@ -207,7 +208,8 @@ class Hello(_message.Message):
     audit_id: str
     value_bounds: _containers.ScalarMap[str, float]
     second_moments: bool
-    def __init__(self, protocol_version: _Optional[int] = ..., metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., metric_option: _Optional[str] = ..., salt_share: _Optional[bytes] = ..., probability_bits: _Optional[int] = ..., result_recipient: _Optional[str] = ..., sealed_width: _Optional[int] = ..., metric_params: _Optional[_Mapping[str, str]] = ..., buckets: _Optional[int] = ..., correction: _Optional[str] = ..., audit_id: _Optional[str] = ..., value_bounds: _Optional[_Mapping[str, float]] = ..., second_moments: _Optional[bool] = ...) -> None: ...
+    release_noise: bool
+    def __init__(self, protocol_version: _Optional[int] = ..., metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., metric_option: _Optional[str] = ..., salt_share: _Optional[bytes] = ..., probability_bits: _Optional[int] = ..., result_recipient: _Optional[str] = ..., sealed_width: _Optional[int] = ..., metric_params: _Optional[_Mapping[str, str]] = ..., buckets: _Optional[int] = ..., correction: _Optional[str] = ..., audit_id: _Optional[str] = ..., value_bounds: _Optional[_Mapping[str, float]] = ..., second_moments: _Optional[bool] = ..., release_noise: _Optional[bool] = ...) -> None: ...
 
 class HelloAck(_message.Message):
     __slots__ = ("salt_share", "paillier_n", "paillier_h", "slot_bits", "rows", "strata_labels", "info_json", "slots", "value_bounds")
@@ -265,7 +267,7 @@ class TableEnd(_message.Message):
     def __init__(self, table: _Optional[_Union[Table, str]] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class AggregatesHeader(_message.Message):
-    __slots__ = ("groups", "replicates", "confidence", "slot_bits", "mask", "items", "item_slots", "tau", "small_groups", "suppressed_items", "interval", "plain_rows", "noise_sd", "zero_tests", "unidentifiable")
+    __slots__ = ("groups", "replicates", "confidence", "slot_bits", "mask", "items", "item_slots", "tau", "small_groups", "suppressed_items", "interval", "plain_rows", "noise_sd", "zero_tests", "unidentifiable", "min_effective_size")
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     REPLICATES_FIELD_NUMBER: _ClassVar[int]
     CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
@@ -281,6 +283,7 @@ class AggregatesHeader(_message.Message):
     NOISE_SD_FIELD_NUMBER: _ClassVar[int]
     ZERO_TESTS_FIELD_NUMBER: _ClassVar[int]
     UNIDENTIFIABLE_FIELD_NUMBER: _ClassVar[int]
+    MIN_EFFECTIVE_SIZE_FIELD_NUMBER: _ClassVar[int]
     groups: _containers.RepeatedScalarFieldContainer[str]
     replicates: int
     confidence: float
@@ -296,7 +299,8 @@ class AggregatesHeader(_message.Message):
     noise_sd: _containers.RepeatedScalarFieldContainer[float]
     zero_tests: int
     unidentifiable: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, groups: _Optional[_Iterable[str]] = ..., replicates: _Optional[int] = ..., confidence: _Optional[float] = ..., slot_bits: _Optional[int] = ..., mask: _Optional[str] = ..., items: _Optional[int] = ..., item_slots: _Optional[int] = ..., tau: _Optional[float] = ..., small_groups: _Optional[_Iterable[str]] = ..., suppressed_items: _Optional[_Iterable[int]] = ..., interval: _Optional[str] = ..., plain_rows: _Optional[int] = ..., noise_sd: _Optional[_Iterable[float]] = ..., zero_tests: _Optional[int] = ..., unidentifiable: _Optional[_Iterable[str]] = ...) -> None: ...
+    min_effective_size: float
+    def __init__(self, groups: _Optional[_Iterable[str]] = ..., replicates: _Optional[int] = ..., confidence: _Optional[float] = ..., slot_bits: _Optional[int] = ..., mask: _Optional[str] = ..., items: _Optional[int] = ..., item_slots: _Optional[int] = ..., tau: _Optional[float] = ..., small_groups: _Optional[_Iterable[str]] = ..., suppressed_items: _Optional[_Iterable[int]] = ..., interval: _Optional[str] = ..., plain_rows: _Optional[int] = ..., noise_sd: _Optional[_Iterable[float]] = ..., zero_tests: _Optional[int] = ..., unidentifiable: _Optional[_Iterable[str]] = ..., min_effective_size: _Optional[float] = ...) -> None: ...
 
 class ClientResult(_message.Message):
     __slots__ = ("phase_seconds", "report_json")

@@ -157,21 +157,21 @@ def canonical_order(q: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def resampling_units(resampling: str, units: np.ndarray | None, n: int, rng: np.random.Generator, *,
-                     moments_form: bool, groups_instead: bool, random_groups: int,
+                     estimate_only: bool, groups_instead: bool, random_groups: int,
                      n_buckets: int) -> tuple[np.ndarray | None, int]:
     """Design §4.8 and §8.4: each of the `n` rows' resampling unit, and the number of units.
-    "unit": the Test-Client's units (queries), renumbered 0..; one unit for a release of
-    second moments (`moments_form`); under release noise (`groups_instead`) the units go
+    "unit": the Test-Client's units (queries), renumbered 0..; one unit when the estimate
+    is released alone (`estimate_only`: second moments, or an exact interval); under release noise (`groups_instead`) the units go
     at random to `RELEASE_GROUPS` disjoint groups, and fewer units than that is a refusal
     (`IntersectionRefused`). "client_groups": the Test-Client's own groups (`units` as
     they are) and the estimate's. Otherwise: random buckets of the rows (`random_groups`
-    for a random-groups metric, else `RELEASE_GROUPS` under noise, one for second
-    moments, or `n_buckets`)."""
+    for a random-groups metric, else `RELEASE_GROUPS` under noise, one for the estimate
+    alone, or `n_buckets`)."""
     if resampling == "unit":
         used = np.unique(units)
         units = np.searchsorted(used, units)
         n_units = len(used)
-        if moments_form:  # the estimate alone: one unit (`common.stats.moments`)
+        if estimate_only:  # the estimate alone: one unit (`common.stats.moments`)
             units, n_units = np.zeros_like(units), 1
         elif groups_instead:
             if n_units < RELEASE_GROUPS:
@@ -185,7 +185,7 @@ def resampling_units(resampling: str, units: np.ndarray | None, n: int, rng: np.
     elif resampling == "client_groups":
         n_units = random_groups + 1
     else:
-        count = 1 if moments_form else random_groups if resampling == "random_groups" else \
+        count = 1 if estimate_only else random_groups if resampling == "random_groups" else \
             (RELEASE_GROUPS if groups_instead else n_buckets)
         buckets = boot.assign_buckets(n, count, rng)
         units = np.empty(n, dtype=np.int64)
@@ -273,12 +273,13 @@ def combine_bucket_sums(sums: Sequence[Sequence[int]], keys: Sequence[int], weig
 
 
 def count_rows(n_units: int, replicates: int, bootstrap: int, rng: np.random.Generator, *,
-               moments_form: bool, groups: bool) -> list[list[int]]:
+               estimate_only: bool, groups: bool) -> list[list[int]]:
     """Design §4.8 and §8.4: each released row's count of every unit. Row 0 is the
-    estimate (every unit once); a release of second moments has no other row; random
+    estimate (every unit once); the estimate released alone (`estimate_only`: second
+    moments, or an exact interval) has no other row; random
     groups (`groups`) have each of the `replicates` groups alone; a bootstrap draws
     `bootstrap` rows of multinomial counts from `rng`."""
-    if moments_form:  # the estimate alone: the interval comes from its second moments
+    if estimate_only:  # the estimate alone: its interval is exact or from its second moments
         return np.ones((1, n_units), dtype=np.int64).tolist()
     if groups:
         # row 0 every unit (the estimate), then each of the G groups alone

@@ -45,7 +45,7 @@ from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.logs import new_audit_id
 from common.crypto.masking import AdditiveMask, RatioMask
 from common.metrics import correcting_metrics, get_metric
-from common.metrics.base import SECOND_MOMENTS, Layout, composite_items, sensitivity_rows
+from common.metrics.base import RELEASE_NOISE, SECOND_MOMENTS, Layout, composite_items, sensitivity_rows
 from common.stats.correction import finish_corrected
 from common.stats.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, AuditReport, finish, receipt, small_for_verdict
 from common.protocol.session import PhaseClock, chunk_ticks, expect_phase
@@ -184,6 +184,8 @@ class TesterSession:
         self.release = release if release is not None else ReleasePolicy()
         if self._moments_form():  # rows carry f² (`moment_squares`), the Test-Client states its facts
             self.params[SECOND_MOMENTS] = True
+        if self.release.noisy and self.metric.he_under_noise:  # aggregated under encryption (design §5.8)
+            self.params[RELEASE_NOISE] = True
         self._charge = charge
         self._release_info: dict[str, Any] = {}
         self._multiplicity = 1
@@ -281,7 +283,7 @@ class TesterSession:
             sealed_width=sealed_width(len(self.groups)), metric_params=self.spec.params,
             buckets=self._n_buckets, correction=self.spec.correction, audit_id=self.audit_id,
             value_bounds=self.metric.value_bounds(self.spec.metric_option, self.params),
-            second_moments=bool(self.params.get(SECOND_MOMENTS))))]
+            second_moments=bool(self.params.get(SECOND_MOMENTS)), release_noise=self.release.noisy))]
 
     def receive(self, msg: pb.PeerMessage) -> Iterable[pb.PeerMessage]:
         """Consume one message from the Test-Client; returns the messages to send back.
@@ -335,7 +337,7 @@ class TesterSession:
         return wire.client_rows(metric.n_ids, self._layout.n_ciphertexts if self._layout else 0,
                                 self._pub.ciphertext_bytes if self._pub else 0,
                                 units=metric.resampling in ("unit", "client_groups"),
-                                strata=bool(metric.uses_strata))
+                                strata=metric.row_strata(self.params))
 
     def _on_chunk(self, chunk: pb.TableChunk, rows: validation.Rows) -> list[pb.PeerMessage]:
         if self.phase is Phase.WAIT_SQUARES:
@@ -410,7 +412,7 @@ class TesterSession:
         self._lap("client_encrypt_and_join")
         self._progress("join", f"{self.n_matched} rows matched")
         self._check_intersection()  # an empty intersection too: one refusal for both (design §8.2)
-        if not self.metric.needs_he:
+        if not self.metric.encrypted(self.params):
             return self._local_result()
         return self._aggregate()
 
@@ -465,25 +467,17 @@ class TesterSession:
         return probs, units, strata
 
     def _local_result(self) -> list[pb.PeerMessage]:
-        """A metric without HE (probabilistic count): computed here from the joined rows."""
+        """A metric computed here from the joined rows (the probabilistic count without
+        release noise, design §5.8: with noise it is aggregated under encryption)."""
         probs, _, strata = self._open()
-        k = len(self.groups)
-        noise = None
-        threshold_noise = None
-        if self.release.noisy:  # no replicates: the estimate's and the threshold's shares of rho
-            sigma = self.release.single_sigma(1) * self._multiplicity
-            noise = lambda: np.array([gaussian(sigma) for _ in range(k)])  # noqa: E731
-            sigma_t = self.release.threshold_sigma() * self._multiplicity
-            threshold_noise = lambda: np.array([gaussian(sigma_t) for _ in range(k)])  # noqa: E731
         suppressed: list[str] = []
         report = self.metric.local_result(probs, strata, self._strata_labels, self.groups, self.spec.metric_option,
                                           self.params, self._info, confidence=self.spec.confidence,
-                                          tau=self.spec.tau, noise=noise, min_size=self.release.min_effective_size,
-                                          threshold_noise=threshold_noise, suppressed=suppressed)
-        self._note_noise(1, self.release.single_sigma(1) if self.release.noisy else 0.0, 0.0, [])
+                                          tau=self.spec.tau, min_size=self.release.min_effective_size,
+                                          suppressed=suppressed)
+        self._note_noise(1, 0.0, 0.0, [])
         if suppressed:
             self._release_info["suppressed"] = suppressed
-        self._spend_budget()
         self._lap("local_statistic")
         return self._finish(report, {})
 
@@ -544,7 +538,7 @@ class TesterSession:
         """Design §4.8 and §8.4: every row's resampling unit and their number
         (`aggregation.resampling_units`)."""
         return aggregation.resampling_units(self.metric.resampling, units, n, rng,
-                                            moments_form=self._moments_form(), groups_instead=groups_instead,
+                                            estimate_only=self._released_rows() == 1, groups_instead=groups_instead,
                                             random_groups=self.metric.random_groups, n_buckets=self._n_buckets)
 
     def _weights_and_plan(self, q: list[np.ndarray], strata: np.ndarray | None, units: np.ndarray | None) -> tuple:
@@ -636,7 +630,7 @@ class TesterSession:
         """Design §4.8, §8.4: each released row's count of every unit (`aggregation.count_rows`)."""
         groups = self.metric.resampling == "client_groups" or groups_instead
         return aggregation.count_rows(n_units, self._replicates() if groups else 0, self.spec.bootstrap, rng,
-                                      moments_form=self._moments_form(), groups=groups)
+                                      estimate_only=self._released_rows() == 1, groups=groups)
 
     def _direct_items(self, agg: dict, weights: list, n_units: int) -> tuple[dict, list[int], list[list[int]]]:
         """Design §3.6: the items formed from others (item -> its parts), the direct items,
@@ -667,6 +661,9 @@ class TesterSession:
             sigma0, sigma_m = self.release.moment_sigmas(beta, squares=squares)
             sigma_b = 0.0
             item_sigma = [sigma_m if i >= self._correction.first_item else sigma0 for i in range(len(plan_items))]
+        elif self._released_rows() == 1:  # the estimate alone (an exact interval): no groups to share ρ with
+            sigma0, sigma_b = self.release.single_sigma(beta), 0.0
+            item_sigma = [sigma0] * len(plan_items)
         else:
             sigma0, sigma_b = self.release.sigmas(beta * (correction.SENSITIVITY_FACTOR if self._correction else 1))
             item_sigma = [sigma0] * len(plan_items)
@@ -907,7 +904,8 @@ class TesterSession:
         ticks = chunk_ticks(len(tasks), partial(self._tick, "bootstrap"))
         out = [c for part in self._executor.run_chunks(aggregation.mask_chunk, tasks, checkpoint=ticks) for c in part]
         self._lap("bootstrap_and_mask")
-        self._progress("bootstrap", f"{replicates} replicates masked; sending to the Test-Client")
+        self._progress("bootstrap", (f"{replicates} replicates masked" if replicates else "the estimate noised")
+                       + "; sending to the Test-Client")
         self.phase = Phase.WAIT_RESULT
         width = pub.ciphertext_bytes
         yield pb.PeerMessage(aggregates_header=pb.AggregatesHeader(
@@ -915,7 +913,8 @@ class TesterSession:
             slot_bits=shift, mask="ratio" if ratio else "additive", items=len(plan.items), item_slots=slots,
             tau=self.spec.tau, small_groups=self._small_groups, suppressed_items=self._suppressed,
             interval=self._release_form(), plain_rows=plain_rows if ratio else 0, noise_sd=self._noise_sd,
-            zero_tests=zero_tests, unidentifiable=self._unidentifiable))
+            zero_tests=zero_tests, unidentifiable=self._unidentifiable,
+            min_effective_size=self.release.min_effective_size))
         yield from wire.table_messages(wire.ciphertext_table(pb.AGGREGATES, width), len(out),
                                        ciphertexts=paillier.ciphertexts_to_bytes(out, width))
 
@@ -945,12 +944,15 @@ class TesterSession:
 
     def _released_rows(self) -> int:
         """Rows of items in the AGGREGATES table: the estimate alone for a release of
-        second moments, else the estimate and every replicate."""
+        second moments or a metric with an exact interval, else the estimate and every
+        replicate."""
         return 1 if self._moments_form() else self._replicates() + 1
 
     def _replicates(self) -> int:
         """B (bootstrap replicates, or parametric draws), or the number of random groups
         where the interval comes from random groups."""
+        if self._interval() == "exact":  # the estimate alone (the probabilistic count)
+            return 0
         if self._interval() != "random_groups":
             return self.spec.bootstrap
         return self.metric.random_groups or RELEASE_GROUPS
@@ -1000,7 +1002,8 @@ class TesterSession:
             report = finish(self.metric, plan, values, option=self.spec.metric_option,
                             confidence=self.spec.confidence, interval=self._interval(), tau=self.spec.tau,
                             params=self.params, info=self._info, replicates=replicates, result_recipient="tester",
-                            small_groups=self._small_groups, corrected=corrected, noisy=noisy)
+                            small_groups=self._small_groups, corrected=corrected, noisy=noisy,
+                            min_size=self.release.min_effective_size)
             return self._finish(report, dict(mp.phase_seconds))
         pseudo = noisy and self.metric.interval == "percentile"
         values = plan.suppress(plan.cell_values(slots, lambda num, den: float(num) / float(den) if den != 0 else None,
@@ -1014,5 +1017,5 @@ class TesterSession:
                         interval=self._interval(),
                         tau=self.spec.tau, params=self.params, info=self._info, replicates=replicates,
                         result_recipient="tester", small_groups=self._small_groups, corrected=corrected,
-                        noisy=noisy)
+                        noisy=noisy, min_size=self.release.min_effective_size)
         return self._finish(report, dict(mp.phase_seconds))

@@ -37,7 +37,7 @@ def test_canonical_order_breaks_ties_of_the_first_id_by_the_second():
 
 # ------------------------------------------------------------------ resampling units
 def _units(resampling: str, units, n: int, seed: int = 3, **kw):
-    options = dict(moments_form=False, groups_instead=False, random_groups=0, n_buckets=4)
+    options = dict(estimate_only=False, groups_instead=False, random_groups=0, n_buckets=4)
     options.update(kw)
     rng = np.random.default_rng(seed)
     return (*aggregation.resampling_units(resampling, units, n, rng, **options), rng)
@@ -50,9 +50,9 @@ def test_query_units_are_renumbered_in_order_without_a_draw():
 
 
 def test_the_moments_form_has_one_unit():
-    units, n_units, _ = _units("unit", np.array([10, 30, 10, 20]), 4, moments_form=True)
+    units, n_units, _ = _units("unit", np.array([10, 30, 10, 20]), 4, estimate_only=True)
     assert units.tolist() == [0, 0, 0, 0] and n_units == 1
-    units, n_units, _ = _units("bucket", None, 9, moments_form=True)
+    units, n_units, _ = _units("bucket", None, 9, estimate_only=True)
     assert units.tolist() == [0] * 9 and n_units == 1
 
 
@@ -183,18 +183,18 @@ def test_pieces_sums_merge_to_the_whole_buckets_ciphertexts(key):
 # ------------------------------------------------------------------ count rows
 def test_count_rows_of_random_groups_are_the_estimate_then_each_group_alone():
     rng = np.random.default_rng(1)
-    rows = aggregation.count_rows(4, 4, 50, rng, moments_form=False, groups=True)
+    rows = aggregation.count_rows(4, 4, 50, rng, estimate_only=False, groups=True)
     assert rows[0] == [1, 1, 1, 1]
     assert rows[1:] == np.eye(4, dtype=int).tolist()
     assert _state(rng) == _state(np.random.default_rng(1))  # no draw
 
 
 def test_count_rows_of_the_moments_form_are_the_estimate_alone():
-    assert aggregation.count_rows(3, 0, 50, np.random.default_rng(1), moments_form=True, groups=False) == [[1, 1, 1]]
+    assert aggregation.count_rows(3, 0, 50, np.random.default_rng(1), estimate_only=True, groups=False) == [[1, 1, 1]]
 
 
 def test_count_rows_of_a_bootstrap_draw_every_unit_count_times():
-    rows = aggregation.count_rows(5, 0, 30, np.random.default_rng(2), moments_form=False, groups=False)
+    rows = aggregation.count_rows(5, 0, 30, np.random.default_rng(2), estimate_only=False, groups=False)
     assert len(rows) == 31 and rows[0] == [1] * 5
     assert all(sum(r) == 5 and min(r) >= 0 for r in rows[1:])
     assert rows[1:] == boot.resample_counts(5, 30, np.random.default_rng(2)).tolist()

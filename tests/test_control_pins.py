@@ -217,18 +217,36 @@ def test_an_audit_whose_every_cell_is_suppressed_still_ends_with_a_result(monkey
 
 
 def test_a_probabilistic_count_pool_is_suppressed_on_its_noised_size(monkeypatch):
-    """The count metric (no HE) decides on the noised size too: a one-member pool is
-    released under a +1000 draw, and a 499-member pool suppressed under −1000."""
+    """The count metric, aggregated under encryption, is withheld on noised values at both
+    of its steps. The Tester decides per group on its noised size: a −1000 draw withholds
+    every group's items (named in the header), a +1000 draw none. The result recipient
+    decides per cell on the noised count: a one-member pool's cells are withheld, and
+    with +1000 members of noise forced into every slot they are released (1000 and more),
+    which a decision on the exact count (under 1) would never do."""
     tester_df, client_df = make_inputs(500, 500, 500, seed=33)
     pools = pd.DataFrame({"member_id": client_df.member_id, "pool": ["big"] * 499 + ["one"]})
     policy = dataclasses.replace(NOISY, min_effective_size=30.0)
-    spec = AuditSpec(metric="prob-count", client_dataset="d")
-    monkeypatch.setattr(tester_protocol, "gaussian", lambda sigma: 1000.0)
-    up, _, _ = _run(spec, tester_df, pools, policy)
-    assert not up.release.get("suppressed") and all(p.expected_count is not None for p in up.pools)
+    spec = AuditSpec(metric="prob-count", client_dataset="d", result_recipient="tester")
+    seen: list = []
     monkeypatch.setattr(tester_protocol, "gaussian", lambda sigma: -1000.0)
-    down, _, _ = _run(spec, tester_df, pools, policy)
-    assert sorted(down.release["suppressed"]) == sorted([f"big/{g}" for g in GROUPS] + [f"one/{g}" for g in GROUPS])
+    down, _, _ = _run(spec, tester_df, pools, policy, seen=seen)
+    assert len(_header(seen).suppressed_items) == _header(seen).items  # every group, and overall
+    assert all(p.expected_count is None for p in down.pools)
+    assert set(down.release["suppressed"]) >= {f"{pool}/{g}" for pool in ("big", "one") for g in GROUPS}
+    seen.clear()
+    monkeypatch.setattr(tester_protocol, "gaussian", lambda sigma: 1000.0)
+    up, _, _ = _run(spec, tester_df, pools, policy, seen=seen)
+    assert not _header(seen).suppressed_items and not up.release.get("suppressed")
+    assert all(p.expected_count is None for p in up.pools if p.pool == "one")
+    assert all(p.expected_count is not None for p in up.pools if p.pool == "big")
+
+    def thousand(scales, slot_bits):
+        return sum((1000 << 32) << (s * slot_bits) for s, x in enumerate(scales) if x > 0)
+
+    monkeypatch.setattr(tester_protocol, "gaussian_slots", thousand)
+    forced, _, _ = _run(spec, tester_df, pools, policy)
+    one = [p for p in forced.pools if p.pool == "one"]
+    assert one and all(p.expected_count is not None and p.expected_count >= 1000 for p in one)
 
 
 # ---------------------------------------------------------------- the budget

@@ -315,9 +315,10 @@ def test_cli_release_flags_and_the_loud_warning(tmp_path, capsys):
 
 
 def test_probabilistic_counts_are_noised_and_a_one_member_pool_is_suppressed():
-    """The count metric ends at the Tester, in plaintext: the same controls apply. A pool
-    holding one member would give away that member's probability vector as its expected
-    counts; it is suppressed, and the others' counts carry noise."""
+    """Under the controls the count metric is aggregated under encryption and released
+    to the result recipient as noised counts. A pool holding one member would give away
+    that member's probability vector as its expected counts: its noised counts are below
+    the minimum effective size, so they are withheld, and the others' counts carry noise."""
     import pandas as pd
     tester, client = make_inputs(400, 400, 400, seed=14)
     pools = pd.DataFrame({"member_id": client.member_id, "pool": ["big"] * 399 + ["one"]})
@@ -325,8 +326,7 @@ def test_probabilistic_counts_are_noised_and_a_one_member_pool_is_suppressed():
     exact, _, _ = _audit(tester, pools, ReleasePolicy.off(), spec=spec)
     noisy, _, _ = _audit(tester, pools, ReleasePolicy(rho=1.0, budget=5.0), spec=spec)
     one = [p for p in noisy.pools if p.pool == "one"]
-    assert all(p.expected_count is None and p.prob_at_least is None for p in one)
-    assert sorted(noisy.release["suppressed"]) == sorted(f"one/{g}" for g in RACES)
+    assert one and all(p.expected_count is None and p.prob_at_least is None for p in one)
     assert all(p.expected_count is not None for p in exact.pools)
     big = {p.group: p.expected_count for p in noisy.pools if p.pool == "big"}
     big_exact = {p.group: p.expected_count for p in exact.pools if p.pool == "big"}

@@ -44,6 +44,13 @@ PROBABILITY_BITS = 32
 #: squares of `Metric.moment_squares` and the Test-Client states the facts of
 #: `Metric.stated_facts`; without it neither (design §8.4, §9.1)
 SECOND_MOMENTS = "second_moments"
+#: the key in a metric's parsed parameters that says this audit's release carries noise
+#: (the Tester's release controls are on), for a metric aggregated under encryption only
+#: then (`Metric.he_under_noise`): set by the Tester, and by the Test-Client from the
+#: Hello (`Hello.release_noise`); never a user's parameter (design §5.8)
+RELEASE_NOISE = "release_noise"
+#: `Cell.den_slot` of a count cell: no denominator, the cell is its noised aggregate
+NO_DENOMINATOR = -1
 #: room a slot keeps for the release controls' noise (at most 8 sd of σ ≤ 2^20 times a
 #: member's largest contribution, which `item_bits` already bounds)
 NOISE_HEADROOM_BITS = 24
@@ -245,7 +252,10 @@ def choose_layout(item_bits: int, mask_bits: int, n_components: int, modulus_bit
 @dataclass(frozen=True)
 class Cell:
     """One reported ratio. kind: "group" (a group or "overall"), "pair" (higher group,
-    lower group, rank pair or None for pooled) or "curve" (group at a reference score)."""
+    lower group, rank pair or None for pooled), "curve" (group at a reference score) or
+    "count" (a group's aggregate in a stratum named by `other`, with no denominator:
+    `den_slot` is `NO_DENOMINATOR`, released only as a noised aggregate, never as a
+    masked ratio)."""
 
     kind: str
     group: str
@@ -303,6 +313,10 @@ class Plan:
             sd = (noise_sd[:half] if b == 0 else noise_sd[half:]) if half else ()
             for c, cell in enumerate(self.cells):
                 slots = item_slots[b * n_items + cell.item]
+                if cell.den_slot == NO_DENOMINATOR:  # a count: its noised aggregate, never a ratio
+                    if b < plain_rows:
+                        values[b, c] = float(slots[cell.num_slot]) * 2.0 ** cell.scale_shift + cell.offset
+                    continue
                 num, den = slots[cell.num_slot], slots[cell.den_slot]
                 if b < plain_rows:
                     floor = 3.0 * sd[cell.item * self.item_slots + cell.den_slot] if sd else 0.0
@@ -340,6 +354,8 @@ class Plan:
             return f"{cell.group}/{cell.other}" + (f" at {cell.rank_pair}" if cell.rank_pair else "")
         if cell.kind == "curve":
             return f"{cell.group} at {cell.score:g}"
+        if cell.kind == "count":
+            return f"{cell.other}/{cell.group}"
         return cell.group
 
 
@@ -400,6 +416,10 @@ class Metric:
     unique_ids = True
     n_ids = 1
     needs_he = True
+    #: aggregated under encryption when the release carries noise (`RELEASE_NOISE`), and
+    #: by the Tester from the joined rows without it (the probabilistic count: its exact
+    #: statistic is not linear, its noised one is): see `encrypted`
+    he_under_noise = False
     #: "row": the Tester's random buckets; "unit": the Test-Client's units (queries), which
     #: it maps to random buckets itself; "random_groups": the Tester's random partition of
     #: the rows (MQOS-AUC exact); "client_groups": the Test-Client's random groups 0..G−1
@@ -441,6 +461,26 @@ class Metric:
     #: the range every per-group value lies in (rates: (0, 1)), a constraint of the
     #: corrected estimator's solve (`common.stats.correction.bounded_solve`); None: unbounded
     estimate_range: tuple[float, float] | None = None
+
+    def encrypted(self, params: dict[str, Any]) -> bool:
+        """Whether this audit's rows carry encrypted values that the Tester aggregates
+        (steps 5-7), or only ids (and strata) from which it computes the result itself
+        (`local_result`): `needs_he`, or with `he_under_noise` whether the release
+        carries noise (`RELEASE_NOISE` in the parsed parameters)."""
+        return self.needs_he or (self.he_under_noise and bool(params.get(RELEASE_NOISE)))
+
+    def row_strata(self, params: dict[str, Any]) -> bool:
+        """Whether this audit's rows carry a plaintext stratum (`uses_strata`), which
+        the Tester reads: never for a metric whose strata go into the encrypted values
+        (`he_under_noise`, encrypted)."""
+        return self.uses_strata and not (self.he_under_noise and self.encrypted(params))
+
+    def cell_report(self, plan: "Plan", values: np.ndarray, *, option: str, params: dict[str, Any],
+                    info: dict[str, Any], confidence: float, tau: float, min_size: float):
+        """The result of a metric whose cells are counts (`NO_DENOMINATOR`), from their
+        noised values (row 0; NaN where withheld), or None: the cells are ratios and
+        `common.stats.results.finish` reports them (the default)."""
+        return None
 
     def for_option(self, option: str) -> "Metric":
         """The metric as the option makes it (MQOS-AUC's option picks its algorithm)."""

@@ -1,43 +1,55 @@
 """Probabilistic count, an inclusion measurement (paper appendix C.2, eq. 19; design §5.8).
 
 Dataset: `member_id[, pool]` (without a pool column every member is in one pool,
-"all"). Not linear, so no HE: the Test-Client sends only its members' encrypted ids
-and each row's pool (a plaintext stratum; pool names reach the Tester), and the Tester
-computes, for each pool and group, the exact Poisson-binomial distribution of N_j, the
-number of the pool's joined members in group j: Pr(N_j ≥ T) for the
-`count_threshold` T (default 1: 1 − Π_i (1 − p_ij)), the expected count Σ_i p_ij, and
-whether Pr(N_j ≥ T) clears the `inclusion_level` (default 0.90). `groups` reports
-Pr(N_j ≥ T) over all pools together. Verdict (rule "inclusion", `inclusion_verdict`):
-flagged when some group of some pool, or of all pools together, falls below the level;
-"inconclusive" when none does but some cell is withheld (a withheld cell is unknown:
-`included` is None, neither included nor missing); "none" only when every cell is
-released and reaches the level. A pool with no member in the intersection is an
-error. The result is the Tester's (the Test-Client's session ends once its rows
-are sent).
+"all"). For each pool and group: Pr(N_j ≥ T) for N_j, the number of the pool's joined
+members in group j, and the `count_threshold` T (default 1: 1 − Π_i (1 − p_ij)), the
+expected count Σ_i p_ij, and whether Pr(N_j ≥ T) clears the `inclusion_level` (default
+0.90). `groups` reports Pr(N_j ≥ T) over all pools together. Verdict (rule "inclusion",
+`inclusion_verdict`): flagged when some group of some pool, or of all pools together,
+falls below the level; "inconclusive" when none does but some cell is withheld (a
+withheld cell is unknown: `included` is None, neither included nor missing); "none"
+only when every cell is released and reaches the level.
 
-Release controls (`tester_service.release`): a pool/group cell whose expected count
-(with release noise: plus `threshold_noise`) is below the minimum effective size is
-suppressed (reported as null), and with release
-noise every expected count carries Gaussian noise (`noise`: the Tester's draw, one per
-group); Pr(N_j >= T) is then the Poisson tail at the noised expected count (post-
-processing of the noised release: the exact Poisson-binomial tail would use every
-member's probability again), and the all-pools figures come from the noised pool sums
-(a group whose summed expected count is below the minimum effective size gets none:
-that figure would be noise). Released expected counts are shown clipped at 0.
+Two forms, chosen by whether the release carries noise (`Metric.he_under_noise`):
+
+* **Under the release controls (the default): aggregated under encryption.** Each row
+  carries its pool as a one-hot vector of encrypted 0/1 components, one per pool, packed
+  in slots (`client_rows`, `plan`): the Tester sees no row's pool. It weights them with
+  q_ij as for any ratio metric, so each (pool, group) item slot holds the expected count
+  Σ_{i in pool} p_ij, and each group item carries release noise (one member's vector
+  moves one pool's slots: β = 1). Its cells are counts (`NO_DENOMINATOR`), released as
+  noised aggregates to the result recipient (`--result-recipient`), who finishes them
+  (`cell_report`): a cell whose noised expected count is below the minimum effective
+  size is withheld, Pr(N_j ≥ T) is the Poisson tail at the noised expected count
+  (post-processing: the exact Poisson-binomial tail would use every member's probability
+  again), the all-pools figures come from the pools' noised counts (a group whose
+  summed count is below the minimum effective size gets none: that figure would be
+  noise), and a pool's member count is its noised "overall" count. At most
+  `MAX_ENCRYPTED_POOLS` pools (a row carries ⌈pools / slots⌉ ciphertexts).
+* **Without release noise: computed by the Tester** from the joined rows, which carry
+  their pool in plaintext (`local_result`: the exact Poisson-binomial tail). The
+  result is the Tester's, and the Test-Client accepts such an audit only when its
+  operator opted in to noiseless releases. A pool with no member in the intersection
+  is an error.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Sequence
 
 import numpy as np
 
 from common.errors import InputError
-from common.metrics.base import ClientRows, Metric, Param, positive_int, probability
+from common.metrics.base import (NO_DENOMINATOR, PROBABILITY_BITS, Cell, ClientRows, Component, Item, Layout, Metric,
+                                 Param, Plan, positive_int, probability)
 from common.metrics.scoring import count_summary
 
 DEFAULT_POOL = "all"
 MAX_POOLS = 10_000
+#: the most pools aggregated under encryption (each row carries ⌈pools / slots⌉ ciphertexts)
+MAX_ENCRYPTED_POOLS = 64
+#: the "overall" weight column's name among the cells: a pool's member count
+OVERALL = "overall"
 
 
 class ProbabilisticCount(Metric):
@@ -48,6 +60,7 @@ class ProbabilisticCount(Metric):
     text_columns = ("pool",)
     optional_columns = ("pool",)
     needs_he = False
+    he_under_noise = True
     uses_strata = True
     interval = "exact"
     verdict_rule = "inclusion"
@@ -65,25 +78,89 @@ class ProbabilisticCount(Metric):
         labels, codes = np.unique(pools.astype(str), return_inverse=True)
         if len(labels) > MAX_POOLS:
             raise InputError(f"more than {MAX_POOLS} pools", file=file, column="pool")
-        return ClientRows(ids=(ids,), values=None, strata=codes.astype(np.int64),
-                          strata_labels=tuple(str(x) for x in labels), info={"pools": len(labels)})
+        info = {"pools": len(labels)}
+        if not self.encrypted(params):
+            return ClientRows(ids=(ids,), values=None, strata=codes.astype(np.int64),
+                              strata_labels=tuple(str(x) for x in labels), info=info)
+        if len(labels) > MAX_ENCRYPTED_POOLS:
+            raise InputError(f"{len(labels)} pools; under the release controls the pools are aggregated under "
+                             f"encryption, at most {MAX_ENCRYPTED_POOLS} of them (merge pools)",
+                             file=file, column="pool")
+        one_hot = np.zeros((len(ids), len(labels)))
+        one_hot[np.arange(len(ids)), codes] = 1.0
+        return ClientRows(ids=(ids,), values=one_hot, strata_labels=tuple(str(x) for x in labels), info=info)
 
     def check_info(self, info, strata_labels):
-        if not 1 <= len(strata_labels) <= MAX_POOLS:
+        if not 1 <= len(strata_labels) <= MAX_POOLS or info.get("pools") != len(strata_labels):
             raise ValueError("pools")
 
+    # ------------------------------------------------------------- the encrypted form
+    def components(self, option, params, info):
+        """One 0/1 component per pool (the row's pool, one-hot), at scale 1."""
+        pools = int(info["pools"])
+        if not 1 <= pools <= MAX_ENCRYPTED_POOLS:
+            raise ValueError(f"{pools} pools; at most {MAX_ENCRYPTED_POOLS} are aggregated under encryption")
+        return tuple(Component(f"pool {k}", 0, 1) for k in range(pools))
+
+    def sensitivity_components(self, option, params, info) -> float:
+        """β = 1: a row's one-hot pool vector has one component at its bound."""
+        return 1.0
+
+    def plan(self, groups: Sequence[str], strata_labels: Sequence[str], layout: Layout, option, params,
+             info) -> Plan:
+        """Per weight column (each group, then "overall", the sum of them) and row
+        ciphertext, one item; per pool and column, a count cell at the pool's slot:
+        Σ_rows q_ij·[pool_i = k] / 2^32, the pool's expected count in the group (its
+        member count for "overall")."""
+        names = list(groups) + [OVERALL]
+        n_cts = layout.n_ciphertexts
+        items = tuple(Item(w, t) for w in range(len(names)) for t in range(n_cts))
+        cells = []
+        for k, label in enumerate(strata_labels):
+            t, slot = layout.position(k)
+            cells += [Cell("count", g, other=label, item=w * n_cts + t, num_slot=slot, den_slot=NO_DENOMINATOR,
+                           scale_shift=-PROBABILITY_BITS) for w, g in enumerate(names)]
+        return Plan(tuple(cells), items, layout.slots)
+
+    def cell_report(self, plan, values, *, option, params, info, confidence, tau, min_size):
+        """The result from the cells' noised counts (row 0 of `values`; NaN where withheld):
+        the module docstring's first form."""
+        from common.stats.results import AuditReport, PoolResult
+        t, level = params["count_threshold"], params["inclusion_level"]
+        counts = {(cell.other, cell.group): float(values[0, c]) for c, cell in enumerate(plan.cells)}
+        labels = list(dict.fromkeys(cell.other for cell in plan.cells))
+        groups = [g for g in dict.fromkeys(cell.group for cell in plan.cells) if g != OVERALL]
+        pools, totals = [], np.zeros(len(groups))
+        for label in labels:
+            members = counts[(label, OVERALL)]
+            n = int(round(max(members, 0.0))) if math.isfinite(members) else 0
+            for j, g in enumerate(groups):
+                noised = counts[(label, g)]
+                totals[j] += max(noised, 0.0)  # NaN (withheld item) stays NaN: no figure
+                if not noised >= min_size:
+                    pools.append(PoolResult(label, g, n, None, None, None))
+                    continue
+                prob = poisson_tail(noised, t)
+                pools.append(PoolResult(label, g, n, noised, prob, bool(prob >= level)))
+        group_results = group_figures(None, totals, groups, t, noised=True, min_size=min_size)
+        return AuditReport(metric=self.name, metric_option=option, n_matched=0, bootstrap=0,
+                           confidence=confidence, interval="exact", groups=group_results,
+                           verdict=inclusion_verdict(pools, group_results, t, level, tau, min_size),
+                           pools=pools, params={"count_threshold": t, "inclusion_level": level}, info=dict(info))
+
+    # ------------------------------------------------------------- the Tester's form
     def local_result(self, probabilities, strata, strata_labels, groups, option, params, info, *,
-                     confidence, tau, noise: Callable[[], np.ndarray] | None = None, min_size: float = 0.0,
-                     threshold_noise: Callable[[], np.ndarray] | None = None,
-                     suppressed: list[str] | None = None):
+                     confidence, tau, min_size: float = 0.0, suppressed: list[str] | None = None):
+        """The module docstring's second form (no release noise): the exact statistic
+        from the joined rows' probabilities and pools; a cell whose expected count is
+        below `min_size` is withheld."""
         from common.stats.results import AuditReport
         (p,) = probabilities
         t, level = params["count_threshold"], params["inclusion_level"]
-        pools, totals = pool_cells(p, strata, strata_labels, groups, t, level, noise=noise, min_size=min_size,
-                                   threshold_noise=threshold_noise)
+        pools, totals = pool_cells(p, strata, strata_labels, groups, t, level, min_size=min_size)
         if suppressed is not None:
             suppressed.extend(f"{c.pool}/{c.group}" for c in pools if c.included is None)
-        group_results = group_figures(p, totals, groups, t, noised=noise is not None, min_size=min_size)
+        group_results = group_figures(p, totals, groups, t, noised=False, min_size=min_size)
         return AuditReport(metric=self.name, metric_option=option, n_matched=len(p), bootstrap=0,
                            confidence=confidence, interval="exact", groups=group_results,
                            verdict=inclusion_verdict(pools, group_results, t, level, tau, min_size),
@@ -99,13 +176,11 @@ LISTED_CELLS = 10
 
 
 def pool_cells(p: np.ndarray, strata: np.ndarray, strata_labels, groups, t: int, level: float, *,
-               noise: Callable[[], np.ndarray] | None, min_size: float,
-               threshold_noise: Callable[[], np.ndarray] | None):
-    """One `PoolResult` per pool and group, and the groups' expected counts summed over
-    the pools (noised where the cells are). A cell whose expected count (plus threshold
-    noise) is below `min_size` is withheld: its values are null and `included` is None,
-    unknown (module docstring). A released noised expected count is shown clipped at 0
-    (post-processing)."""
+               min_size: float):
+    """One `PoolResult` per pool and group from the joined rows' probabilities (exact),
+    and the groups' expected counts summed over the pools. A cell whose expected count
+    is below `min_size` is withheld: its values are null and `included` is None,
+    unknown (module docstring)."""
     from common.stats.results import PoolResult
     cells, total = [], np.zeros(len(groups))
     for s, label in enumerate(strata_labels):
@@ -113,13 +188,9 @@ def pool_cells(p: np.ndarray, strata: np.ndarray, strata_labels, groups, t: int,
         if len(rows) == 0:
             raise InputError(f"pool '{label}' has no member in the intersection", column="pool")
         prob, expected = count_summary(rows, t)
-        hidden = (expected + threshold_noise() if threshold_noise is not None else expected) < min_size
-        if noise is not None:
-            expected = np.maximum(expected + noise(), 0.0)
-            prob = np.array([poisson_tail(x, t) for x in expected])
         total += expected
         for j, g in enumerate(groups):
-            if hidden[j]:
+            if expected[j] < min_size:
                 cells.append(PoolResult(label, g, len(rows), None, None, None))
             else:
                 cells.append(PoolResult(label, g, len(rows), float(expected[j]), float(prob[j]),
@@ -127,13 +198,15 @@ def pool_cells(p: np.ndarray, strata: np.ndarray, strata_labels, groups, t: int,
     return cells, total
 
 
-def group_figures(p: np.ndarray, totals: np.ndarray, groups, t: int, *, noised: bool, min_size: float):
-    """`groups`: Pr(N_j >= T) over all pools, from the members' probabilities, or with
+def group_figures(p: np.ndarray | None, totals: np.ndarray, groups, t: int, *, noised: bool, min_size: float):
+    """`groups`: Pr(N_j >= T) over all pools, from the members' probabilities `p`, or with
     noise the Poisson tail at the sum of the pools' noised expected counts. A group
-    whose expected count over all pools is below `min_size` gets no figure (null, like a
-    withheld cell): under noise a figure there would be noise shown as a finding."""
+    whose expected count over all pools is below `min_size` (or unknown: NaN) gets no
+    figure (null, like a withheld cell): under noise a figure there would be noise shown
+    as a finding."""
     from common.stats.results import GroupResult
-    prob = np.array([poisson_tail(x, t) for x in totals]) if noised else count_summary(p, t)[0]
+    prob = np.array([poisson_tail(x if math.isfinite(x) else 0.0, t) for x in totals]) if noised \
+        else count_summary(p, t)[0]
     return [GroupResult.from_values(g, prob[j] if totals[j] >= min_size else np.nan, np.nan, np.nan)
             for j, g in enumerate(groups)]
 

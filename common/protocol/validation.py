@@ -58,7 +58,7 @@ from common.crypto import commutative, paillier
 from common.errors import EncodingOverflowError, InputError, PeerAborted, ProtocolError
 from common.logs import valid_audit_id
 from common.metrics import get_metric
-from common.metrics.base import SECOND_MOMENTS
+from common.metrics.base import RELEASE_NOISE, SECOND_MOMENTS
 from common.protocol.session import PhaseError
 from common.crypto.symmetric import sealed_width
 from proto import ppre_pb2 as pb
@@ -76,7 +76,7 @@ MAX_ITEMS = 1 << 16
 MAX_SQUARES = 1 << 20
 #: most random groups an interval may come from (the t interval needs few)
 MAX_RANDOM_GROUPS = 1000
-INTERVALS = ("", "percentile", "random_groups", "parametric")
+INTERVALS = ("", "percentile", "random_groups", "parametric", "exact")
 #: what the Test-Client may announce about its table (HelloAck)
 MAX_STRATA = 100_000
 MAX_LABEL_CHARS = 200
@@ -337,7 +337,7 @@ class TesterInbound(Gate):
             raise ProtocolError(f"the Test-Client's declared value bounds {dict(ack.value_bounds)} differ from "
                                 f"the ones this audit's noise is sized from {bounds}")
         rows = int(ack.rows)
-        if not metric.needs_he:
+        if not metric.encrypted(s.params):
             if ack.paillier_n or ack.paillier_h or ack.slot_bits or ack.slots:
                 raise ProtocolError(f"{metric.name} needs no encryption key")
             return AckFacts(rows, labels, info, None, None)
@@ -472,6 +472,8 @@ class ClientInbound(Gate):
             if not metric.moment_interval:
                 raise ProtocolError(f"the Tester asked for second moments, which {metric.name} lacks")
             params[SECOND_MOMENTS] = True
+        if hello.release_noise and metric.he_under_noise:  # aggregated under encryption (design §5.8)
+            params[RELEASE_NOISE] = True
         bounds = metric.value_bounds(option, params)
         if dict(hello.value_bounds) != bounds:  # both parties size and clip from the same bounds
             raise ProtocolError(f"the Tester's declared value bounds {dict(hello.value_bounds)} differ from the "
@@ -503,9 +505,11 @@ class ClientInbound(Gate):
             raise ProtocolError("aggregates header: bad group list")
         if not set(header.small_groups) <= set(groups) or len(header.small_groups) > len(groups):
             raise ProtocolError("aggregates header: small groups are not among the groups")
-        if not 1 <= header.replicates <= MAX_REPLICATES or not 0 < header.confidence < 1 or not header.tau > 0:
+        exact = s._metric.interval == "exact"  # the estimate alone, no replicates (the probabilistic count)
+        if not (0 if exact else 1) <= header.replicates <= (0 if exact else MAX_REPLICATES) \
+                or not 0 < header.confidence < 1 or not header.tau > 0:
             raise ProtocolError("aggregates header: bad bootstrap parameters")
-        if header.interval not in INTERVALS or (
+        if header.interval not in INTERVALS or (header.interval == "exact") != exact or (
                 header.interval == "random_groups" and header.replicates > MAX_RANDOM_GROUPS):
             raise ProtocolError("aggregates header: unknown interval method or too many random groups")
         if header.slot_bits != s._layout.slot_bits:
@@ -537,6 +541,8 @@ class ClientInbound(Gate):
                 or not all(math.isfinite(x) and x >= 0 for x in header.noise_sd) \
                 or (header.mask == "additive" and (header.plain_rows or header.zero_tests)) \
                 or (header.interval == "parametric" and (header.zero_tests or not header.noise_sd
-                                                          or (header.mask == "ratio" and header.plain_rows != 1))):
+                                                          or (header.mask == "ratio" and header.plain_rows != 1))) \
+                or (exact and (header.zero_tests or (header.mask == "ratio" and header.plain_rows != 1))) \
+                or not (math.isfinite(header.min_effective_size) and header.min_effective_size >= 0):
             raise ProtocolError("aggregates header: malformed release fields")
         return plan, corrections

@@ -1111,7 +1111,8 @@ def delivered(receipt_: AuditReport, result: AuditReport) -> AuditReport:
 def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, tau: float,
            params: dict[str, Any], info: dict[str, Any], replicates: int,
            result_recipient: str = "client", small_groups: Sequence[str] = (),
-           interval: str | None = None, corrected=None, noisy: bool | None = None) -> AuditReport:
+           interval: str | None = None, corrected=None, noisy: bool | None = None,
+           min_size: float = 0.0) -> AuditReport:
     """The result from the cells' ratios `values` ((R+1, cells): row 0 the estimate).
     `small_groups` (from the Tester: module docstring, "Left out") take no part in the
     verdict of a per-group metric. `noisy`: whether release noise was on (None: not
@@ -1122,7 +1123,13 @@ def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, 
     attenuation-corrected values (`common.stats.correction.Corrected`), reported beside the
     weighted ones with intervals from the same replicates; the verdict stays on the
     weighted estimates (the paper's) and says how the corrected gap bears on it.
-    Every reported value is clipped to its range (`value_range`, module docstring)."""
+    Every reported value is clipped to its range (`value_range`, module docstring). A
+    metric whose cells are counts reports them itself (`Metric.cell_report`), withholding
+    a count below `min_size`, the controls' minimum effective size."""
+    counted = metric.cell_report(plan, values, option=option, params=params, info=info, confidence=confidence,
+                                 tau=tau, min_size=min_size)
+    if counted is not None:
+        return replace(counted, result_recipient=result_recipient, tau=tau)
     cells = list(plan.cells)
     bounds = value_range(metric, option, params)
     pair_bounds = difference_range(bounds) if not params.get("dti_weights") else None

@@ -355,11 +355,11 @@ def read_exact_auc(setup: Setup, view: TesterView, frame: pd.DataFrame) -> tuple
 
 
 def read_pools(setup: Setup, view: TesterView, frame: pd.DataFrame) -> Read:
-    """Probabilistic count: each linked member's pool (its stratum's label), against the
-    blind guess of the commonest pool."""
+    """Probabilistic count: each linked member's pool (its stratum's label, where the rows
+    carry one), against the blind guess of the commonest pool."""
     (members,) = blob_linker(setup, view)
     pool = dict(zip(frame["member_id"], frame["pool"].astype(str)))
-    read = [view.strata_labels[s] for s in view.strata]
+    read = [view.strata_labels[s] for s in view.strata] if view.strata is not None else []
     recovered = sum(r == pool[m] for r, m in zip(read, members))
     common = Counter(pool[m] for m in members).most_common(1)[0][1]
     return Read("prob-count", recovered, common, len(members), "members' pools read",
