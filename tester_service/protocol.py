@@ -478,6 +478,7 @@ class TesterSession:
         self._note_noise(1, 0.0, 0.0, [])
         if suppressed:
             self._release_info["suppressed"] = suppressed
+        self._spend_budget()  # a no-op without noise, the one way here; charged before any release regardless
         self._lap("local_statistic")
         return self._finish(report, {})
 
