@@ -14,20 +14,33 @@ an executor (`common.execution.parallel`) can send it to worker processes.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
+import gmpy2
 import numpy as np
 from gmpy2 import mpz
 
 from common.stats import bootstrap as boot
 from common.crypto import paillier
+from common.metrics.base import Derivation
 from tester_service.release import RELEASE_GROUPS, IntersectionRefused
 
 
 def bucket_sums_chunk(n: int, jobs: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]]) -> list[list[int]]:
     """For each (ciphertexts, weight columns) job: [Enc(Σ_i w_i·v_i) for each weight column]."""
     n2 = n * n
-    return [[paillier.multi_exp(cts, column, n2) for column in columns] for cts, columns in jobs]
+    return [[signed_multi_exp(cts, column, n2) for column in columns] for cts, columns in jobs]
+
+
+def signed_multi_exp(bases: Sequence[int], exponents: Sequence[int], n2: int) -> int:
+    """Π bases[i]^exponents[i] mod n² for exponents of either sign: the negative ones'
+    product inverted (every base is a unit mod n², `common.protocol.validation`). A pair
+    weight may be a few units below 0 (`common.stats.correction.pair_weights`)."""
+    if all(e >= 0 for e in exponents):
+        return paillier.multi_exp(bases, exponents, n2)
+    positive = paillier.multi_exp(bases, [max(int(e), 0) for e in exponents], n2)
+    negative = paillier.multi_exp(bases, [max(-int(e), 0) for e in exponents], n2)
+    return int(mpz(positive) * gmpy2.invert(mpz(negative), mpz(n2)) % n2)
 
 
 def bucket_sums_packed(n: int, width: int, jobs: Sequence[tuple[bytes, Sequence[Sequence[int]]]]) -> list[list[int]]:
@@ -238,30 +251,84 @@ def merge_piece_sums(sums: Sequence[Sequence[int]], owner: Sequence[int], n_buck
     return merged  # type: ignore[return-value]
 
 
-def weight_kinds(weights: Sequence) -> tuple[list[int], list[int]]:
-    """Design §3.6: the weight columns given row by row (explicit) and the constant ones
-    (an int: the constant times the bucket's Enc(Σ v)); a tuple is a sum of others."""
-    explicit = [w for w, col in enumerate(weights) if not isinstance(col, (int, tuple))]
+def weight_kinds(weights: Sequence, derived: Mapping[int, Derivation] | None = None) -> tuple[list[int], list[int]]:
+    """Design §3.6: the weight columns given row by row and exponentiated (explicit), and
+    the constant ones (an int: the constant times the bucket's Enc(Σ v)); a tuple is a
+    sum of others, and a `derived` column is formed from others (`verified_derivations`)."""
+    derived = derived or {}
+    explicit = [w for w, col in enumerate(weights) if not isinstance(col, (int, tuple)) and w not in derived]
     const = [w for w, col in enumerate(weights) if isinstance(col, int)]
     return explicit, const
 
 
+def needs_ones(weights: Sequence, derived: Mapping[int, Derivation] | None = None) -> bool:
+    """Whether the buckets' plain Enc(Σ v) is needed: by a constant column, or a
+    derivation from a constant."""
+    return bool(weight_kinds(weights, derived)[1]) or any(d.total is None for d in (derived or {}).values())
+
+
+def verified_derivations(weights: Sequence, candidates: Mapping[int, Derivation]) -> dict[int, Derivation]:
+    """Design §3.6: the `candidates` (a metric's declared `Derivation`s) whose identity
+    holds exactly, row by row, on the columns' values, and whose parts are columns given
+    row by row (exponentiated or derived before them): the rest are exponentiated."""
+    out: dict[int, Derivation] = {}
+    for w in sorted(candidates):
+        d = candidates[w]
+        parts = list(d.minus) + ([] if d.total is None else [d.total])
+        if not 0 <= w < len(weights) or isinstance(weights[w], (int, tuple)) or not all(
+                0 <= p < w and not isinstance(weights[p], (int, tuple)) for p in parts):
+            continue
+        column = np.asarray(weights[w])
+        expected = np.asarray(weights[d.total]) if d.total is not None else np.full(len(column), d.constant)
+        for p in d.minus:
+            expected = expected - np.asarray(weights[p])
+        if column.shape == expected.shape and bool(np.all(column == expected)):
+            out[w] = d
+    return out
+
+
+def derive_sums(per_w: list, derived: Mapping[int, Derivation], ones: Sequence[int] | None, n: int,
+                n2: int) -> None:
+    """Design §3.6: fill each derived column's bucket sums in `per_w` (per row ciphertext
+    t): Enc(Σ total·v) · Π Enc(Σ minus·v)^−1, where Enc(Σ total·v) is the constant times
+    the plain `ones` sums for a derivation from a constant; in column order, so that a
+    derivation's parts are there first."""
+    n2_ = mpz(n2)
+    for w in sorted(derived):
+        d = derived[w]
+        base = per_w[d.total] if d.total is not None else [paillier.scalar_pow(n, c, d.constant) for c in ones]
+        out = []
+        for t, c in enumerate(base):
+            minus = mpz(1)
+            for p in d.minus:
+                minus = minus * per_w[p][t] % n2_
+            out.append(int(mpz(c) * gmpy2.invert(minus, n2_) % n2_))
+        per_w[w] = out
+
+
 def combine_bucket_sums(sums: Sequence[Sequence[int]], keys: Sequence[int], weights: Sequence, n: int, n2: int,
-                        n_cts: int) -> dict[int, list[list[int]]]:
+                        n_cts: int, derived: Mapping[int, Derivation] | None = None) -> dict[int, list[list[int]]]:
     """Design §3.6: agg[key][w][t] from `bucket_sums_packed`'s rows (one per bucket and
     row ciphertext t: the explicit columns' sums, then the plain Enc(Σ v) where a constant
-    column needs it): every weight column, explicit, constant or a sum of others."""
-    explicit, const = weight_kinds(weights)
-    # agg[key][w][t]: every weight column, explicit, constant or a sum of others
+    column or a derivation needs it): every weight column, explicit, constant, derived
+    (`derive_sums`) or a sum of others."""
+    derived = derived or {}
+    explicit, const = weight_kinds(weights, derived)
+    ones_needed = needs_ones(weights, derived)
+    # agg[key][w][t]: every weight column, explicit, constant, derived or a sum of others
     agg: dict[int, list[list[int]]] = {}
     for g, kk in enumerate(keys):
         per_w: list[list[int] | None] = [None] * len(weights)
+        ones = []
         for t in range(n_cts):
             row = sums[g * n_cts + t]
             for pos, w in enumerate(explicit):
                 per_w[w] = (per_w[w] or []) + [row[pos]]
+            if ones_needed:
+                ones.append(row[-1])
             for w in const:
                 per_w[w] = (per_w[w] or []) + [paillier.scalar_pow(n, row[-1], weights[w])]
+        derive_sums(per_w, derived, ones, n, n2)
         for w, col in enumerate(weights):
             if isinstance(col, tuple):
                 prod = [1] * n_cts

@@ -226,6 +226,8 @@ class TesterSession:
         #: chunks of the Test-Client's rows being doubly encrypted on the executor, in order
         self._pending: collections.deque = collections.deque()
         self._plan = None
+        #: the weight columns the metric says are formed from others (`Metric.weight_derivations`)
+        self._derivations: dict = {}
         self._pads: list[AdditiveMask] | None = None
         self._masked_values: list[int] = []
         self._squares_state: Any = None
@@ -555,12 +557,14 @@ class TesterSession:
             q[0], self.groups, metric.name, float(1 << encoding.PROBABILITY_BITS))
         facts = metric.tester_facts(q, strata, units, row_bound=self._client_rows)
         weights = metric.weights(q, strata, units, self.groups, self.spec.metric_option, self.params)
+        self._derivations = metric.weight_derivations(len(self.groups))
         self._plan = metric.plan(self.groups, self._strata_labels, self._layout, self.spec.metric_option,
                                  self.params, self._info)
         if self.spec.correction != "none" or self._moments_form():
             # M's items, which are also the second moments of the interval (`common.stats.moments`)
             self._plan, self._correction = metric.moment_plan(self._plan, self.groups, self.spec.metric_option,
                                                               self.params, self._info, self._layout)
+            self._derivations.update(metric.moment_derivations(len(self.groups), len(weights)))
             weights = list(weights) + metric.moment_weights(q, self.groups, self.spec.metric_option, self.params)
             assert max(item.weight for item in self._plan.items) < len(weights)
             if self.spec.correction != "none" and not self.release.noisy:
@@ -584,8 +588,10 @@ class TesterSession:
         n_parts = self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS)
         # a bucket larger than a part's share of the rows is summed in pieces on every worker
         pieces, owner = aggregation.split_buckets(groups_idx, -(-n // n_parts))
-        explicit, const = aggregation.weight_kinds(weights)
-        need_ones = bool(const)
+        # columns formed from others' sums (`Metric.weight_derivations`), where the values bear it out
+        derived = aggregation.verified_derivations(weights, self._derivations)
+        explicit, _ = aggregation.weight_kinds(weights, derived)
+        need_ones = aggregation.needs_ones(weights, derived)
         pub = self._pub
         width = pub.ciphertext_bytes
         # the joined rows' ciphertexts as they arrived (packed); a bucket's rows are picked
@@ -611,7 +617,7 @@ class TesterSession:
                                                     checkpoint=ticks) for s in part]
         del cts, packed, columns_of
         sums = aggregation.merge_piece_sums(sums, owner, len(groups_idx), n_cts, pub.n2)
-        agg = aggregation.combine_bucket_sums(sums, keys, weights, pub.n, pub.n2, n_cts)
+        agg = aggregation.combine_bucket_sums(sums, keys, weights, pub.n, pub.n2, n_cts, derived)
         self._lap("aggregation")
         self._progress("aggregation", f"aggregated {n} rows into {len(keys)} buckets x {len(weights)} weights")
         return agg

@@ -224,3 +224,48 @@ def test_compose_items_put_every_row_in_plan_order_with_products_of_parts():
     computed = [2, 3, 5, 7]  # two rows of the direct items 0 and 2
     items = aggregation.compose_items(computed, 2, [0, 2], {1: [0, 2]}, 3, BIG)
     assert items == [2, 6, 3, 5, 35, 7]
+
+
+# ------------------------------------------------------------------ derived weight columns
+def test_derived_columns_give_the_very_ciphertexts_of_their_exponentiation():
+    """ERO's weights under the default controls: the six groups' q, "overall", and the 21
+    pair weights. Formed from the others (the last group from 2^32·Enc(Σ v), the pairs
+    with it from their group and the other pairs), the 7 derived columns' bucket sums are
+    the same integers mod n² as exponentiating them row by row, in every bucket and row
+    ciphertext; so is every other column's."""
+    from common.crypto.encoding import quantize_probabilities
+    from common.metrics.base import Metric
+    from common.stats import correction
+    key = paillier.generate_keypair(1024, allow_insecure=True)
+    pub = key.public
+    rng = np.random.default_rng(9)
+    n, n_cts, buckets = 40, 2, 3
+    q = quantize_probabilities(rng.dirichlet(np.full(6, 0.5), size=n))
+    weights = [q[:, j] for j in range(6)] + [tuple(range(6))] + correction.pair_weights(q)
+    candidates = {**Metric().weight_derivations(6), **Metric().moment_derivations(6, 7)}
+    derived = aggregation.verified_derivations(weights, candidates)
+    assert len(derived) == 7 and min(int(np.min(weights[w])) for w in derived) >= -12
+    cts = [paillier.encrypt_chunk(pub.n, pub.h, rng.integers(0, 50, size=n).tolist()) for _ in range(n_cts)]
+    units = rng.integers(0, buckets, size=n)
+
+    def sums(derivations):
+        explicit, _ = aggregation.weight_kinds(weights, derivations)
+        ones = aggregation.needs_ones(weights, derivations)
+        rows = []
+        for b in range(buckets):
+            idx = np.flatnonzero(units == b)
+            columns = [np.asarray(weights[w])[idx].tolist() for w in explicit] + ([[1] * len(idx)] if ones else [])
+            rows += aggregation.bucket_sums_chunk(pub.n, [([cts[t][i] for i in idx], columns) for t in range(n_cts)])
+        return aggregation.combine_bucket_sums(rows, list(range(buckets)), weights, pub.n, pub.n2, n_cts,
+                                               derivations)
+
+    assert sums(derived) == sums({})
+
+
+def test_a_negative_weight_is_exponentiated_through_the_inverse():
+    key = paillier.generate_keypair(1024, allow_insecure=True)
+    pub = key.public
+    cts = paillier.encrypt_chunk(pub.n, pub.h, [5, 7, 11])
+    total = aggregation.signed_multi_exp(cts, [3, -2, 0], pub.n2)
+    assert key.decrypt_mod_p([total]) == [3 * 5 - 2 * 7]
+    assert aggregation.signed_multi_exp(cts, [3, 2, 1], pub.n2) == paillier.multi_exp(cts, [3, 2, 1], pub.n2)

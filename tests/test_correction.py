@@ -51,13 +51,47 @@ def plain_corrected(p: np.ndarray, f: np.ndarray, d: np.ndarray, hidden: tuple[i
 # ----------------------------------------------------------------------------------
 # The algebra
 # ----------------------------------------------------------------------------------
-def test_pair_weights_are_exact_products_rounded_at_32_bits():
+def test_pair_weights_are_exact_products_rounded_at_32_bits_and_rows_sum_to_the_group():
+    """Pairs without the last group: the product rounded at 32 bits, exactly. Pairs with
+    it: what makes each row of M sum to the group's weight (so that the Tester derives
+    them from the others), within k/2 units of the rounded product, and (k−1, k−1), which
+    takes the others' rounding, within ((k − 1)² + 1)/2."""
+    from common.crypto.encoding import quantize_probabilities
     rng = np.random.default_rng(3)
-    q = rng.integers(0, 1 << 32, size=(500, 4), dtype=np.int64)
-    q[0] = [1 << 32, 1 << 32, 0, 1]  # the extremes: a certain member, and 0
-    for (j, r), w in zip(correction.pairs(4), correction.pair_weights(q)):
-        expected = [(int(a) * int(b) + (1 << 31)) >> 32 for a, b in zip(q[:, j], q[:, r])]
-        assert w.tolist() == expected
+    q = quantize_probabilities(rng.dirichlet(np.full(4, 0.3), size=500))
+    q[0] = [1 << 32, 0, 0, 0]  # the extremes: a certain member, and 0
+    q[1] = [0, 0, 0, 1 << 32]
+    q[2] = [(1 << 32) - 1, 0, 0, 1]
+    weights = dict(zip(correction.pairs(4), correction.pair_weights(q)))
+    for (j, r), w in weights.items():
+        expected = np.array([(int(a) * int(b) + (1 << 31)) >> 32 for a, b in zip(q[:, j], q[:, r])])
+        if r < 3:
+            assert w.tolist() == expected.tolist()
+        else:
+            assert np.abs(w - expected).max() <= (2 if j < 3 else 5), (j, r)
+    for j in range(4):
+        row = sum(weights[(min(j, r), max(j, r))] for r in range(4))
+        assert row.tolist() == q[:, j].tolist()
+    assert [int(weights[(a, b)][0]) for a, b in correction.pairs(4)] == [1 << 32] + [0] * 9
+
+
+def test_the_pairs_with_the_last_group_are_derived_from_the_others():
+    """`pair_derivations` names, for each pair with the last group, the group column and
+    the pair columns whose difference it is; the Tester's check of the identity holds on
+    real weights and catches a column that breaks it."""
+    from common.crypto.encoding import quantize_probabilities
+    from common.metrics.base import Derivation
+    from tester_service.aggregation import verified_derivations
+    q = quantize_probabilities(np.random.default_rng(4).dirichlet(np.ones(6), size=300))
+    weights = [q[:, j] for j in range(6)] + [tuple(range(6))] + correction.pair_weights(q)
+    candidates = {c: Derivation(minus, total=total) for c, (total, minus) in correction.pair_derivations(6, 7).items()}
+    candidates[5] = Derivation(tuple(range(5)), constant=1 << 32)
+    assert sorted(candidates) == [5] + [7 + p for p, (a, b) in enumerate(correction.pairs(6)) if b == 5]
+    assert verified_derivations(weights, candidates) == candidates
+    at = {pair: 7 + p for p, pair in enumerate(correction.pairs(6))}
+    broken = list(weights)
+    broken[at[(2, 5)]] = broken[at[(2, 5)]] + 1  # its identity fails, and so does (5, 5)'s, which subtracts it
+    assert sorted(verified_derivations(broken, candidates)) == sorted(set(candidates) - {at[(2, 5)], at[(5, 5)]})
 
 
 def test_solve_recovers_rates_and_sizes_of_separated_groups():

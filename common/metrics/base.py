@@ -402,6 +402,20 @@ def sensitivity_rows(members: np.ndarray, strata: np.ndarray | None = None) -> f
 WeightColumn = Any
 
 
+@dataclass(frozen=True)
+class Derivation:
+    """A weight column that equals, row by row, `total` (a column's index, or with
+    `constant` that constant for every row) minus the sum of the columns `minus`. The
+    Tester forms its aggregates from theirs, Enc(Σ total·v) · Π Enc(Σ minus·v)^−1,
+    instead of one exponentiation per row (design §3.6): the same ciphertexts, for far
+    less work. It checks the identity on the values first and aggregates a column whose
+    values break it directly (`tester_service.aggregation.verified_derivations`)."""
+
+    minus: tuple[int, ...]
+    total: int | None = None
+    constant: int = 0
+
+
 class Metric:
     """Defaults for a single-id ratio metric reported per group and overall."""
 
@@ -611,6 +625,22 @@ class Metric:
         (q1,) = q
         k = len(groups)
         return [q1[:, j] for j in range(k)] + [tuple(range(k))]
+
+    def weight_derivations(self, k: int) -> dict[int, Derivation]:
+        """The columns of `weights` the Tester may form from others (`Derivation`): by
+        default the last group's, q_k−1 = 2^32 − Σ_{j<k−1} q_j (a row's quantised
+        probabilities sum to 2^32, design §4.2). A metric with weights of its own
+        declares its own (none: every column exponentiated)."""
+        return {k - 1: Derivation(tuple(range(k - 1)), constant=1 << PROBABILITY_BITS)} if k > 1 else {}
+
+    def moment_derivations(self, k: int, first: int) -> dict[int, Derivation]:
+        """The columns of `moment_weights` (from `first` on among all the weights) the
+        Tester may form from others: the pairs with the last group
+        (`common.stats.correction.pair_derivations`), from the groups' columns of
+        `weights` at 0..k−1."""
+        from common.stats import correction
+        return {c: Derivation(minus, total=total) for c, (total, minus) in
+                correction.pair_derivations(k, first).items()}
 
     def size_weight(self, item: Item) -> int:
         """The weight column whose sum over an item's rows is its cells' effective size."""

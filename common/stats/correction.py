@@ -131,13 +131,40 @@ def noise_of(noise_sd: Sequence[float], item: int, slot: int, item_slots: int) -
 
 
 def pair_weights(q: np.ndarray) -> list[np.ndarray]:
-    """``w_jr = round(q_j·q_r / 2^32)`` per row, one int64 column per pair (`pairs`), exact:
-    q ≤ 2^32 is split in 16-bit halves so that no partial product overflows."""
+    """One int64 column per pair (`pairs`), exact integers: ``w_jr = round(q_j·q_r / 2^32)``
+    for the pairs without the last group (q ≤ 2^32 split in 16-bit halves, so that no
+    partial product overflows), and for the pairs with it whatever makes each row of the
+    symmetric matrix sum to its group's weight, ``Σ_r w_jr = q_j`` (as Σ_r q_r = 2^32):
+    ``w_j,k−1 = q_j − Σ_{r≠k−1} w_jr``, then ``w_k−1,k−1 = q_k−1 − Σ_{j<k−1} w_j,k−1``.
+    Those are the rounded products to within k/2 units of 2^−32, and (k−1, k−1), which
+    takes every other one's rounding, within ((k − 1)² + 1)/2 (so a few units below 0 where
+    the product is that small): far below anything a release shows. The Tester forms
+    their aggregates from the others' instead of exponentiating (`pair_derivations`)."""
+    k = q.shape[1]
     hi, lo = q >> 16, q & 0xFFFF
-    out = []
-    for j, r in pairs(q.shape[1]):
+    w: dict[tuple[int, int], np.ndarray] = {}
+    for j, r in pairs(k):
+        if r == k - 1:
+            continue
         cross = hi[:, j] * lo[:, r] + lo[:, j] * hi[:, r]
-        out.append(hi[:, j] * hi[:, r] + (((cross << 16) + lo[:, j] * lo[:, r] + (1 << 31)) >> 32))
+        w[(j, r)] = hi[:, j] * hi[:, r] + (((cross << 16) + lo[:, j] * lo[:, r] + (1 << 31)) >> 32)
+    for j in range(k - 1):
+        w[(j, k - 1)] = q[:, j] - sum(w[(min(j, r), max(j, r))] for r in range(k - 1))
+    w[(k - 1, k - 1)] = q[:, k - 1] - sum(w[(j, k - 1)] for j in range(k - 1))
+    return [w[pair] for pair in pairs(k)]
+
+
+def pair_derivations(k: int, first: int, group_column=lambda j: j) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """The pair columns of `pair_weights` (at `first`, `first + 1`, … in the weights) that
+    are a group's column minus other pair columns, row by row: column index ->
+    (the group's column, the pair columns subtracted), in an order where each one's parts
+    come before it (`tester_service.aggregation.Derivation`). `group_column(j)`: where
+    group j's weight q_j is among the weights."""
+    at = {pair: first + p for p, pair in enumerate(pairs(k))}
+    out: dict[int, tuple[int, tuple[int, ...]]] = {}
+    for j in range(k - 1):
+        out[at[(j, k - 1)]] = (group_column(j), tuple(at[(min(j, r), max(j, r))] for r in range(k - 1)))
+    out[at[(k - 1, k - 1)]] = (group_column(k - 1), tuple(at[(j, k - 1)] for j in range(k - 1)))
     return out
 
 
