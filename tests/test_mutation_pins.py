@@ -845,3 +845,295 @@ def test_a_slot_holds_the_largest_masked_value_its_recipients_mask_makes(recipie
         largest = v + (1 << (item_bits + STATISTICAL_BITS)) - 1
     assert largest.bit_length() + 1 <= layout.slot_bits  # with its sign
     assert mask_bits("client") > mask_bits("tester")     # the ratio mask is the wider
+
+
+# ---------------------------------------------------------------- TLS: the development CA, names, refusals
+class _PeerContext:
+    """A server-side call's context as gRPC gives it: the verified peer's auth context,
+    and abort raising what it was told."""
+
+    def __init__(self, auth: dict) -> None:
+        self.auth = auth
+        self.aborted = None
+
+    def auth_context(self):
+        return self.auth
+
+    def abort(self, code, message):
+        self.aborted = (code, message)
+        raise RuntimeError(message)
+
+
+def test_the_development_ca_issues_leaves_that_cannot_issue():
+    """The CA: a CA of path length 0 whose key signs certificates and CRLs only; a leaf: no
+    CA, a key for signatures only, client authentication (and server for a service),
+    its name as CN and first SAN (loopback names for a service only), issued by the CA's
+    key, valid from 5 minutes ago for the days asked (P-256, SHA-256 throughout)."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID as EKU
+    from cryptography.x509.oid import NameOID
+
+    from common.net import tls
+    ca = tls.DevCA.generate(days=30)
+    cert = ca.cert
+    constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints)
+    assert constraints.critical and constraints.value.ca and constraints.value.path_length == 0
+    usage = cert.extensions.get_extension_for_class(x509.KeyUsage)
+    assert usage.critical and usage.value.key_cert_sign and usage.value.crl_sign and not usage.value.digital_signature
+    assert cert.subject == cert.issuer and cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == \
+        tls.DEV_CA_NAME and cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "PPRE"
+    assert cert.not_valid_after_utc - cert.not_valid_before_utc == dt.timedelta(days=30, minutes=5)
+    assert isinstance(cert.public_key(), ec.EllipticCurvePublicKey) and cert.public_key().curve.name == "secp256r1"
+    assert cert.signature_hash_algorithm.name == "sha256"
+    ski = cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value.digest
+    for server in (False, True):
+        issued = ca.issue("someone.example", server=server, extra_names=("alias.example",), days=7)
+        leaf = x509.load_pem_x509_certificate(issued.cert_pem)
+        leaf_constraints = leaf.extensions.get_extension_for_class(x509.BasicConstraints)
+        assert leaf_constraints.critical and not leaf_constraints.value.ca
+        leaf_usage = leaf.extensions.get_extension_for_class(x509.KeyUsage)
+        assert leaf_usage.critical and leaf_usage.value.digital_signature and not leaf_usage.value.key_cert_sign \
+            and not leaf_usage.value.crl_sign and not leaf_usage.value.key_agreement
+        ekus = list(leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+        assert ekus == ([EKU.CLIENT_AUTH, EKU.SERVER_AUTH] if server else [EKU.CLIENT_AUTH])
+        assert tls.certificate_names(leaf) == (("someone.example", "alias.example", "localhost", "127.0.0.1", "::1")
+                                               if server else ("someone.example", "alias.example"))
+        assert tls.primary_name(leaf) == "someone.example" and leaf.issuer == cert.subject
+        leaf.verify_directly_issued_by(cert)
+        aki = leaf.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value.key_identifier
+        assert aki == ski
+        assert leaf.not_valid_after_utc - leaf.not_valid_before_utc == dt.timedelta(days=7, minutes=5)
+        assert leaf.not_valid_before_utc < dt.datetime.now(dt.timezone.utc) < leaf.not_valid_after_utc
+        assert leaf.signature_hash_algorithm.name == "sha256"
+
+
+def test_a_certificate_without_a_common_name_goes_by_its_first_san():
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from common.net import tls
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def cert(sans):
+        builder = (x509.CertificateBuilder().subject_name(x509.Name([])).issuer_name(x509.Name([]))
+                   .public_key(key.public_key()).serial_number(1).not_valid_before(now)
+                   .not_valid_after(now + dt.timedelta(days=1)))
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        return builder.sign(key, hashes.SHA256())
+    first = cert([x509.DNSName("first.example"), x509.DNSName("second.example")])
+    assert tls.primary_name(first) == "first.example"
+    assert tls.certificate_names(first) == ("first.example", "second.example")
+    assert tls.primary_name(cert([])) == "" and tls.certificate_names(cert([])) == ()
+
+
+def test_the_development_ca_and_its_files_round_trip(tmp_path):
+    """`write` puts the CA and every role's certificate and key in place (keys 0600,
+    certificates 0644, parents created); `load` gives the same CA back, and a directory
+    without one is an error naming it."""
+    from common.errors import InputError
+    from common.net import tls
+    ca = tls.DevCA.generate()
+    written = ca.write(tmp_path / "nested" / "certs", days=3)
+    assert sorted(written) == sorted(tls.dev_files(tmp_path / "nested" / "certs"))
+    assert all(p.stat().st_mode & 0o777 == (0o600 if p.suffix == ".key" else 0o644) for p in written)
+    again = tls.DevCA.load(tmp_path / "nested" / "certs")
+    assert again.cert == ca.cert and again.key_pem == ca.key_pem and repr(again) == f"DevCA({tls.DEV_CA_NAME!r})"
+    import datetime as dt
+    for role in tls.ROLES:
+        identity = tls.TlsIdentity.from_dir(tmp_path / "nested" / "certs", role)
+        assert identity.identity == tls.role_identity(role) and identity.ca_pem == ca.cert_pem
+        assert identity.source == str(tmp_path / "nested" / "certs" / f"{role}.pem")
+        leaf = identity.certificate
+        assert leaf.not_valid_after_utc - leaf.not_valid_before_utc == dt.timedelta(days=3, minutes=5)
+    made = ca.identity("tester", days=2)
+    assert made.source == "development CA (tester)" and made.identity == tls.role_identity("tester")
+    assert made.certificate.not_valid_after_utc - made.certificate.not_valid_before_utc == dt.timedelta(days=2,
+                                                                                                         minutes=5)
+    with pytest.raises(InputError, match="no readable development CA") as refused:
+        tls.DevCA.load(tmp_path)
+    assert refused.value.file == str(tmp_path)
+
+
+def test_an_allow_list_refusal_names_the_identity_the_role_and_the_flag():
+    """The refusal is PERMISSION_DENIED with one message, whole, naming the peer (its CN)
+    and the allow-list's role and flag, or the method when no rule covers it; the hook
+    hears (method, identity, message), and a hook that fails still refuses."""
+    import grpc
+
+    from common.errors import InputError
+    from common.net import tls
+    allow = tls.AllowList.of("operator", "op.example, other.example", flag="--operators")
+    assert allow == tls.AllowList("operator", frozenset({"op.example", "other.example"}), "--operators")
+    with pytest.raises(InputError, match="the allow-list is empty") as empty:
+        tls.AllowList.of("operator", " , ", flag="--operators")
+    assert empty.value.parameter == "--operators"
+    assert tls.AllowList.of("client", "c.example").flag == ""
+    heard = []
+    interceptor = tls.IdentityInterceptor({"/ppre.v1.Tester/": allow}, on_refused=lambda *a: heard.append(a))
+    stranger = {"x509_common_name": [b"mallory.example"], "x509_subject_alternative_name": [b"mallory.example"]}
+    context = _PeerContext(stranger)
+    with pytest.raises(RuntimeError):
+        interceptor.check("/ppre.v1.Tester/RunAudit", context)
+    text = "peer identity 'mallory.example' is not an allow-listed operator (--operators)"
+    assert context.aborted == (grpc.StatusCode.PERMISSION_DENIED, text)
+    assert heard == [("/ppre.v1.Tester/RunAudit", "mallory.example", text)]
+    context = _PeerContext(stranger)
+    with pytest.raises(RuntimeError):
+        interceptor.check("/ppre.v1.Other/Call", context)
+    assert context.aborted[1] == "peer identity 'mallory.example' may not call /ppre.v1.Other/Call"
+    context = _PeerContext({})
+    with pytest.raises(RuntimeError):
+        interceptor.check("/ppre.v1.Tester/RunAudit", context)
+    assert context.aborted[1] == "peer identity '(no certificate identity)' is not an allow-listed operator " \
+                                 "(--operators)"
+    no_cn = _PeerContext({"x509_subject_alternative_name": [b"san-only.example"]})
+    with pytest.raises(RuntimeError):
+        interceptor.check("/ppre.v1.Tester/RunAudit", no_cn)
+    assert "'san-only.example'" in no_cn.aborted[1]
+
+    def failing(*args):
+        raise OSError("disk full")
+    context = _PeerContext(stranger)
+    with pytest.raises(RuntimeError):
+        tls.IdentityInterceptor({"/ppre.v1.Tester/": allow}, on_refused=failing).check("/ppre.v1.Tester/X", context)
+    assert context.aborted[0] == grpc.StatusCode.PERMISSION_DENIED
+    # an allowed peer passes, by any of its names
+    interceptor.check("/ppre.v1.Tester/RunAudit", _PeerContext({"x509_subject_alternative_name": [b"x", b"op.example"]}))
+    assert tls.peer_names(_PeerContext({"peer_dns": ["d.example"], "x509_common_name": [b"c.example"]})) == \
+        ("d.example", "c.example")
+    assert tls.peer_common_name(_PeerContext(stranger)) == "mallory.example"
+    assert tls.peer_common_name(_PeerContext({})) == ""
+
+
+# ---------------------------------------------------------------- the audit log's key, head and records
+def test_a_new_key_only_for_a_log_without_records(tmp_path):
+    """`load_key(create=True)` makes a key (64 hex digits, 0600, its directories too) for
+    a missing or empty log, and refuses one for a log holding anything, one byte included:
+    a new key cannot vouch for old records."""
+    from tester_service import audit_log as al
+    log = tmp_path / "state" / "audit.log"
+    log.parent.mkdir()
+    log.write_bytes(b"")
+    key_path = tmp_path / "keys" / "deep" / "audit.key"
+    key = al.load_key(key_path, log, create=True)
+    assert len(key) == al.KEY_BYTES and key_path.read_text() == key.hex() + "\n"
+    assert key_path.stat().st_mode & 0o777 == 0o600
+    second = tmp_path / "keys" / "other.key"  # its directory exists already
+    assert len(al.load_key(second, None, create=True)) == al.KEY_BYTES
+    log.write_bytes(b"\n")
+    with pytest.raises(al.AuditLogError, match="holds records but its key .* is missing"):
+        al.load_key(tmp_path / "keys" / "third.key", log, create=True)
+    assert not (tmp_path / "keys" / "third.key").exists()
+    with pytest.raises(al.AuditLogError, match=r"cannot be read \(Is a directory\)"):
+        al.load_key(tmp_path / "keys", None)
+
+
+def test_the_head_lies_beside_the_key_and_records_are_stamped_in_utc(tmp_path, monkeypatch):
+    import re
+    import time as time_module
+
+    from tester_service import audit_log as al
+    assert al.head_path(tmp_path / "k" / "audit.key") == tmp_path / "k" / "audit.key.head"
+    monkeypatch.setenv("TZ", "Asia/Tokyo")  # nine hours from UTC: a local stamp would show it
+    time_module.tzset()
+    try:
+        before = time_module.time()
+        entry = al.AuditLog(tmp_path / "audit.log").append({"n": 1})
+    finally:
+        monkeypatch.delenv("TZ")
+        time_module.tzset()
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z", entry["time"])
+    import datetime as dt
+    stamped = dt.datetime.strptime(entry["time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.timezone.utc)
+    assert abs(stamped.timestamp() - before) < 60
+
+
+def test_an_incomplete_record_fails_verification_as_false_not_unknown(tmp_path):
+    from tester_service import audit_log as al
+    path = tmp_path / "audit.log"
+    al.AuditLog(path).append({"n": 1})
+    path.write_bytes(path.read_bytes()[:-1])
+    result = al.verify(path)
+    assert result.ok is False and result.records == 0 and result.broken_line == 1
+    empty = tmp_path / "empty.log"
+    empty.write_bytes(b"")
+    assert al.verify(empty) == al.Verification(True, 0, None, "empty log", False, al.GENESIS)
+
+
+def test_a_verification_against_the_exported_head_names_what_it_found(tmp_path):
+    """Every field of the verdict, whole: a removed tail (the records left, the range
+    removed), a head that names another record (the line before it intact), an
+    anchored and an unanchored intact chain, an unkeyed one, and a head of 0 records on
+    an empty log."""
+    from tester_service import audit_log as al
+    log_path, key_path = tmp_path / "state" / "audit.log", tmp_path / "keys" / "audit.key"
+    log_path.parent.mkdir()
+    log = al.AuditLog.keyed(log_path, key_path)
+    entries = [log.append({"n": i}) for i in range(4)]
+    key = al.load_key(key_path)
+    head = (4, entries[3]["mac"])
+    assert al.verify(log_path, key, head) == al.Verification(
+        True, 4, None, "chain intact, every MAC checked; the exported head matches", True, entries[3]["mac"])
+    assert al.verify(log_path, key) == al.Verification(
+        True, 4, None, f"chain intact, every MAC checked; {al.UNANCHORED}", True, entries[3]["mac"])
+    assert al.verify(log_path, key, (3, entries[1]["mac"])) == al.Verification(
+        False, 2, 3, "is not the record the exported head names (the log was rewritten from here on)", True,
+        entries[3]["mac"])
+    lines = log_path.read_bytes().splitlines(keepends=True)
+    log_path.write_bytes(b"".join(lines[:2]))
+    assert al.verify(log_path, key, head) == al.Verification(
+        False, 2, None, "truncated: the log holds 2 records, its exported head 4 (records 3-4 were removed)", True,
+        entries[1]["mac"])
+    plain = tmp_path / "plain.log"
+    last = [al.AuditLog(plain).append({"n": i}) for i in range(2)][-1]
+    assert al.verify(plain) == al.Verification(True, 2, None, al.UNKEYED, False, last["hash"])
+    empty = tmp_path / "state" / "empty.log"
+    empty.write_bytes(b"")
+    assert al.verify(empty, key, (0, al.GENESIS)).ok
+
+
+def test_bad_tls_material_is_refused_naming_the_file_and_what_is_wrong(tmp_path):
+    """Each refusal whole, with the file it names: a missing file (which of the three), a
+    path that is no directory, a certificate or key that is not PEM, a key of another
+    certificate, a certificate another CA issued."""
+    from common.errors import InputError
+    from common.net import tls
+    ca = tls.DevCA.generate()
+    ca.write(tmp_path / "certs")
+    d = tmp_path / "certs"
+
+    def refusal(call):
+        with pytest.raises(InputError) as refused:
+            call()
+        return str(refused.value), refused.value.file
+
+    text, file = refusal(lambda: tls.TlsIdentity.from_files(d / "absent.pem", d / "tester.pem", d / "tester.key"))
+    assert "cannot read the CA certificate (No such file or directory)" in text and file == str(d / "absent.pem")
+    text, file = refusal(lambda: tls.TlsIdentity.from_files(d / "ca.pem", d / "nope.pem", d / "tester.key"))
+    assert "cannot read the certificate (No such file or directory)" in text and file == str(d / "nope.pem")
+    text, file = refusal(lambda: tls.TlsIdentity.from_files(d / "ca.pem", d / "tester.pem", d / "nope.key"))
+    assert "cannot read the private key (No such file or directory)" in text and file == str(d / "nope.key")
+    text, file = refusal(lambda: tls.TlsIdentity.from_dir(d / "ca.pem", "tester"))
+    assert "is not a directory (create one with `ppre certs init DIR`)" in text and file == str(d / "ca.pem")
+    good = tls.TlsIdentity.from_dir(d, "tester")
+    text, file = refusal(lambda: tls.TlsIdentity(b"not pem", good.cert_pem, good.key_pem, source="S"))
+    assert "is not a PEM certificate" in text and file == "S (CA)"
+    text, file = refusal(lambda: tls.TlsIdentity(good.ca_pem, b"not pem", good.key_pem))
+    assert "is not a PEM certificate" in text and file == "TLS material (certificate)"
+    text, file = refusal(lambda: tls.TlsIdentity(good.ca_pem, good.cert_pem, b"not pem", source="S"))
+    assert "is not an unencrypted PEM private key" in text and file == "S (key)"
+    other = tls.TlsIdentity.from_dir(d, "client")
+    text, file = refusal(lambda: tls.TlsIdentity(good.ca_pem, good.cert_pem, other.key_pem, source="S"))
+    assert "the private key does not belong to the certificate" in text and file == "S"
+    stranger = tls.DevCA.generate(name="another CA")
+    text, file = refusal(lambda: tls.TlsIdentity(stranger.cert_pem, good.cert_pem, good.key_pem, source="S"))
+    assert f"the certificate ('{tls.role_identity('tester')}') was not issued by the CA ('another CA')" in text
+    assert file == "S"
