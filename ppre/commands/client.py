@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--accept-noiseless", action="store_true",
                    default=os.environ.get("PPRE_ACCEPT_NOISELESS", "") == "1",
                    help="finish audits whose aggregates carry no release noise (a Tester with its release "
-                        "controls off); refused by default (env PPRE_ACCEPT_NOISELESS=1)")
+                        "controls off), and take part in the probabilistic count without noise (plaintext "
+                        "pools); refused by default (env PPRE_ACCEPT_NOISELESS=1)")
     s.add_argument("--results-dir", default=os.environ.get("PPRE_CLIENT_RESULTS_DIR"), metavar="DIR",
                    help="write each audit's result (result recipient client: only this service learns it) to "
                         "DIR/AUDIT_ID.json, mode 0600; DIR must exist and be writable; without it results are "
