@@ -882,7 +882,13 @@ def test_the_development_ca_issues_leaves_that_cannot_issue():
     constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints)
     assert constraints.critical and constraints.value.ca and constraints.value.path_length == 0
     usage = cert.extensions.get_extension_for_class(x509.KeyUsage)
-    assert usage.critical and usage.value.key_cert_sign and usage.value.crl_sign and not usage.value.digital_signature
+
+    def usages(**on):
+        names = ("digital_signature", "content_commitment", "key_encipherment", "data_encipherment",
+                 "key_agreement", "key_cert_sign", "crl_sign", "encipher_only", "decipher_only")
+        return x509.KeyUsage(**{name: on.get(name, False) for name in names})
+    assert usage.critical and usage.value == usages(key_cert_sign=True, crl_sign=True)
+    assert not cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).critical
     assert cert.subject == cert.issuer and cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == \
         tls.DEV_CA_NAME and cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "PPRE"
     assert cert.not_valid_after_utc - cert.not_valid_before_utc == dt.timedelta(days=30, minutes=5)
@@ -895,8 +901,11 @@ def test_the_development_ca_issues_leaves_that_cannot_issue():
         leaf_constraints = leaf.extensions.get_extension_for_class(x509.BasicConstraints)
         assert leaf_constraints.critical and not leaf_constraints.value.ca
         leaf_usage = leaf.extensions.get_extension_for_class(x509.KeyUsage)
-        assert leaf_usage.critical and leaf_usage.value.digital_signature and not leaf_usage.value.key_cert_sign \
-            and not leaf_usage.value.crl_sign and not leaf_usage.value.key_agreement
+        assert leaf_usage.critical and leaf_usage.value == usages(digital_signature=True)
+        assert not any(leaf.extensions.get_extension_for_class(kind).critical for kind in (
+            x509.ExtendedKeyUsage, x509.SubjectAlternativeName, x509.AuthorityKeyIdentifier))
+        assert issued.name == "someone.example"
+        assert leaf.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "PPRE"
         ekus = list(leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
         assert ekus == ([EKU.CLIENT_AUTH, EKU.SERVER_AUTH] if server else [EKU.CLIENT_AUTH])
         assert tls.certificate_names(leaf) == (("someone.example", "alias.example", "localhost", "127.0.0.1", "::1")
@@ -978,13 +987,18 @@ def test_an_allow_list_refusal_names_the_identity_the_role_and_the_flag():
     assert tls.AllowList.of("client", "c.example").flag == ""
     heard = []
     interceptor = tls.IdentityInterceptor({"/ppre.v1.Tester/": allow}, on_refused=lambda *a: heard.append(a))
-    stranger = {"x509_common_name": [b"mallory.example"], "x509_subject_alternative_name": [b"mallory.example"]}
+    stranger = {"x509_common_name": [b"mallory.example"], "x509_subject_alternative_name": [b"alias.example"]}
     context = _PeerContext(stranger)
     with pytest.raises(RuntimeError):
         interceptor.check("/ppre.v1.Tester/RunAudit", context)
     text = "peer identity 'mallory.example' is not an allow-listed operator (--operators)"
     assert context.aborted == (grpc.StatusCode.PERMISSION_DENIED, text)
-    assert heard == [("/ppre.v1.Tester/RunAudit", "mallory.example", text)]
+    assert heard == [("/ppre.v1.Tester/RunAudit", "mallory.example", text)]  # its CN, not its first SAN
+    unflagged = tls.IdentityInterceptor({"/ppre.v1.Tester/": tls.AllowList.of("operator", "op.example")})
+    context = _PeerContext(stranger)
+    with pytest.raises(RuntimeError):
+        unflagged.check("/ppre.v1.Tester/RunAudit", context)
+    assert context.aborted[1] == "peer identity 'mallory.example' is not an allow-listed operator"
     context = _PeerContext(stranger)
     with pytest.raises(RuntimeError):
         interceptor.check("/ppre.v1.Other/Call", context)
@@ -1137,3 +1151,54 @@ def test_bad_tls_material_is_refused_naming_the_file_and_what_is_wrong(tmp_path)
     text, file = refusal(lambda: tls.TlsIdentity(stranger.cert_pem, good.cert_pem, good.key_pem, source="S"))
     assert f"the certificate ('{tls.role_identity('tester')}') was not issued by the CA ('another CA')" in text
     assert file == "S"
+
+
+def test_the_audit_logs_refusals_name_the_file_and_the_fix(tmp_path):
+    """What an operator reads when the log cannot go on, each message whole: it names the
+    file and what to do."""
+    from tester_service import audit_log as al
+    state, keys = tmp_path / "state", tmp_path / "keys"
+    state.mkdir()
+    log_path, key_path = state / "audit.log", keys / "audit.key"
+    al.AuditLog.keyed(log_path, key_path).append({"n": 1})
+
+    def message(call) -> str:
+        with pytest.raises(al.AuditLogError) as refused:
+            call()
+        return str(refused.value)
+
+    missing_dir = tmp_path / "absent" / "audit.head"
+    assert message(lambda: al._write_head(missing_dir, 1, al.GENESIS)) == \
+        f"the audit log's head {missing_dir} cannot be written (No such file or directory); --audit-log-head FILE"
+    bad_head = tmp_path / "bad.head"
+    bad_head.write_bytes(b"\xff\xfe")
+    assert message(lambda: al.parse_head(str(bad_head))).startswith(f"the log head {bad_head} cannot be read (")
+    assert message(lambda: al.AuditLog(tmp_path).append({"n": 1})) == \
+        f"the audit log {tmp_path} cannot be opened (Is a directory)"
+    assert message(lambda: al.AuditLog(log_path).append({"n": 2})) == \
+        f"the audit log {log_path} is keyed: give its key (--audit-log-key)"
+    assert message(lambda: al.AuditLog(log_path, bytes(al.KEY_BYTES)).append({"n": 2})) == \
+        (f"the last record of the audit log {log_path} was not made with this key (another key, or the record was "
+         "changed): run `ppre log verify --key FILE`")
+    head_inside = state / "audit.head"
+    assert message(lambda: al.AuditLog.keyed(log_path, key_path, head=head_inside)) == \
+        (f"the audit log's head {head_inside} lies in the log's directory {state.resolve()}: export it where "
+         "whoever can write the log cannot (--audit-log-head FILE)")
+    key_inside = state / "audit.key"
+    assert message(lambda: al.load_key(key_inside, log_path)) == \
+        (f"the audit log's key {key_inside} lies in the log's directory {state.resolve()}: keep it where whoever "
+         "can write the log cannot read it (another directory or volume), --audit-log-key FILE")
+    plain = tmp_path / "plain" / "audit.log"
+    plain.parent.mkdir()
+    al.AuditLog(plain).append({"n": 1})
+    assert message(lambda: al.AuditLog.keyed(plain, keys / "other.key")) == al.UNKEYED_LOG.format(path=plain)
+    assert message(lambda: al.AuditLog(plain, al.load_key(key_path)).append({"n": 2})) == \
+        al.UNKEYED_LOG.format(path=plain)
+    broken = tmp_path / "broken.log"
+    broken.write_text("{not a record\n")
+    assert message(lambda: al.AuditLog(broken).append({"n": 1})) == \
+        f"the last record of the audit log {broken} cannot be read; run `ppre log verify`"
+    assert al.verify(log_path).reason == \
+        "a keyed record: give the log's key (--key FILE, env PPRE_AUDIT_LOG_KEY_FILE) to check it"
+    assert al.verify(plain, al.load_key(key_path)).reason == \
+        "has no MAC (an unkeyed record: the log was written without a key, or rewritten by someone without it)"
