@@ -941,6 +941,34 @@ def test_a_certificate_without_a_common_name_goes_by_its_first_san():
     assert tls.primary_name(first) == "first.example"
     assert tls.certificate_names(first) == ("first.example", "second.example")
     assert tls.primary_name(cert([])) == "" and tls.certificate_names(cert([])) == ()
+    from cryptography.x509.oid import NameOID
+    named = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cn.example")]))
+             .issuer_name(x509.Name([])).public_key(key.public_key()).serial_number(2).not_valid_before(now)
+             .not_valid_after(now + dt.timedelta(days=1))
+             .add_extension(x509.SubjectAlternativeName([x509.DNSName("san.example")]), critical=False)
+             .sign(key, hashes.SHA256()))
+    assert tls.primary_name(named) == "cn.example"  # the CN first, though a SAN comes first among the names
+    assert tls.certificate_names(named) == ("san.example", "cn.example")
+
+
+def test_development_certificates_are_valid_now_whatever_the_local_time_zone(monkeypatch):
+    import datetime as dt
+    import time as time_module
+
+    from cryptography import x509
+
+    from common.net import tls
+    monkeypatch.setenv("TZ", "Asia/Tokyo")  # nine hours ahead of UTC: local time taken as UTC starts in the future
+    time_module.tzset()
+    try:
+        ca = tls.DevCA.generate()
+        leaf = x509.load_pem_x509_certificate(ca.issue("x.example").cert_pem)
+    finally:
+        monkeypatch.delenv("TZ")
+        time_module.tzset()
+    now = dt.datetime.now(dt.timezone.utc)
+    for cert in (ca.cert, leaf):
+        assert now - dt.timedelta(minutes=6) < cert.not_valid_before_utc < now
 
 
 def test_the_development_ca_and_its_files_round_trip(tmp_path):
