@@ -848,22 +848,6 @@ def test_a_slot_holds_the_largest_masked_value_its_recipients_mask_makes(recipie
 
 
 # ---------------------------------------------------------------- TLS: the development CA, names, refusals
-class _PeerContext:
-    """A server-side call's context as gRPC gives it: the verified peer's auth context,
-    and abort raising what it was told."""
-
-    def __init__(self, auth: dict) -> None:
-        self.auth = auth
-        self.aborted = None
-
-    def auth_context(self):
-        return self.auth
-
-    def abort(self, code, message):
-        self.aborted = (code, message)
-        raise RuntimeError(message)
-
-
 def test_the_development_ca_issues_leaves_that_cannot_issue():
     """The CA: a CA of path length 0 whose key signs certificates and CRLs only; a leaf: no
     CA, a key for signatures only, client authentication (and server for a service),
@@ -1007,6 +991,7 @@ def test_an_allow_list_refusal_names_the_identity_the_role_and_the_flag():
 
     from common.errors import InputError
     from common.net import tls
+    from tests.helpers import CallContext
     allow = tls.AllowList.of("operator", "op.example, other.example", flag="--operators")
     assert allow == tls.AllowList("operator", frozenset({"op.example", "other.example"}), "--operators")
     with pytest.raises(InputError, match="the allow-list is empty") as empty:
@@ -1015,44 +1000,44 @@ def test_an_allow_list_refusal_names_the_identity_the_role_and_the_flag():
     assert tls.AllowList.of("client", "c.example").flag == ""
     heard = []
     interceptor = tls.IdentityInterceptor({"/ppre.v1.Tester/": allow}, on_refused=lambda *a: heard.append(a))
-    stranger = {"x509_common_name": [b"mallory.example"], "x509_subject_alternative_name": [b"alias.example"]}
-    context = _PeerContext(stranger)
-    with pytest.raises(RuntimeError):
+    stranger = {"x509_common_name": ["mallory.example"], "x509_subject_alternative_name": ["alias.example"]}
+    context = CallContext(**stranger)
+    with pytest.raises(PermissionError):
         interceptor.check("/ppre.v1.Tester/RunAudit", context)
     text = "peer identity 'mallory.example' is not an allow-listed operator (--operators)"
     assert context.aborted == (grpc.StatusCode.PERMISSION_DENIED, text)
     assert heard == [("/ppre.v1.Tester/RunAudit", "mallory.example", text)]  # its CN, not its first SAN
     unflagged = tls.IdentityInterceptor({"/ppre.v1.Tester/": tls.AllowList.of("operator", "op.example")})
-    context = _PeerContext(stranger)
-    with pytest.raises(RuntimeError):
+    context = CallContext(**stranger)
+    with pytest.raises(PermissionError):
         unflagged.check("/ppre.v1.Tester/RunAudit", context)
     assert context.aborted[1] == "peer identity 'mallory.example' is not an allow-listed operator"
-    context = _PeerContext(stranger)
-    with pytest.raises(RuntimeError):
+    context = CallContext(**stranger)
+    with pytest.raises(PermissionError):
         interceptor.check("/ppre.v1.Other/Call", context)
     assert context.aborted[1] == "peer identity 'mallory.example' may not call /ppre.v1.Other/Call"
-    context = _PeerContext({})
-    with pytest.raises(RuntimeError):
+    context = CallContext()
+    with pytest.raises(PermissionError):
         interceptor.check("/ppre.v1.Tester/RunAudit", context)
     assert context.aborted[1] == "peer identity '(no certificate identity)' is not an allow-listed operator " \
                                  "(--operators)"
-    no_cn = _PeerContext({"x509_subject_alternative_name": [b"san-only.example"]})
-    with pytest.raises(RuntimeError):
+    no_cn = CallContext(x509_subject_alternative_name=["san-only.example"])
+    with pytest.raises(PermissionError):
         interceptor.check("/ppre.v1.Tester/RunAudit", no_cn)
     assert "'san-only.example'" in no_cn.aborted[1]
 
     def failing(*args):
         raise OSError("disk full")
-    context = _PeerContext(stranger)
-    with pytest.raises(RuntimeError):
+    context = CallContext(**stranger)
+    with pytest.raises(PermissionError):
         tls.IdentityInterceptor({"/ppre.v1.Tester/": allow}, on_refused=failing).check("/ppre.v1.Tester/X", context)
     assert context.aborted[0] == grpc.StatusCode.PERMISSION_DENIED
     # an allowed peer passes, by any of its names
-    interceptor.check("/ppre.v1.Tester/RunAudit", _PeerContext({"x509_subject_alternative_name": [b"x", b"op.example"]}))
-    assert tls.peer_names(_PeerContext({"peer_dns": ["d.example"], "x509_common_name": [b"c.example"]})) == \
+    interceptor.check("/ppre.v1.Tester/RunAudit", CallContext(x509_subject_alternative_name=["x", "op.example"]))
+    assert tls.peer_names(CallContext(peer_dns=["d.example"], x509_common_name=["c.example"])) == \
         ("d.example", "c.example")
-    assert tls.peer_common_name(_PeerContext(stranger)) == "mallory.example"
-    assert tls.peer_common_name(_PeerContext({})) == ""
+    assert tls.peer_common_name(CallContext(**stranger)) == "mallory.example"
+    assert tls.peer_common_name(CallContext()) == ""
 
 
 # ---------------------------------------------------------------- the audit log's key, head and records
