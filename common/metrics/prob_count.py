@@ -125,7 +125,7 @@ class ProbabilisticCount(Metric):
     def cell_report(self, plan, values, *, option, params, info, confidence, tau, min_size):
         """The result from the cells' noised counts (row 0 of `values`; NaN where withheld):
         the module docstring's first form."""
-        from common.stats.results import AuditReport, PoolResult
+        from common.stats.results import NOISED_MEMBERS, AuditReport, PoolResult
         t, level = params["count_threshold"], params["inclusion_level"]
         counts = {(cell.other, cell.group): float(values[0, c]) for c, cell in enumerate(plan.cells)}
         labels = list(dict.fromkeys(cell.other for cell in plan.cells))
@@ -146,7 +146,8 @@ class ProbabilisticCount(Metric):
         return AuditReport(metric=self.name, metric_option=option, n_matched=0, bootstrap=0,
                            confidence=confidence, interval="exact", groups=group_results,
                            verdict=inclusion_verdict(pools, group_results, t, level, tau, min_size),
-                           pools=pools, params={"count_threshold": t, "inclusion_level": level}, info=dict(info))
+                           pools=pools, params={"count_threshold": t, "inclusion_level": level},
+                           info={**info, NOISED_MEMBERS: True})
 
     # ------------------------------------------------------------- the Tester's form
     def local_result(self, probabilities, strata, strata_labels, groups, option, params, info, *,

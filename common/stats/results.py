@@ -275,6 +275,10 @@ class Difference:
     informative: bool = False
 
 
+#: the result's `info` key that says the pools' member counts are noised (the probabilistic
+#: count's encrypted form: each the sum of its groups' noised counts)
+NOISED_MEMBERS = "pool_members_noised"
+
 @dataclass(frozen=True)
 class PoolResult:
     pool: str
@@ -566,7 +570,8 @@ class AuditReport:
                               [[c.group, f"{c.score:.4g}", _num(c.estimate), _num(c.ci_low), _num(c.ci_high),
                                 _yes(c.informative)] for c in self.curves])
         if self.pools:
-            lines += _columns(["pool", "group", "members", "expected", "P(N>=T)", "included"],
+            members = "members (noised)" if self.info.get(NOISED_MEMBERS) else "members"
+            lines += _columns(["pool", "group", members, "expected", "P(N>=T)", "included"],
                               [[p.pool, p.group, str(p.members), f"{p.expected_count:.3f}",
                                 _num(p.prob_at_least), "yes" if p.included else "NO"]
                                if p.expected_count is not None else

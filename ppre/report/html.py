@@ -274,6 +274,7 @@ def curves_section(report: "AuditReport") -> str:
 
 
 def pools_section(report: "AuditReport") -> str:
+    from common.stats.results import NOISED_MEMBERS
     if not report.pools:
         return ""
     t = _plain(report.params.get("count_threshold"))
@@ -294,7 +295,8 @@ def pools_section(report: "AuditReport") -> str:
            f'member(s) of the group, and whether it reaches the inclusion level {_e(level)} '
            f'(\u2713 included, \u2717 not included), and the expected count E[N].</p>'
            '<div class="table-wrap"><table class="pools"><caption>Pr(N \u2265 T) by pool and group</caption>'
-           '<thead><tr><th scope="col">pool</th><th scope="col">members</th>'
+           '<thead><tr><th scope="col">pool</th><th scope="col">'
+           + ("members (noised)" if report.info.get(NOISED_MEMBERS) else "members") + '</th>'
            + "".join(f'<th scope="col">{_e(g)}</th>' for g in groups) + "</tr></thead><tbody>"]
     for pool in pools:
         out.append(f'<tr><th scope="row">{_e(pool)}</th><td>{_e(_count(members[pool]))}</td>')
