@@ -268,7 +268,7 @@ def needs_ones(weights: Sequence, derived: Mapping[int, Derivation] | None = Non
 
 
 def verified_derivations(weights: Sequence, candidates: Mapping[int, Derivation]) -> dict[int, Derivation]:
-    """Design §3.6: the `candidates` (a metric's declared `Derivation`s) whose identity
+    """Design §4.2 ("Derived columns"): the `candidates` (a metric's declared `Derivation`s) whose identity
     holds exactly, row by row, on the columns' values, and whose parts are columns given
     row by row (exponentiated or derived before them): the rest are exponentiated."""
     out: dict[int, Derivation] = {}
@@ -289,11 +289,11 @@ def verified_derivations(weights: Sequence, candidates: Mapping[int, Derivation]
 
 def derive_sums(per_w: list, derived: Mapping[int, Derivation], ones: Sequence[int] | None, n: int,
                 n2: int) -> None:
-    """Design §3.6: fill each derived column's bucket sums in `per_w` (per row ciphertext
+    """Design §4.2 ("Derived columns"): fill each derived column's bucket sums in `per_w` (per row ciphertext
     t): Enc(Σ total·v) · Π Enc(Σ minus·v)^−1, where Enc(Σ total·v) is the constant times
     the plain `ones` sums for a derivation from a constant; in column order, so that a
     derivation's parts are there first."""
-    n2_ = mpz(n2)
+    modulus = mpz(n2)
     for w in sorted(derived):
         d = derived[w]
         base = per_w[d.total] if d.total is not None else [paillier.scalar_pow(n, c, d.constant) for c in ones]
@@ -301,8 +301,8 @@ def derive_sums(per_w: list, derived: Mapping[int, Derivation], ones: Sequence[i
         for t, c in enumerate(base):
             minus = mpz(1)
             for p in d.minus:
-                minus = minus * per_w[p][t] % n2_
-            out.append(int(mpz(c) * gmpy2.invert(minus, n2_) % n2_))
+                minus = minus * per_w[p][t] % modulus
+            out.append(int(mpz(c) * gmpy2.invert(minus, modulus) % modulus))
         per_w[w] = out
 
 

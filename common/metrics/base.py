@@ -407,7 +407,7 @@ class Derivation:
     """A weight column that equals, row by row, `total` (a column's index, or with
     `constant` that constant for every row) minus the sum of the columns `minus`. The
     Tester forms its aggregates from theirs, Enc(Σ total·v) · Π Enc(Σ minus·v)^−1,
-    instead of one exponentiation per row (design §3.6): the same ciphertexts, for far
+    instead of one exponentiation per row (design §4.2): the same ciphertexts, for far
     less work. It checks the identity on the values first and aggregates a column whose
     values break it directly (`tester_service.aggregation.verified_derivations`)."""
 
