@@ -174,8 +174,9 @@ def resampling_units(resampling: str, units: np.ndarray | None, n: int, rng: np.
                      n_buckets: int) -> tuple[np.ndarray | None, int]:
     """Design §4.8 and §8.4: each of the `n` rows' resampling unit, and the number of units.
     "unit": the Test-Client's units (queries), renumbered 0..; one unit when the estimate
-    is released alone (`estimate_only`: second moments, or an exact interval); under release noise (`groups_instead`) the units go
-    at random to `RELEASE_GROUPS` disjoint groups, and fewer units than that is a refusal
+    is released alone (`estimate_only`: second moments, or an exact interval); under
+    release noise (`groups_instead`) the units go at random to `RELEASE_GROUPS` disjoint
+    groups, and fewer units than that is a refusal
     (`IntersectionRefused`). "client_groups": the Test-Client's own groups (`units` as
     they are) and the estimate's. Otherwise: random buckets of the rows (`random_groups`
     for a random-groups metric, else `RELEASE_GROUPS` under noise, one for the estimate
@@ -268,9 +269,10 @@ def needs_ones(weights: Sequence, derived: Mapping[int, Derivation] | None = Non
 
 
 def verified_derivations(weights: Sequence, candidates: Mapping[int, Derivation]) -> dict[int, Derivation]:
-    """Design §4.2 ("Derived columns"): the `candidates` (a metric's declared `Derivation`s) whose identity
-    holds exactly, row by row, on the columns' values, and whose parts are columns given
-    row by row (exponentiated or derived before them): the rest are exponentiated."""
+    """Design §4.2 ("Derived columns"): the `candidates` (a metric's declared
+    `Derivation`s) whose identity holds exactly, row by row, on the columns' values, and
+    whose parts are columns given row by row (exponentiated or derived before them): the
+    rest are exponentiated."""
     out: dict[int, Derivation] = {}
     for w in sorted(candidates):
         d = candidates[w]
@@ -289,10 +291,10 @@ def verified_derivations(weights: Sequence, candidates: Mapping[int, Derivation]
 
 def derive_sums(per_w: list, derived: Mapping[int, Derivation], ones: Sequence[int] | None, n: int,
                 n2: int) -> None:
-    """Design §4.2 ("Derived columns"): fill each derived column's bucket sums in `per_w` (per row ciphertext
-    t): Enc(Σ total·v) · Π Enc(Σ minus·v)^−1, where Enc(Σ total·v) is the constant times
-    the plain `ones` sums for a derivation from a constant; in column order, so that a
-    derivation's parts are there first."""
+    """Design §4.2 ("Derived columns"): fill each derived column's bucket sums in `per_w`
+    (per row ciphertext t): Enc(Σ total·v) · Π Enc(Σ minus·v)^−1, where Enc(Σ total·v) is
+    the constant times the plain `ones` sums for a derivation from a constant; in column
+    order, so that a derivation's parts are there first."""
     modulus = mpz(n2)
     for w in sorted(derived):
         d = derived[w]

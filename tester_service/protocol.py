@@ -541,7 +541,7 @@ class TesterSession:
         """Design §4.8 and §8.4: every row's resampling unit and their number
         (`aggregation.resampling_units`)."""
         return aggregation.resampling_units(self.metric.resampling, units, n, rng,
-                                            estimate_only=self._released_rows() == 1, groups_instead=groups_instead,
+                                            estimate_only=self._estimate_only(), groups_instead=groups_instead,
                                             random_groups=self.metric.random_groups, n_buckets=self._n_buckets)
 
     def _weights_and_plan(self, q: list[np.ndarray], strata: np.ndarray | None, units: np.ndarray | None) -> tuple:
@@ -637,7 +637,7 @@ class TesterSession:
         """Design §4.8, §8.4: each released row's count of every unit (`aggregation.count_rows`)."""
         groups = self.metric.resampling == "client_groups" or groups_instead
         return aggregation.count_rows(n_units, self._replicates() if groups else 0, self.spec.bootstrap, rng,
-                                      estimate_only=self._released_rows() == 1, groups=groups)
+                                      estimate_only=self._estimate_only(), groups=groups)
 
     def _direct_items(self, agg: dict, weights: list, n_units: int) -> tuple[dict, list[int], list[list[int]]]:
         """Design §3.6: the items formed from others (item -> its parts), the direct items,
@@ -668,7 +668,7 @@ class TesterSession:
             sigma0, sigma_m = self.release.moment_sigmas(beta, squares=squares)
             sigma_b = 0.0
             item_sigma = [sigma_m if i >= self._correction.first_item else sigma0 for i in range(len(plan_items))]
-        elif self._released_rows() == 1:  # the estimate alone (an exact interval): no groups to share ρ with
+        elif self._interval() == "exact":  # the estimate alone: no groups to share ρ with
             sigma0, sigma_b = self.release.single_sigma(beta), 0.0
             item_sigma = [sigma0] * len(plan_items)
         else:
@@ -949,11 +949,14 @@ class TesterSession:
         report's method."""
         return moments.FORM if self._moments_form() else self._interval()
 
+    def _estimate_only(self) -> bool:
+        """Whether the estimate is released alone: second moments, or an exact interval."""
+        return self._moments_form() or self._interval() == "exact"
+
     def _released_rows(self) -> int:
-        """Rows of items in the AGGREGATES table: the estimate alone for a release of
-        second moments or a metric with an exact interval, else the estimate and every
-        replicate."""
-        return 1 if self._moments_form() else self._replicates() + 1
+        """Rows of items in the AGGREGATES table: the estimate alone (`_estimate_only`),
+        else the estimate and every replicate."""
+        return 1 if self._estimate_only() else self._replicates() + 1
 
     def _replicates(self) -> int:
         """B (bootstrap replicates, or parametric draws), or the number of random groups

@@ -17,7 +17,7 @@ from common.metrics.prob_count import MAX_ENCRYPTED_POOLS
 from proto import ppre_pb2 as pb
 from tester_service.protocol import AuditSpec, TesterSession
 from tester_service.release import ReleasePolicy
-from tests.helpers import TEST_BITS, make_inputs, one_key_inline_chunks
+from tests.helpers import TEST_BITS, make_inputs, one_key_inline_chunks, run_sessions
 
 #: noise on, without the size thresholds these small tables would not pass
 NOISY = ReleasePolicy(min_intersection=1, min_effective_size=0.0)
@@ -38,22 +38,21 @@ def _pools(n_pools: int, seed: int, members: int = 300):
 
 
 def _run(tester_df, client_df, release, *, recipient="client", accept_noiseless=True, seen=None,
-         to_client=lambda m: m, to_tester=lambda m: m):
-    """Both sessions to the end, every message kept in `seen` as (direction, message),
-    each passed through `to_client` or `to_tester` on its way: (the Tester's session,
-    the Test-Client's session)."""
+         edit=lambda direction, message: None):
+    """Both sessions to the end (`run_sessions`), every message kept in `seen` as
+    (direction, message) and passed to `edit` on its way, which may change it in place:
+    (the Tester's session, the Test-Client's session)."""
     spec = AuditSpec(metric="prob-count", client_dataset="d", result_recipient=recipient)
     tester = TesterSession(spec, tester_df, min_modulus_bits=TEST_BITS, release=release)
     client = ClientSession(lambda name, metric: client_df.copy(), modulus_bits=TEST_BITS, allow_insecure=True,
                            accept_noiseless=accept_noiseless)
     seen = [] if seen is None else seen
+
+    def tap(direction, message):
+        edit(direction, message)
+        seen.append((direction, message))
     try:
-        pending = list(tester.start())
-        while pending:
-            seen += [("to_client", m) for m in pending]
-            replies = [to_tester(r) for m in pending for r in client.receive(to_client(m))]
-            seen += [("to_tester", r) for r in replies]
-            pending = [out for r in replies for out in tester.receive(r)]
+        run_sessions(tester, client, tap)
         return tester, client
     finally:
         tester.close()
@@ -141,12 +140,11 @@ def test_more_pools_than_the_encrypted_form_holds_are_refused_naming_the_column(
     assert refused.value.column == "pool" and f"at most {MAX_ENCRYPTED_POOLS}" in str(refused.value)
 
 
-def _edit_header(edit):
-    def tamper(message):
+def _edit_header(change):
+    def edit(direction, message):
         if message.WhichOneof("body") == "aggregates_header":
-            edit(message.aggregates_header)
-        return message
-    return tamper
+            change(message.aggregates_header)
+    return edit
 
 
 @pytest.mark.parametrize("field, value", [("replicates", 1), ("interval", "random_groups"), ("plain_rows", 0),
@@ -159,7 +157,7 @@ def test_the_test_client_refuses_a_count_header_out_of_its_form(field, value):
     _, client = _run(tester_df, client_df, NOISY)
     assert client.result is not None  # untouched: accepted
     with pytest.raises(ProtocolError, match="^aggregates header: "):
-        _run(tester_df, client_df, NOISY, to_client=_edit_header(lambda h: setattr(h, field, value)))
+        _run(tester_df, client_df, NOISY, edit=_edit_header(lambda h: setattr(h, field, value)))
 
 
 def test_the_tester_refuses_pool_facts_that_do_not_match_the_labels():
@@ -168,9 +166,8 @@ def test_the_tester_refuses_pool_facts_that_do_not_match_the_labels():
     import json
     tester_df, client_df = _pools(2, seed=66)
     for pools in (3, MAX_ENCRYPTED_POOLS + 1):
-        def tamper(message, pools=pools):
+        def edit(direction, message, pools=pools):
             if message.WhichOneof("body") == "hello_ack":
                 message.hello_ack.info_json = json.dumps({"pools": pools})
-            return message
         with pytest.raises(ProtocolError, match="dataset facts are malformed"):
-            _run(tester_df, client_df, NOISY, to_tester=tamper)
+            _run(tester_df, client_df, NOISY, edit=edit)

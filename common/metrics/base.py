@@ -629,16 +629,20 @@ class Metric:
     def weight_derivations(self, k: int) -> dict[int, Derivation]:
         """The columns of `weights` the Tester may form from others (`Derivation`): by
         default the last group's, q_k−1 = 2^32 − Σ_{j<k−1} q_j (a row's quantised
-        probabilities sum to 2^32, design §4.2). A metric with weights of its own
-        declares its own (none: every column exponentiated)."""
-        return {k - 1: Derivation(tuple(range(k - 1)), constant=1 << PROBABILITY_BITS)} if k > 1 else {}
+        probabilities sum to 2^32, design §4.2). A metric with weights of its own gets
+        none unless it declares its own (every column exponentiated)."""
+        if type(self).weights is not Metric.weights or k < 2:
+            return {}
+        return {k - 1: Derivation(tuple(range(k - 1)), constant=1 << PROBABILITY_BITS)}
 
     def moment_derivations(self, k: int, first: int) -> dict[int, Derivation]:
         """The columns of `moment_weights` (from `first` on among all the weights) the
         Tester may form from others: the pairs with the last group
         (`common.stats.correction.pair_derivations`), from the groups' columns of
-        `weights` at 0..k−1."""
+        `weights` at 0..k−1: none for a metric with weights or second moments of its own."""
         from common.stats import correction
+        if type(self).weights is not Metric.weights or type(self).moment_weights is not Metric.moment_weights:
+            return {}
         return {c: Derivation(minus, total=total) for c, (total, minus) in
                 correction.pair_derivations(k, first).items()}
 

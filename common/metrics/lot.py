@@ -255,13 +255,6 @@ class Lot(Metric):
         k = len(groups)
         return [(a, b) for a in range(k) for b in range(k) if a != b or params.get("same_group_pairs")]
 
-    def weight_derivations(self, k):
-        """None: these weights are no group's q (every column exponentiated)."""
-        return {}
-
-    def moment_derivations(self, k, first):
-        return {}
-
     def weights(self, q, strata, units, groups, option, params):
         qa, qb = (x.astype(object) for x in q)
         return [qa[:, a] * qb[:, b] for a, b in self._pairs(groups, params)]

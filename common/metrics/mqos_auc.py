@@ -378,13 +378,6 @@ class ExactAuc(MqosAuc):
             facts["pair_totals"] = [int(col.sum()) for col in pair_weights(q[0])]
         return facts
 
-    def weight_derivations(self, k):
-        """None: these weights are no group's q (every column exponentiated)."""
-        return {}
-
-    def moment_derivations(self, k, first):
-        return {}
-
     def weights(self, q, strata, units, groups, option, params):
         """Per cell (groups, then overall): W_L = q·2A over all rows, W_Lg = q·2A within the
         row's random group (with one unit, the release of second moments, W_L itself: a
@@ -589,13 +582,6 @@ class SampledAuc(MqosAuc):
             raise ProtocolError(f"a member is in {multiplicity:g} sampled pairs; the declared pairs_per_member "
                                 f"is {cap}")
         return super().slot_sensitivity(item, layout, components, 1)
-
-    def weight_derivations(self, k):
-        """None: these weights are no group's q (every column exponentiated)."""
-        return {}
-
-    def moment_derivations(self, k, first):
-        return {}
 
     def weights(self, q, strata, units, groups, option, params):
         qa, qb = (x.astype(object) for x in q)

@@ -125,7 +125,7 @@ class ProbabilisticCount(Metric):
     def cell_report(self, plan, values, *, option, params, info, confidence, tau, min_size):
         """The result from the cells' noised counts (row 0 of `values`; NaN where withheld):
         the module docstring's first form."""
-        from common.stats.results import NOISED_MEMBERS, AuditReport, PoolResult
+        from common.stats.results import NOISED_MEMBERS, PoolResult
         t, level = params["count_threshold"], params["inclusion_level"]
         counts = {(cell.other, cell.group): float(values[0, c]) for c, cell in enumerate(plan.cells)}
         labels = list(dict.fromkeys(cell.other for cell in plan.cells))
@@ -143,11 +143,8 @@ class ProbabilisticCount(Metric):
                 prob = poisson_tail(noised, t)
                 pools.append(PoolResult(label, g, n, noised, prob, bool(prob >= level)))
         group_results = group_figures(None, totals, groups, t, noised=True, min_size=min_size)
-        return AuditReport(metric=self.name, metric_option=option, n_matched=0, bootstrap=0,
-                           confidence=confidence, interval="exact", groups=group_results,
-                           verdict=inclusion_verdict(pools, group_results, t, level, tau, min_size),
-                           pools=pools, params={"count_threshold": t, "inclusion_level": level},
-                           info={**info, NOISED_MEMBERS: True})
+        return self._report(pools, group_results, option=option, n_matched=0, t=t, level=level,
+                            confidence=confidence, tau=tau, min_size=min_size, info={**info, NOISED_MEMBERS: True})
 
     # ------------------------------------------------------------- the Tester's form
     def local_result(self, probabilities, strata, strata_labels, groups, option, params, info, *,
@@ -155,17 +152,22 @@ class ProbabilisticCount(Metric):
         """The module docstring's second form (no release noise): the exact statistic
         from the joined rows' probabilities and pools; a cell whose expected count is
         below `min_size` is withheld."""
-        from common.stats.results import AuditReport
         (p,) = probabilities
         t, level = params["count_threshold"], params["inclusion_level"]
         pools, totals = pool_cells(p, strata, strata_labels, groups, t, level, min_size=min_size)
         if suppressed is not None:
             suppressed.extend(f"{c.pool}/{c.group}" for c in pools if c.included is None)
         group_results = group_figures(p, totals, groups, t, noised=False, min_size=min_size)
-        return AuditReport(metric=self.name, metric_option=option, n_matched=len(p), bootstrap=0,
+        return self._report(pools, group_results, option=option, n_matched=len(p), t=t, level=level,
+                            confidence=confidence, tau=tau, min_size=min_size, info=dict(info))
+
+    def _report(self, pools, group_results, *, option, n_matched, t, level, confidence, tau, min_size, info):
+        """Either form's result: its cells, its all-pools figures and the verdict on them."""
+        from common.stats.results import AuditReport
+        return AuditReport(metric=self.name, metric_option=option, n_matched=n_matched, bootstrap=0,
                            confidence=confidence, interval="exact", groups=group_results,
                            verdict=inclusion_verdict(pools, group_results, t, level, tau, min_size),
-                           pools=pools, params={"count_threshold": t, "inclusion_level": level}, info=dict(info))
+                           pools=pools, params={"count_threshold": t, "inclusion_level": level}, info=info)
 
 
 METRIC = ProbabilisticCount()

@@ -506,8 +506,8 @@ class ClientInbound(Gate):
         if not set(header.small_groups) <= set(groups) or len(header.small_groups) > len(groups):
             raise ProtocolError("aggregates header: small groups are not among the groups")
         exact = s._metric.interval == "exact"  # the estimate alone, no replicates (the probabilistic count)
-        if not (0 if exact else 1) <= header.replicates <= (0 if exact else MAX_REPLICATES) \
-                or not 0 < header.confidence < 1 or not header.tau > 0:
+        replicates_ok = header.replicates == 0 if exact else 1 <= header.replicates <= MAX_REPLICATES
+        if not replicates_ok or not 0 < header.confidence < 1 or not header.tau > 0:
             raise ProtocolError("aggregates header: bad bootstrap parameters")
         if header.interval not in INTERVALS or (header.interval == "exact") != exact or (
                 header.interval == "random_groups" and header.replicates > MAX_RANDOM_GROUPS):

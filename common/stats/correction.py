@@ -154,17 +154,16 @@ def pair_weights(q: np.ndarray) -> list[np.ndarray]:
     return [w[pair] for pair in pairs(k)]
 
 
-def pair_derivations(k: int, first: int, group_column=lambda j: j) -> dict[int, tuple[int, tuple[int, ...]]]:
+def pair_derivations(k: int, first: int) -> dict[int, tuple[int, tuple[int, ...]]]:
     """The pair columns of `pair_weights` (at `first`, `first + 1`, … in the weights) that
-    are a group's column minus other pair columns, row by row: column index ->
-    (the group's column, the pair columns subtracted), in an order where each one's parts
-    come before it (`tester_service.aggregation.Derivation`). `group_column(j)`: where
-    group j's weight q_j is among the weights."""
+    are a group's column (group j's q_j at column j) minus other pair columns, row by
+    row: column index -> (the group's column, the pair columns subtracted), in an order
+    where each one's parts come before it (`common.metrics.base.Derivation`)."""
     at = {pair: first + p for p, pair in enumerate(pairs(k))}
     out: dict[int, tuple[int, tuple[int, ...]]] = {}
     for j in range(k - 1):
-        out[at[(j, k - 1)]] = (group_column(j), tuple(at[(min(j, r), max(j, r))] for r in range(k - 1)))
-    out[at[(k - 1, k - 1)]] = (group_column(k - 1), tuple(at[(j, k - 1)] for j in range(k - 1)))
+        out[at[(j, k - 1)]] = (j, tuple(at[(min(j, r), max(j, r))] for r in range(k - 1)))
+    out[at[(k - 1, k - 1)]] = (k - 1, tuple(at[(j, k - 1)] for j in range(k - 1)))
     return out
 
 

@@ -279,6 +279,12 @@ class Difference:
 #: count's encrypted form: each the sum of its groups' noised counts)
 NOISED_MEMBERS = "pool_members_noised"
 
+
+def members_heading(info: dict[str, Any]) -> str:
+    """What the table and the page head a pool's member count with."""
+    return "members (noised)" if info.get(NOISED_MEMBERS) else "members"
+
+
 @dataclass(frozen=True)
 class PoolResult:
     pool: str
@@ -570,8 +576,7 @@ class AuditReport:
                               [[c.group, f"{c.score:.4g}", _num(c.estimate), _num(c.ci_low), _num(c.ci_high),
                                 _yes(c.informative)] for c in self.curves])
         if self.pools:
-            members = "members (noised)" if self.info.get(NOISED_MEMBERS) else "members"
-            lines += _columns(["pool", "group", members, "expected", "P(N>=T)", "included"],
+            lines += _columns(["pool", "group", members_heading(self.info), "expected", "P(N>=T)", "included"],
                               [[p.pool, p.group, str(p.members), f"{p.expected_count:.3f}",
                                 _num(p.prob_at_least), "yes" if p.included else "NO"]
                                if p.expected_count is not None else

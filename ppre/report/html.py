@@ -274,7 +274,7 @@ def curves_section(report: "AuditReport") -> str:
 
 
 def pools_section(report: "AuditReport") -> str:
-    from common.stats.results import NOISED_MEMBERS
+    from common.stats.results import members_heading
     if not report.pools:
         return ""
     t = _plain(report.params.get("count_threshold"))
@@ -296,7 +296,7 @@ def pools_section(report: "AuditReport") -> str:
            f'(\u2713 included, \u2717 not included), and the expected count E[N].</p>'
            '<div class="table-wrap"><table class="pools"><caption>Pr(N \u2265 T) by pool and group</caption>'
            '<thead><tr><th scope="col">pool</th><th scope="col">'
-           + ("members (noised)" if report.info.get(NOISED_MEMBERS) else "members") + '</th>'
+           + _e(members_heading(report.info)) + '</th>'
            + "".join(f'<th scope="col">{_e(g)}</th>' for g in groups) + "</tr></thead><tbody>"]
     for pool in pools:
         out.append(f'<tr><th scope="row">{_e(pool)}</th><td>{_e(_count(members[pool]))}</td>')
