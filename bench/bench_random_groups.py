@@ -99,7 +99,7 @@ from common.stats import correction  # noqa: E402
 from common.stats.moments import finish_release  # noqa: E402
 from common.crypto import encoding  # noqa: E402
 from common.metrics.base import SECOND_MOMENTS, Item  # noqa: E402
-from common.metrics.mqos_auc import EXACT, normaliser_bits, released_form  # noqa: E402
+from common.metrics.mqos_auc import EXACT, SCORE_BINS, normaliser_bits, released_form, score_bins  # noqa: E402
 from common.metrics.pot import METRIC as POT  # noqa: E402
 from common.metrics.scoring import doubled_a_weights  # noqa: E402
 from common.races import RACES  # noqa: E402
@@ -381,22 +381,26 @@ def auc_moment_audit(p: np.ndarray, frame: pd.DataFrame, policy: ReleasePolicy, 
     `finish_release` (the covariance of `placement_covariance` with the Test-Client's stated
     placement variances from `ExactAuc.client_rows`) and `finish` with percentile intervals.
     `exact`: the cells' slots as `mqos_auc.released_form`'s integers (the Tester's), else
-    float64 (the draws' seed, a digest of the released slots, then differs)."""
+    float64 (the draws' seed, a digest of the released slots, then differs). Under the
+    controls the score is the Test-Client's score bins (`mqos_auc.BinnedAuc`, `score_bins`),
+    which take the place of the ranks."""
     n = len(frame)
-    rows = EXACT.client_rows(frame, "mqos_auc.csv", "exact", {SECOND_MOMENTS: True}, rng)
+    metric = EXACT.for_release({SECOND_MOMENTS: True})
+    rows = metric.client_rows(frame, "mqos_auc.csv", "exact", {SECOND_MOMENTS: True}, rng)
     q = encoding.quantize_probabilities(p, encoding.PROBABILITY_BITS)
     order, _ = canonical_units(q, 1, unit_rng)
-    q, y, rank = q[order], rows.values[order, 0].astype(np.int64), np.asarray(rows.strata)[order]
+    bins = score_bins(frame["score"].to_numpy(dtype=np.float64), SCORE_BINS)
+    q, y, rank = q[order], rows.values[order, 0].astype(np.int64), bins[order]
     cells = auc_cell_slots(q, y, rank, exact)                                        # (k + 1) x (V, D)
-    plan, moments = EXACT.moment_plan(EXACT.plan(GROUPS, (), None, "exact", {}, {}), GROUPS, "exact", {},
-                                      rows.info, None)
-    scales = EXACT.squares_sensitivity({"facts": {"n": n}}, 1)
-    pair = EXACT.pair_sensitivity(1)
+    plan, moments = metric.moment_plan(metric.plan(GROUPS, (), None, "exact", {}, {}), GROUPS, "exact", {},
+                                       rows.info, None)
+    scales = metric.squares_sensitivity({"facts": {"n": n}}, 1)
+    pair = metric.pair_sensitivity(1)
     sigma0, sigma_m = policy.moment_sigmas(2, pair_components=1)
     draw = (lambda sd: int(np.rint(rng.normal(0.0, sd)))) if noise else (lambda sd: 0)
     row = [[v + draw(sigma0 * scales[0]), d + draw(sigma0 * scales[1])] for v, d in cells]
     row += [[s1 + draw(sigma_m * pair), s0 + draw(sigma_m * pair)] for s1, s0 in auc_pair_slots(q, y)]
-    est_sd = [sigma0 * x for _ in cells for x in EXACT.slot_noise(scales)]
+    est_sd = [sigma0 * x for _ in cells for x in metric.slot_noise(scales)]
     est_sd += [sigma_m * float(pair)] * 2 * (len(row) - len(cells))
     noise_sd = est_sd + [0.0] * len(est_sd)  # the header's form: the estimate's, then no groups
     withheld, small = suppression(q, policy, rng, noise)
@@ -404,7 +408,7 @@ def auc_moment_audit(p: np.ndarray, frame: pd.DataFrame, policy: ReleasePolicy, 
     # a withheld item reaches the finishing party as zeros (`TesterSession._send_items`)
     row = [[0, 0] if i in hidden else slots for i, slots in enumerate(row)]
     values, _ = finish_release(plan, moments, row, noise_sd, MOMENT_REPLICATES, withheld=hidden)
-    report = finish(EXACT, plan, values, option="exact", confidence=CONFIDENCE, tau=DEFAULT_TAU, params={},
+    report = finish(metric, plan, values, option="exact", confidence=CONFIDENCE, tau=DEFAULT_TAU, params={},
                     info=rows.info, replicates=MOMENT_REPLICATES, result_recipient="client", small_groups=small,
                     interval="percentile", noisy=True)
     return Audit(plan, values, small, report, {c: AUC for c in range(K + 1)}, noise_sd)

@@ -381,7 +381,9 @@ class ClientSession:
 
     # ---------------------------------------------------------------- MQOS-AUC exact
     def _square(self) -> Iterator[pb.PeerMessage]:
-        """Decrypt each additively masked value t + r, square it, encrypt the square."""
+        """Decrypt each additively masked request, answer it in plaintext as the metric
+        says (`ExactAuc.square_answers`: squares of t + r; with score bins also the masked
+        bins' inner products and the bins one by one), encrypt the answers."""
         key = self._paillier
         pub = key.public
         masked = self._aggregates
@@ -391,14 +393,19 @@ class ClientSession:
         decrypt = key.decrypt_task()
         plain = [m for part in self._executor.run_chunks(decrypt, [(p,) for p in parts]) for m in part]
         del decrypt
+        try:
+            answers = self._metric.square_answers(plain, self._layout, pub.n)
+        except ValueError as exc:
+            raise ProtocolError(f"square requests: {exc}") from None
+        del plain
         encrypt = key.encrypt_task()
         squares = b"".join(self._executor.run_chunks(
-            encrypt, [([m * m % pub.n for m in part],) for part in parallel.split(plain, len(parts))]))
+            encrypt, [(part,) for part in parallel.split(answers, len(parts))]))
         del encrypt
         self.phase = Phase.WAIT_AGGREGATES_HEADER
         self._lap("squares")
         layout = wire.ciphertext_table(pb.SQUARES, pub.ciphertext_bytes)
-        yield from wire.table_messages(layout, len(plain), ciphertexts=squares)
+        yield from wire.table_messages(layout, len(answers), ciphertexts=squares)
 
     # ---------------------------------------------------------------- step 7
     def _on_aggregates_header(self, header: pb.AggregatesHeader, plans) -> list[pb.PeerMessage]:

@@ -308,24 +308,38 @@ def derive_sums(per_w: list, derived: Mapping[int, Derivation], ones: Sequence[i
         per_w[w] = out
 
 
+def columns_per_ciphertext(explicit: Sequence[int], only: Mapping[int, Sequence[int]] | None,
+                           n_cts: int) -> list[list[int]]:
+    """Per row ciphertext t, the positions (in `explicit`) of the explicit columns
+    aggregated over it: all of them, but a column of `only` (`Metric.column_ciphertexts`)
+    over its own ciphertexts alone."""
+    only = only or {}
+    return [[e for e, w in enumerate(explicit) if w not in only or t in only[w]] for t in range(n_cts)]
+
+
 def combine_bucket_sums(sums: Sequence[Sequence[int]], keys: Sequence[int], weights: Sequence, n: int, n2: int,
-                        n_cts: int, derived: Mapping[int, Derivation] | None = None) -> dict[int, list[list[int]]]:
+                        n_cts: int, derived: Mapping[int, Derivation] | None = None,
+                        only: Mapping[int, Sequence[int]] | None = None) -> dict[int, list[list[int]]]:
     """Design §3.6: agg[key][w][t] from `bucket_sums_packed`'s rows (one per bucket and
-    row ciphertext t: the explicit columns' sums, then the plain Enc(Σ v) where a constant
-    column or a derivation needs it): every weight column, explicit, constant, derived
-    (`derive_sums`) or a sum of others."""
+    row ciphertext t: the sums of the explicit columns aggregated over t
+    (`columns_per_ciphertext`), then the plain Enc(Σ v) where a constant column or a
+    derivation needs it): every weight column, explicit, constant, derived (`derive_sums`)
+    or a sum of others; an explicit column's sum over a ciphertext it skips is 1."""
     derived = derived or {}
     explicit, const = weight_kinds(weights, derived)
     ones_needed = needs_ones(weights, derived)
+    per_ct = columns_per_ciphertext(explicit, only, n_cts)
     # agg[key][w][t]: every weight column, explicit, constant, derived or a sum of others
     agg: dict[int, list[list[int]]] = {}
     for g, kk in enumerate(keys):
         per_w: list[list[int] | None] = [None] * len(weights)
+        for w in explicit:
+            per_w[w] = [1] * n_cts
         ones = []
         for t in range(n_cts):
             row = sums[g * n_cts + t]
-            for pos, w in enumerate(explicit):
-                per_w[w] = (per_w[w] or []) + [row[pos]]
+            for pos, e in enumerate(per_ct[t]):
+                per_w[explicit[e]][t] = row[pos]
             if ones_needed:
                 ones.append(row[-1])
             for w in const:

@@ -186,6 +186,7 @@ class TesterSession:
             self.params[SECOND_MOMENTS] = True
         if self.release.noisy and self.metric.he_under_noise:  # aggregated under encryption (design §5.8)
             self.params[RELEASE_NOISE] = True
+        self.metric = self.metric.for_release(self.params)
         self._charge = charge
         self._release_info: dict[str, Any] = {}
         self._multiplicity = 1
@@ -592,6 +593,8 @@ class TesterSession:
         derived = aggregation.verified_derivations(weights, self._derivations)
         explicit, _ = aggregation.weight_kinds(weights, derived)
         need_ones = aggregation.needs_ones(weights, derived)
+        only = metric.column_ciphertexts(len(self.groups), len(weights), self._layout)
+        per_ct = aggregation.columns_per_ciphertext(explicit, only, n_cts)
         pub = self._pub
         width = pub.ciphertext_bytes
         # the joined rows' ciphertexts as they arrived (packed); a bucket's rows are picked
@@ -604,10 +607,9 @@ class TesterSession:
             jobs = []
             for idx in part:
                 columns = [col[idx].tolist() for col in columns_of]
-                if need_ones:
-                    columns.append([1] * len(idx))
+                ones = [[1] * len(idx)] if need_ones else []
                 rows = canonical[idx]
-                jobs += [(cts[rows, t].tobytes(), columns) for t in range(n_cts)]
+                jobs += [(cts[rows, t].tobytes(), [columns[e] for e in per_ct[t]] + ones) for t in range(n_cts)]
             return pub.n, width, jobs
 
         parts = parallel.split(pieces, n_parts)
@@ -617,7 +619,7 @@ class TesterSession:
                                                     checkpoint=ticks) for s in part]
         del cts, packed, columns_of
         sums = aggregation.merge_piece_sums(sums, owner, len(groups_idx), n_cts, pub.n2)
-        agg = aggregation.combine_bucket_sums(sums, keys, weights, pub.n, pub.n2, n_cts, derived)
+        agg = aggregation.combine_bucket_sums(sums, keys, weights, pub.n, pub.n2, n_cts, derived, only)
         self._lap("aggregation")
         self._progress("aggregation", f"aggregated {n} rows into {len(keys)} buckets x {len(weights)} weights")
         return agg
@@ -626,7 +628,7 @@ class TesterSession:
         """Design §5.6, MQOS-AUC exact: send the square requests (`Metric.square_requests`) and wait for
         the squares (`_after_squares`)."""
         pub = self._pub
-        self._squares_state, requests = self.metric.square_requests(agg, n_units, pub, facts)
+        self._squares_state, requests = self.metric.square_requests(agg, n_units, pub, facts, self._layout)
         self.phase = Phase.WAIT_SQUARES
         self._reader = wire.TableReader(wire.ciphertext_table(pb.SQUARES, pub.ciphertext_bytes))
         yield from wire.table_messages(wire.ciphertext_table(pb.SQUARE_REQUEST, pub.ciphertext_bytes),
@@ -712,7 +714,7 @@ class TesterSession:
         of them). The noise scales come from the metric's declared form and the row count
         (`ExactAuc.squares_sensitivity`), never from a group's size."""
         scales = self.metric.squares_sensitivity(self._squares_state, self._multiplicity)
-        slots = self._layout.slots
+        slots = self._plan.item_slots
         if self._moments_form():  # the estimate at σ₀, the pair items (S1, S0) at σ_m: β 2 and 1
             sigma0, sigma_m = self.release.moment_sigmas(2, pair_components=1)
             pair = self.metric.pair_sensitivity(self._multiplicity)
@@ -828,7 +830,7 @@ class TesterSession:
         if sigma <= 0 or not any(scales):
             return ciphertext
         return paillier.add_plain(self._pub.n, ciphertext,
-                                  gaussian_slots([sigma * x for x in scales], self._layout.slot_bits))
+                                  gaussian_slots([sigma * x for x in scales], self._layout.release_slot_bits))
 
     def _note_noise(self, n_components: int, sigma0: float, sigma_b: float, scales: list[list[int]],
                     item_sigmas: list[float] | None = None) -> None:
@@ -880,7 +882,7 @@ class TesterSession:
             items = items + [paillier.scalar_pow(pub.n, items[i], 1 + secrets.randbelow(pub.n - 1))
                              for i in range(n_items)]
             zero_tests = n_items
-        shift = layout.slot_bits
+        shift = layout.release_slot_bits
         slots = plan.item_slots
         if self.spec.result_recipient == "client":
             ratio = []
@@ -899,7 +901,7 @@ class TesterSession:
                 ratio.append((r, noise))
             pads = None
         else:
-            pad_bits = layout.slot_bits - AdditiveMask.max_bits(0) - 1
+            pad_bits = layout.release_slot_bits - AdditiveMask.max_bits(0) - 1
             draws = [AdditiveMask.draw(slots, pad_bits) for _ in items]
             self._pads = draws
             pads = [sum(p << (s * shift) for s, p in enumerate(d.pads)) for d in draws]
@@ -996,7 +998,7 @@ class TesterSession:
             return []
         plan = self._plan
         replicates = self._replicates()
-        layout = encoding.SlotLayout(self._layout.slot_bits, plan.item_slots)
+        layout = encoding.SlotLayout(self._layout.release_slot_bits, plan.item_slots)
         slots = []
         for idx, value in enumerate(self._masked_values):
             try:

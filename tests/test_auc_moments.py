@@ -74,7 +74,8 @@ def test_one_unit_combine_releases_the_cells_then_the_pair_items():
     for w, col in enumerate(weights):
         if isinstance(col, tuple):
             agg[0][w] = agg[0][col[0]]
-    state, requests = EXACT.square_requests(agg, 1, pub, facts)
+    layout = Layout(slot_bits=EXACT.item_bits(n, 1, ()) + 8, slots=1, n_components=1)
+    state, requests = EXACT.square_requests(agg, 1, pub, facts, layout)
     assert len(requests) == k + 1
     squares = encrypt([v * v for v in _signed(key, requests)])
     seen = set()
@@ -82,7 +83,6 @@ def test_one_unit_combine_releases_the_cells_then_the_pair_items():
     def noise(ciphertext, component, replicate):
         seen.add((replicate, component))
         return ciphertext
-    layout = Layout(slot_bits=EXACT.item_bits(n, 1, ()) + 8, slots=1, n_components=1)
     items = EXACT.combine(state, squares, pub, layout, noise)
     shift = layout.slot_bits
     decoded = []

@@ -474,14 +474,14 @@ def test_auc_exact_encrypted_combine_releases_the_plaintext_form():
     weights = EXACT.weights((q,), rank, units, ["a", "b", "c"], "exact", {})
     agg = {u: [encrypt([sum((w if isinstance(w, int) else int(w[i])) * int(y[i]) for i in np.flatnonzero(units == u))])
                for w in weights] for u in range(g)}
-    state, requests = EXACT.square_requests(agg, g, pub, facts)
+    layout = Layout(slot_bits=EXACT.item_bits(n, g, ()) + 8, slots=1, n_components=1)
+    state, requests = EXACT.square_requests(agg, g, pub, facts, layout)
     squares = encrypt([v * v for v in decrypt(requests)])
     seen = []
 
     def noise(ciphertext, component, replicate):
         seen.append((replicate, component))
         return ciphertext
-    layout = Layout(slot_bits=EXACT.item_bits(n, g, ()) + 8, slots=1, n_components=1)
     items = EXACT.combine(state, squares, pub, layout, noise)
     expected = released_form(q, y, rank, units)
     shift = layout.slot_bits

@@ -197,18 +197,39 @@ class ClientRows:
 
 @dataclass(frozen=True)
 class Layout:
-    """How row values are packed: `slots` signed slots of `slot_bits` per ciphertext."""
+    """How row values are packed: `slots` signed slots of `slot_bits` per ciphertext.
+
+    `first_alone`: the first component has a ciphertext of its own (ciphertext 0), the
+    others fill the next ones, so that a weight column aggregated over ciphertext 0 alone
+    (`Metric.column_ciphertexts`) sums that component and nothing else. `release_bits`:
+    the released items' slot width where it differs from the rows' (0: the same), for a
+    metric whose released items are formed from its aggregates after a round trip
+    (`Metric.needs_squares`) rather than being them."""
 
     slot_bits: int
     slots: int
     n_components: int
+    release_bits: int = 0
+    first_alone: bool = False
+
+    @property
+    def release_slot_bits(self) -> int:
+        """The slot width of the released items (the AggregatesHeader's `slot_bits`)."""
+        return self.release_bits or self.slot_bits
 
     @property
     def n_ciphertexts(self) -> int:
+        if self.first_alone and self.n_components:
+            return 1 + -(-(self.n_components - 1) // self.slots)
         return -(-self.n_components // self.slots) if self.n_components else 0
 
     def position(self, component: int) -> tuple[int, int]:
         """(ciphertext, slot) of a component."""
+        if self.first_alone:
+            if component == 0:
+                return 0, 0
+            ct, slot = divmod(component - 1, self.slots)
+            return ct + 1, slot
         return divmod(component, self.slots)
 
     def pack(self, values: np.ndarray) -> list[int]:
@@ -216,9 +237,12 @@ class Layout:
         plaintext is negative when its top slot is (encode it mod n before encrypting).
         Built a column at a time (one pass per slot over Python ints: a hot path)."""
         cols = [values[:, c].tolist() for c in range(self.n_components)]
+        lead = 1 if self.first_alone else 0
+        groups = [cols[:lead]] if lead else []
+        groups += [cols[lead + ct * self.slots:lead + (ct + 1) * self.slots]
+                   for ct in range(self.n_ciphertexts - lead)]
         per_ct = []
-        for ct in range(self.n_ciphertexts):
-            part = cols[ct * self.slots:(ct + 1) * self.slots]
+        for part in groups:
             packed = [int(v) for v in part[0]]
             for s, col in enumerate(part[1:], start=1):
                 shift = s * self.slot_bits
@@ -499,6 +523,20 @@ class Metric:
     def for_option(self, option: str) -> "Metric":
         """The metric as the option makes it (MQOS-AUC's option picks its algorithm)."""
         return self
+
+    def for_release(self, params: dict[str, Any]) -> "Metric":
+        """The metric as the release makes it, once both parties know whether the release
+        carries noise (`SECOND_MOMENTS`, `RELEASE_NOISE` in the parsed parameters):
+        MQOS-AUC exact carries its score order inside the ciphertexts under the release
+        controls (design §5.6). Default: itself."""
+        return self
+
+    def column_ciphertexts(self, k: int, n_weights: int, layout: "Layout") -> dict[int, tuple[int, ...]]:
+        """Of the `n_weights` weight columns for `k` groups, those aggregated over some of a
+        row's ciphertexts only (column ->
+        those ciphertexts); every other column is aggregated over all of them. A column's
+        sum over a ciphertext it skips is Enc(0) (1), never read. Default: none."""
+        return {}
 
     # ------------------------------------------------------------- parameters
     def parse_params(self, given: dict[str, str]) -> dict[str, Any]:

@@ -11,12 +11,19 @@ group and overall (the global AUC). Verdict: a group significantly below overall
   (plaintext, at the Tester, from the score order), L_j = Σ p_ij·A_j(i)·y_i,
   T_j = Σ p_ij·y_i, Q_j = Σ p_ij²·y_i, S_j = Σ p_ij, N_j = S_j − T_j and
   U_j = L_j − (T_j² − Q_j)/2 = Σ_{i pos, l neg} p_ij·p_lj·w(i,l) (the pairs of positives
-  add (T_j² − Q_j)/2 to L_j since w(i,l) + w(l,i) = 1), AUC_j = U_j / (T_j·N_j). Each
-  row carries Enc(y_i) and its dense score rank in plaintext: the Tester learns the
-  score order of the anonymous joined rows, as in the paper's design. T_j² comes from a
-  masked squaring round trip: the Tester sends Enc(T_j + r) with r uniform and 64 bits
-  wider than T_j, the Test-Client returns Enc((T_j + r)²), the Tester removes
-  2rT_j + r² under encryption.
+  add (T_j² − Q_j)/2 to L_j since w(i,l) + w(l,i) = 1), AUC_j = U_j / (T_j·N_j).
+  Without the release controls each row carries Enc(y_i) and its dense score rank in
+  plaintext: the Tester learns the score order of the anonymous joined rows, as in the
+  paper's design (the Test-Client goes on only on its operator's opt-in to noiseless
+  releases). T_j² comes from a masked squaring round trip: the Tester sends
+  Enc(T_j + r) with r uniform and 64 bits wider than T_j, the Test-Client returns
+  Enc((T_j + r)²), the Tester removes 2rT_j + r² under encryption.
+
+  **Score bins** (under the release controls, `BinnedAuc`). No stratum travels: each
+  row carries its score bin inside its ciphertexts (K = `SCORE_BINS` bins of equal
+  counts in the Test-Client's score order, or the levels themselves when there are at
+  most K), A_j becomes Σ over the bins, and the products of two encrypted bin sums come
+  from the same kind of masked round trip. The AUC is that of the binned score.
 
   **Released form** (what the release noise is added to, design §8.3). Per cell two
   normalised, centred sums: V_j = (U_j − T_j·N_j/2) / S_j and D_j = T_j·N_j / S_j, and
@@ -135,8 +142,8 @@ from statistics import NormalDist
 import numpy as np
 
 from common.crypto import paillier
-from common.metrics.base import (NOISE_HEADROOM_BITS, Cell, ClientRows, Component, Item, Metric, Param, Plan,
-                                 PROBABILITY_BITS, SECOND_MOMENTS, bits,
+from common.metrics.base import (NOISE_HEADROOM_BITS, Cell, ClientRows, Component, Item, Layout, Metric, Param,
+                                 Plan, PROBABILITY_BITS, SECOND_MOMENTS, bits, choose_layout,
                                  finite_column, positive_int)
 from common.metrics.scoring import DEFAULT_RANDOM_GROUPS, dense_score_rank, doubled_a_weights, sample_pair_graph
 from common.tables import binary_column
@@ -148,6 +155,10 @@ DEFAULT_PAIRS_PER_MEMBER = 4
 MAX_PAIRS_PER_MEMBER = 1000
 #: bits by which the squaring mask r is wider than the masked sum (statistical hiding)
 SQUARE_MASK_BITS = 64
+#: exact, under the release controls: the score bins the rows carry inside their ciphertexts (`BinnedAuc`)
+SCORE_BINS = 32
+#: the Test-Client's statement of the bins (the result's `info`: the estimate is the binned score's AUC)
+SCORE_BINS_INFO = "score_bins"
 #: the normaliser's bits beyond 2·bits(n) (`normaliser_bits`)
 NORMALISER_EXTRA_BITS = 64
 #: the Test-Client's statement the interval under release noise reads (`placement_variances`)
@@ -156,6 +167,12 @@ PLACEMENT_INFO = "placement_variances"
 PLACEMENT_DIGITS = 9
 #: quadrature points of the binormal placement variance (`binormal_spread`)
 BINORMAL_POINTS = 4001
+
+
+def bin_mask_bits(n_rows: int) -> int:
+    """Bits of a score bin's mask (`BinnedAuc.square_requests`): a bin's sum is at most
+    n·2^33 (weights 2^32, values at most 2), and the mask SQUARE_MASK_BITS wider."""
+    return PROBABILITY_BITS + 1 + bits(n_rows) + SQUARE_MASK_BITS
 
 
 def normaliser_bits(n_rows: int) -> int:
@@ -333,8 +350,18 @@ class ExactAuc(MqosAuc):
     moment_interval = True
     stated_facts = (PLACEMENT_INFO,)
 
+    #: weight columns per cell (W_L, W_Lg, W_T, W_Q), the pair items' columns after them
+    columns_per_cell = 4
+    #: a cell's effective size is its column this far from its item's (W_T = q)
+    size_column = 2
+
     def for_option(self, option):
         return self
+
+    def for_release(self, params):
+        """Under the release controls (second moments) the rows carry their score bin inside
+        the ciphertexts (`BinnedAuc`); without, their score rank beside them."""
+        return BINNED if params.get(SECOND_MOMENTS) else self
 
     def components(self, option, params, info):
         return (Component("y", 0, 1),)
@@ -405,14 +432,14 @@ class ExactAuc(MqosAuc):
         from common.stats import correction
         k = len(groups)
         first = len(plan.items)
-        pair_items = tuple(Item(4 * (k + 1) + p, 0) for p in range(len(correction.pairs(k))))
+        pair_items = tuple(Item(self.columns_per_cell * (k + 1) + p, 0) for p in range(len(correction.pairs(k))))
         family = correction.Family(tuple(range(k)), tuple(range(first, first + len(pair_items))), 0, 1, 0)
         stated = tuple(float(x) for x in info[PLACEMENT_INFO])
         return (replace(plan, items=plan.items + pair_items),
                 correction.CorrectionPlan(tuple(groups), (family,), first,
                                           covariance=partial(placement_covariance, variances=stated)))
 
-    def square_requests(self, agg, n_units, pub, facts):
+    def square_requests(self, agg, n_units, pub, facts, layout):
         """Enc(T + r) for the full sample and each random group, per cell."""
         n, n2 = pub.n, pub.n2
         cells = len(facts["S"])
@@ -451,27 +478,54 @@ class ExactAuc(MqosAuc):
         reps = 1 if n_units == 1 else n_units + 1
         if len(squares) != reps * cells:
             raise ProtocolError(f"{len(squares)} squares received, {reps * cells} expected")
-        shift = 1 << layout.slot_bits
-        k_bits = normaliser_bits(state["facts"]["n"])
         items = []
         for rep in range(reps):
             for j in range(cells):
                 lsum, t, t2, qsum, s = self._sums(state, squares, pub, rep, j)
-                c = normaliser(s, k_bits)
-                v = paillier.scalar_pow(n, lsum * paillier.scalar_pow(n, t, (-s) % n) % n2 * qsum % n2, c)
-                d = paillier.scalar_pow(n, paillier.scalar_pow(n, t, s) * paillier.scalar_pow(n, t2, n - 1) % n2,
-                                        2 * c)
-                if noise is not None:
-                    v, d = noise(v, 0, rep), noise(d, 1, rep)
-                items.append(v * paillier.scalar_pow(n, d, shift) % n2)
-        if n_units == 1 and len(agg[0]) > 4 * cells:
-            for p, total in enumerate(state["facts"]["pair_totals"]):
-                s1 = agg[0][4 * cells + p][0]
-                s0 = paillier.add_plain(n, paillier.scalar_pow(n, s1, n - 1), total)
-                if noise is not None:
-                    s1, s0 = noise(s1, 2, 0), noise(s0, 3, 0)
-                items.append(s1 * paillier.scalar_pow(n, s0, shift) % n2)
+                items.append(self._released_item(pub, layout, state, lsum * qsum % n2, t, t2, s,
+                                                 None if noise is None else partial(noise, replicate=rep)))
+        return items + self._pair_items(state, pub, layout, noise)
+
+    @staticmethod
+    def _released_item(pub, layout, state, x, t, t2, s: int, noise) -> int:
+        """A cell's released item Enc(V + 2^slot·D) (`released_slots`) from Enc(X) with
+        X = L_dbl + Q (X − T·S is V's sum before c), Enc(T), Enc(T²) and the plaintext S:
+        V = c·(X − T·S), D = c·2(T·S − T²), c = `normaliser`(S), each noised
+        (`noise(ciphertext, component)`: 0 is V, 1 is D) before they are packed."""
+        n, n2 = pub.n, pub.n2
+        c = normaliser(s, normaliser_bits(state["facts"]["n"]))
+        v = paillier.scalar_pow(n, x * paillier.scalar_pow(n, t, (-s) % n) % n2, c)
+        d = paillier.scalar_pow(n, paillier.scalar_pow(n, t, s) * paillier.scalar_pow(n, t2, n - 1) % n2, 2 * c)
+        if noise is not None:
+            v, d = noise(v, 0), noise(d, 1)
+        return v * paillier.scalar_pow(n, d, 1 << layout.release_slot_bits) % n2
+
+    def _pair_items(self, state, pub, layout, noise) -> list[int]:
+        """With one unit and the pair weights aggregated (the release of second moments,
+        `moment_plan`): per pair a ≤ b Enc(S1 + 2^slot·S0), S1 = Σ w_ab·y (from the
+        ciphertext holding y alone) and S0 = Σ w_ab − S1, components 2 and 3 of `noise`."""
+        n, n2 = pub.n, pub.n2
+        agg, cells = state["agg"], state["cells"]
+        first = self.columns_per_cell * cells
+        if state["n_units"] != 1 or len(agg[0]) <= first:
+            return []
+        shift = 1 << layout.release_slot_bits
+        items = []
+        for p, total in enumerate(state["facts"]["pair_totals"]):
+            s1 = agg[0][first + p][0]
+            s0 = paillier.add_plain(n, paillier.scalar_pow(n, s1, n - 1), total)
+            if noise is not None:
+                s1, s0 = noise(s1, 2, 0), noise(s0, 3, 0)
+            items.append(s1 * paillier.scalar_pow(n, s0, shift) % n2)
         return items
+
+    def square_answers(self, plain: list[int], layout, n: int) -> list[int]:
+        """The Test-Client's answers to the decrypted requests: each t + r squared."""
+        return [m * m % n for m in plain]
+
+    def square_answer_count(self, requests: int, layout) -> int:
+        """How many answers the Tester expects to its `requests`: one square each."""
+        return requests
 
     @staticmethod
     def _sums(state, squares, pub, rep, j):
@@ -493,7 +547,7 @@ class ExactAuc(MqosAuc):
                 state["facts"]["S_group"][rep - 1][j])
 
     def size_weight(self, item):
-        return item.weight + 2  # W_T = q: the effective size S_j
+        return item.weight + self.size_column  # W_T = q: the effective size S_j
 
     def squares_sensitivity(self, state, multiplicity):
         """The noise scales of the released form's two components (V, D), in their slots'
@@ -520,6 +574,178 @@ class ExactAuc(MqosAuc):
         names = list(groups) + ["overall"]
         return Plan(tuple(Cell("group", g, item=j, num_slot=0, den_slot=1, offset=0.5) for j, g in enumerate(names)),
                     tuple(Item(4 * j, 0) for j in range(len(names))), 2)
+
+
+def score_bins(scores: np.ndarray, k: int) -> np.ndarray:
+    """Each row's score bin 0..k−1 (`BinnedAuc`): its dense rank when the scores have at
+    most k levels (each level its own bin: the binned AUC is the exact one), else
+    ⌊k·(rows scored strictly below)/n⌋, bins of equal counts in the Test-Client's own
+    score order with tied scores in one bin."""
+    s = np.asarray(scores, dtype=np.float64)
+    rank = dense_score_rank(s)
+    if len(s) == 0 or int(rank.max()) < k:
+        return rank
+    below = np.searchsorted(np.sort(s), s, side="left")
+    return (below * k // len(s)).astype(np.int64)
+
+
+def binned_values(y: np.ndarray, bins: np.ndarray, k: int) -> np.ndarray:
+    """The rows' values under score bins (`BinnedAuc`), (n, 2k + 1): y; y·1(bin = b) for
+    b < k; and 2·1(bin < b) + 1(bin = b) for b < k, whose sums weighted by p_j are P1_b
+    and G_b = 2·Σ_{b'<b} S_b' + S_b."""
+    yy = np.asarray(y, dtype=np.float64)
+    b = np.asarray(bins, dtype=np.int64)[:, None]
+    levels = np.arange(k, dtype=np.int64)[None, :]
+    positive = (b == levels) * yy[:, None]
+    weight = 2.0 * (b < levels) + 1.0 * (b == levels)
+    return np.hstack([yy[:, None], positive, weight])
+
+
+class BinnedAuc(ExactAuc):
+    """MQOS-AUC exact under the release controls: the score order inside the ciphertexts
+    (design §5.6, "Score bins").
+
+    The Test-Client cuts its rows into K = `SCORE_BINS` bins of equal counts by its own
+    score order (`score_bins`; ties in one bin) and encrypts per row y alone in one
+    ciphertext and, packed in the next ones, the one-hot y·1(bin = b) and the
+    thermometer 2·1(bin < b) + 1(bin = b) (`binned_values`); no stratum travels. The
+    Tester weights every ciphertext with q_j as for any ratio metric, which gives per
+    cell T_j = Σ q·y and per bin P1_b = Σ_{i in b} q·y and G_b = 2·Σ_{b'<b} S_b' + S_b,
+    and (ciphertext 0 alone, `column_ciphertexts`) the pair items' Σ w_ab·y. With
+    w(i,l) = 1 above, ½ in the same bin, 0 below (the AUC of the binned score), the
+    released form's V numerator is L_dbl − T·S + Q = Σ_b P1_b·G_b − T·S: the self-pairs'
+    Q cancels. The products P1_b·G_b of two encrypted sums come from one masked round
+    trip (`square_requests`): every bin slot masked with its own r, 64 bits wider than
+    the sum; the Test-Client returns Enc(T'²), Enc(Σ_b P1'_b·G'_b) and each masked bin
+    alone (`square_answers`), from which the Tester removes the masks:
+    P1·G = P1'·G' − s·P1' − r·G' + r·s. The released items, their noise (the binned w
+    is a w of the same kind, so the sensitivity argument holds as it stands) and the
+    interval are those of `ExactAuc`. The AUC is that of the score in K quantile bins:
+    exact for a score with at most K levels, else below the exact AUC by the pairs
+    within a bin's departure from ½ (measured: 3-6·10^-4 at K = 32,
+    docs/metrics/mqos-auc.md)."""
+
+    uses_strata = False
+    columns_per_cell = 1
+    size_column = 0
+    weights = Metric.weights  # q_j per group, overall their sum: the default derivations apply
+
+    def client_rows(self, frame, file, option, params, rng):
+        y, scores = _labels_and_scores(frame, file)
+        values = binned_values(y, score_bins(scores, SCORE_BINS), SCORE_BINS)
+        return ClientRows(ids=(frame["member_id"].to_numpy(dtype=object),), values=values,
+                          info={PLACEMENT_INFO: placement_variances(y, scores), SCORE_BINS_INFO: SCORE_BINS})
+
+    def check_info(self, info, strata_labels):
+        super().check_info(info, strata_labels)
+        if info.get(SCORE_BINS_INFO) != SCORE_BINS:
+            raise ValueError("score bins")
+
+    def components(self, option, params, info):
+        """y (alone in ciphertext 0), then per bin y·1(bin = b) and 2·1(bin < b) + 1(bin = b)."""
+        return ((Component("y", 0, 1),) + tuple(Component(f"positive in bin {b}", 0, 1) for b in range(SCORE_BINS))
+                + tuple(Component(f"bin weight {b}", 0, 2) for b in range(SCORE_BINS)))
+
+    def layout(self, option, params, info, *, n_rows, n_units, recipient, modulus_bits):
+        """Rows: y alone, then the bins in slots wide enough for a bin's sum (at most
+        n·2^33) plus its mask (64 bits wider); the released items keep `ExactAuc`'s width."""
+        from common.crypto.masking import mask_bits
+        from common.errors import EncodingOverflowError
+        release = choose_layout(self.item_bits(n_rows, n_units, ()), mask_bits(recipient), 2, modulus_bits)
+        slot_bits = bin_mask_bits(n_rows) + 3
+        fit = (modulus_bits // 2 - 2) // slot_bits
+        if fit < 2:
+            raise EncodingOverflowError(f"a masked score bin may need {slot_bits} bits; the key's plaintext space "
+                                        f"holds {modulus_bits // 2 - 2} (use a larger key)")
+        comps = len(self.components(option, params, info))
+        return Layout(slot_bits, min(fit, comps - 1), comps, release_bits=release.slot_bits, first_alone=True)
+
+    def column_ciphertexts(self, k, n_weights, layout):
+        """The pair items' columns (after a column per group and overall's) over ciphertext
+        0 alone, the one holding y: they need Σ w_ab·y and nothing of the bins."""
+        return {w: (0,) for w in range(k + 1, n_weights)}
+
+    def plan(self, groups, strata_labels, layout, option, params, info):
+        names = list(groups) + ["overall"]
+        return Plan(tuple(Cell("group", g, item=j, num_slot=0, den_slot=1, offset=0.5) for j, g in enumerate(names)),
+                    tuple(Item(j, 0) for j in range(len(names))), 2)
+
+    @staticmethod
+    def _bin_positions(layout) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+        """Per bin, the (ciphertext, slot) of P1_b and of G_b."""
+        return [(layout.position(1 + b), layout.position(1 + SCORE_BINS + b)) for b in range(SCORE_BINS)]
+
+    def square_requests(self, agg, n_units, pub, facts, layout):
+        """Per cell: Enc(T + r) and each bin ciphertext with every slot masked by its own
+        uniform r, 64 bits wider than a bin's sum (`bin_mask_bits`)."""
+        from common.errors import ProtocolError
+        if n_units != 1:
+            raise ProtocolError("score bins are released with second moments alone (one unit)")
+        n = pub.n
+        cells = len(facts["S"])
+        t_bits = PROBABILITY_BITS + bits(facts["n"]) + SQUARE_MASK_BITS
+        r_bits = bin_mask_bits(facts["n"])
+        n_cts = len(agg[0][0])
+        slots, width = layout.slots, layout.slot_bits
+        masks, plain = [], []
+        for j in range(cells):
+            t_mask = secrets.randbits(t_bits)
+            slot_masks = [[secrets.randbits(r_bits) for _ in range(slots)] for _ in range(n_cts - 1)]
+            masks.append((t_mask, slot_masks))
+            plain.append(paillier.add_plain(n, agg[0][j][0], t_mask))
+            plain += [paillier.add_plain(n, agg[0][j][1 + t], sum(m << (s * width) for s, m in enumerate(row)))
+                      for t, row in enumerate(slot_masks)]
+        requests = paillier.rerandomize_chunk(n, paillier.randomizer_base(n), plain)
+        state = {"agg": agg, "n_units": 1, "masks": masks, "facts": facts, "cells": cells, "layout": layout}
+        return state, requests
+
+    def square_answers(self, plain, layout, n):
+        """Per cell (`layout.n_ciphertexts` requests): (T + r)², Σ_b P1'_b·G'_b over the
+        masked bins, then each P1'_b and each G'_b alone."""
+        n_cts, width, slots = layout.n_ciphertexts, layout.slot_bits, layout.slots
+        if len(plain) % n_cts:
+            raise ValueError(f"{len(plain)} requests, not whole cells of {n_cts}")
+        top = 1 << (width * slots)
+        answers = []
+        for start in range(0, len(plain), n_cts):
+            t, *bin_cts = plain[start:start + n_cts]
+            if any(v >= top for v in bin_cts):
+                raise ValueError("a masked bin ciphertext does not decode")
+            slot = [[(v >> (s * width)) & ((1 << width) - 1) for s in range(slots)] for v in bin_cts]
+            p1, g = zip(*[(slot[pt - 1][ps], slot[gt - 1][gs]) for (pt, ps), (gt, gs) in self._bin_positions(layout)])
+            answers += [t * t % n, sum(a * b for a, b in zip(p1, g)) % n, *p1, *g]
+        return answers
+
+    def square_answer_count(self, requests, layout):
+        return requests // layout.n_ciphertexts * (2 + 2 * SCORE_BINS)
+
+    def combine(self, state, squares, pub, layout, noise=None):
+        """Items per cell: `ExactAuc._released_item` with X = Σ_b P1_b·G_b (the masks
+        removed: P1'·G' − s·P1' − r·G' + r·s), then the pair items."""
+        from common.errors import ProtocolError
+        n, n2 = pub.n, pub.n2
+        agg, cells = state["agg"], state["cells"]
+        per_cell = 2 + 2 * SCORE_BINS
+        if len(squares) != cells * per_cell:
+            raise ProtocolError(f"{len(squares)} answers received, {cells * per_cell} expected")
+        positions = self._bin_positions(layout)
+        items = []
+        for j in range(cells):
+            t_mask, slot_masks = state["masks"][j]
+            answers = squares[j * per_cell:(j + 1) * per_cell]
+            t = agg[0][j][0]
+            t2 = answers[0] * paillier.scalar_pow(n, t, (-2 * t_mask) % n) % n2
+            t2 = paillier.add_plain(n, t2, -t_mask * t_mask)
+            x, constant = answers[1], 0
+            for b, ((pt, ps), (gt, gs)) in enumerate(positions):
+                r, s_ = slot_masks[pt - 1][ps], slot_masks[gt - 1][gs]
+                x = x * paillier.scalar_pow(n, answers[2 + b], (-s_) % n) % n2
+                x = x * paillier.scalar_pow(n, answers[2 + SCORE_BINS + b], (-r) % n) % n2
+                constant += r * s_
+            x = paillier.add_plain(n, x, constant)
+            items.append(self._released_item(pub, layout, state, x, t, t2, state["facts"]["S"][j],
+                                             None if noise is None else partial(noise, replicate=0)))
+        return items + self._pair_items(state, pub, layout, noise)
 
 
 class SampledAuc(MqosAuc):
@@ -590,4 +816,5 @@ class SampledAuc(MqosAuc):
 
 METRIC = MqosAuc()
 EXACT = ExactAuc()
+BINNED = BinnedAuc()
 SAMPLED = SampledAuc()

@@ -360,7 +360,7 @@ class TesterInbound(Gate):
             return self.sent_rows.get(pb.TESTER_ROWS, 0)
         if table == pb.CLIENT_ROWS:  # its HelloAck's row count
             return s._client_rows
-        return self.sent_rows.get(pb.SQUARE_REQUEST, 0)  # one square per request
+        return s.metric.square_answer_count(self.sent_rows.get(pb.SQUARE_REQUEST, 0), s._layout)
 
     def _chunk(self, s, chunk: pb.TableChunk) -> Rows:
         reader = s._reader
@@ -474,6 +474,7 @@ class ClientInbound(Gate):
             params[SECOND_MOMENTS] = True
         if hello.release_noise and metric.he_under_noise:  # aggregated under encryption (design §5.8)
             params[RELEASE_NOISE] = True
+        metric = metric.for_release(params)
         bounds = metric.value_bounds(option, params)
         if dict(hello.value_bounds) != bounds:  # both parties size and clip from the same bounds
             raise ProtocolError(f"the Tester's declared value bounds {dict(hello.value_bounds)} differ from the "
@@ -512,7 +513,7 @@ class ClientInbound(Gate):
         if header.interval not in INTERVALS or (header.interval == "exact") != exact or (
                 header.interval == "random_groups" and header.replicates > MAX_RANDOM_GROUPS):
             raise ProtocolError("aggregates header: unknown interval method or too many random groups")
-        if header.slot_bits != s._layout.slot_bits:
+        if header.slot_bits != s._layout.release_slot_bits:
             raise ProtocolError("aggregates header: slot width differs from the one announced")
         expected_mask = "ratio" if s._hello.result_recipient == "client" else "additive"
         if header.mask != expected_mask:

@@ -280,6 +280,14 @@ class Difference:
 NOISED_MEMBERS = "pool_members_noised"
 
 
+def score_bins_words(info: dict[str, Any], sep: str) -> str:
+    """MQOS-AUC exact under the release controls (`info["score_bins"]`): the estimate is the
+    AUC of the score in that many bins of equal counts (design §5.6), said with the
+    metric's option; "" otherwise."""
+    bins = info.get("score_bins")
+    return f"{sep}AUC of the score in {int(bins)} bins" if isinstance(bins, int) and bins > 0 else ""
+
+
 def members_heading(info: dict[str, Any]) -> str:
     """What the table and the page head a pool's member count with."""
     return "members (noised)" if info.get(NOISED_MEMBERS) else "members"
@@ -548,7 +556,7 @@ class AuditReport:
                f"bootstrap B={self.bootstrap}, {pct} percentile CIs" if self.interval == "percentile" else
                f"{self.bootstrap} random groups, {pct} t intervals" if self.interval == "random_groups" else
                "exact (no resampling)")
-        option = f" ({self.metric_option})" if self.metric_option else ""
+        option = f" ({self.metric_option}{score_bins_words(self.info, '; ')})" if self.metric_option else ""
         lines = [f"metric: {self.metric}{option}   joined rows: {self.n_matched}   {how}"]
         unidentifiable = set(self.correction.get("unidentifiable", ())) if self.correction else set()
 

@@ -129,7 +129,8 @@ def _metric_title(report: "AuditReport") -> str:
     title = METRIC_TITLES.get(report.metric, report.metric)
     if report.metric_option and report.metric_option != "default":
         title += f", option {report.metric_option}"
-    return title
+    from common.stats.results import score_bins_words
+    return title + score_bins_words(report.info, ", ")
 
 
 def _metric_description(name: str) -> str:

@@ -346,11 +346,13 @@ def read_lot(setup: Setup, view: TesterView, frame: pd.DataFrame) -> Read:
 
 
 def read_exact_auc(setup: Setup, view: TesterView, frame: pd.DataFrame) -> tuple[float, int]:
-    """MQOS-AUC exact: Spearman between each linked member's stratum (its score rank) and
-    its true score; (rho, members)."""
+    """MQOS-AUC exact: Spearman between each linked member's stratum (its score rank,
+    where the rows carry one; else the place its row arrived in, all the Tester holds of
+    an order) and its true score; (rho, members)."""
     (members,) = blob_linker(setup, view)
     score = dict(zip(frame["member_id"], frame["score"]))
-    rho = spearmanr(view.strata, [score[m] for m in members]).statistic
+    order = view.strata if view.strata is not None else np.arange(len(members))
+    rho = spearmanr(order, [score[m] for m in members]).statistic
     return float(rho), len(members)
 
 
