@@ -1215,3 +1215,249 @@ def test_the_audit_logs_refusals_name_the_file_and_the_fix(tmp_path):
         "a keyed record: give the log's key (--key FILE, env PPRE_AUDIT_LOG_KEY_FILE) to check it"
     assert al.verify(plain, al.load_key(key_path)).reason == \
         "has no MAC (an unkeyed record: the log was written without a key, or rewritten by someone without it)"
+
+
+# ---------------------------------------------------------------- the validators' tables
+def _reader_session(layout, **fields):
+    """A stand-in for a session as the validators read it: its table reader and the facts
+    named (the validators read only these)."""
+    from types import SimpleNamespace
+    from common.protocol import wire
+    return SimpleNamespace(_reader=wire.TableReader(layout), **fields)
+
+
+def _ciphertext_chunk(table, key, rows):
+    from common.crypto import paillier
+    from proto import ppre_pb2 as pb
+    cts = paillier.encrypt_chunk(key.n, key.h, list(range(rows)))
+    return pb.TableChunk(table=table, rows=rows, ciphertexts=paillier.ciphertexts_to_bytes(cts, key.ciphertext_bytes))
+
+
+def test_the_test_client_caps_square_requests_and_only_them(monkeypatch):
+    """The Tester's square requests are capped at MAX_SQUARES (nothing announces their
+    count); its own rows are not (up to the tables' cap): with the cap at 3, a fourth
+    request is refused, and a table of four Tester rows is not."""
+    from common.crypto import paillier
+    from common.protocol import validation, wire
+    from common.protocol.validation import ClientInbound
+    from common.errors import ProtocolError
+    from proto import ppre_pb2 as pb
+    from tests.helpers import TEST_BITS
+    from common.crypto.symmetric import sealed_width
+    monkeypatch.setattr(validation, "MAX_SQUARES", 3)
+    key = paillier.generate_keypair(TEST_BITS, allow_insecure=True)
+    pub = key.public
+    s = _reader_session(wire.ciphertext_table(pb.SQUARE_REQUEST, pub.ciphertext_bytes), _paillier=key)
+    assert len(ClientInbound()._chunk(s, _ciphertext_chunk(pb.SQUARE_REQUEST, pub, 3)).ciphertexts) == 3
+    with pytest.raises(ProtocolError, match=r"^square requests exceed 3 rows$"):
+        ClientInbound()._chunk(s, _ciphertext_chunk(pb.SQUARE_REQUEST, pub, 1))
+    rows = _reader_session(wire.tester_rows(sealed_width(6)), _paillier=key)
+    chunk = pb.TableChunk(table=pb.TESTER_ROWS, rows=4, points=b"\x09" * (32 * 4),
+                          sealed=b"\0" * (sealed_width(6) * 4))
+    assert ClientInbound()._chunk(rows, chunk).ciphertexts is None
+
+
+def test_the_test_client_refuses_aggregates_beyond_the_header_as_they_arrive():
+    """The AggregatesHeader announces its rows ((B + 1) x items plus the zero tests): a
+    chunk that goes beyond them is refused as it arrives, in these words, not only at the
+    table's end."""
+    from common.crypto import paillier
+    from common.errors import ProtocolError
+    from common.protocol import wire
+    from common.protocol.validation import ClientInbound
+    from proto import ppre_pb2 as pb
+    from tests.helpers import TEST_BITS
+    key = paillier.generate_keypair(TEST_BITS, allow_insecure=True)
+    pub = key.public
+    header = pb.AggregatesHeader(interval="percentile", replicates=1, items=2, zero_tests=1)  # 2 x 2 + 1 = 5
+    s = _reader_session(wire.ciphertext_table(pb.AGGREGATES, pub.ciphertext_bytes), _paillier=key, _header=header)
+    ClientInbound()._chunk(s, _ciphertext_chunk(pb.AGGREGATES, pub, 4))
+    with pytest.raises(ProtocolError, match=r"^aggregates: more than the 5 rows announced$"):
+        ClientInbound()._chunk(s, _ciphertext_chunk(pb.AGGREGATES, pub, 2))
+
+
+def test_the_testers_row_checks_say_what_is_wrong_in_their_own_words():
+    """The Tester's checks of the Test-Client's rows and of the shuffled table, whole: a
+    repeated shuffled point, a bucket and a stratum out of range."""
+    from types import SimpleNamespace
+    from common.errors import ProtocolError
+    from common.protocol import wire
+    from common.protocol.validation import TesterInbound
+    from proto import ppre_pb2 as pb
+    from common.crypto.symmetric import sealed_width
+    inbound = TesterInbound()
+    inbound.sent_rows[pb.TESTER_ROWS] = 2
+    width = sealed_width(6)
+    shuffled = _reader_session(wire.shuffled_rows(width))
+    base = (9).to_bytes(32, "little")  # Curve25519's base point
+    twice = pb.TableChunk(table=pb.SHUFFLED_ROWS, rows=2, points=base * 2, sealed=b"\0" * (2 * width))
+    with pytest.raises(ProtocolError, match=r"^duplicate row in the shuffled table$"):
+        inbound._chunk(shuffled, twice)
+    metric = SimpleNamespace(resampling="unit", random_groups=0)
+    layout = wire.client_rows(1, 0, 0, units=True, strata=True)
+
+    def rows(unit, stratum):
+        s = _reader_session(layout, metric=metric, _n_buckets=4, _strata_labels=("1-2", "2-3"), _client_rows=1)
+        return s, pb.TableChunk(table=pb.CLIENT_ROWS, rows=1, points=b"\x09" * 32, units=wire.pack_indices([unit]),
+                                strata=wire.pack_indices([stratum]))
+    assert TesterInbound()._chunk(*rows(3, 1)).strata.tolist() == [1]
+    with pytest.raises(ProtocolError, match=r"^a row's resampling bucket is out of range$"):
+        TesterInbound()._chunk(*rows(4, 1))
+    with pytest.raises(ProtocolError, match=r"^a row's stratum is out of range$"):
+        TesterInbound()._chunk(*rows(3, 2))
+
+
+def test_hello_refusals_and_stated_facts_say_what_is_wrong_in_their_own_words():
+    """The Test-Client's Hello checks and the stated-facts rule, whole: an unknown protocol
+    version, a short salt share, labels that are too many or empty; facts missing or not
+    asked for, each named and joined by ", "."""
+    from types import SimpleNamespace
+    from common.errors import ProtocolError
+    from common.protocol import validation
+    from common.protocol.validation import ClientInbound
+    from proto import ppre_pb2 as pb
+    with pytest.raises(ProtocolError, match=r"^protocol version 99 is not supported$"):
+        ClientInbound()._hello(None, pb.Hello(protocol_version=99))
+    with pytest.raises(ProtocolError, match=r"^salt share must be 32 bytes$"):
+        ClientInbound()._hello(None, pb.Hello(protocol_version=validation.PROTOCOL_VERSION, salt_share=b"x"))
+    with pytest.raises(ProtocolError, match=r"^too many, empty or too long strata labels$"):
+        validation._labels(["a", ""], "strata labels", 4)
+    assert validation._labels(["a", "b"], "strata labels", 2) == ("a", "b")
+    metric = SimpleNamespace(stated_facts=("spread", "moments"))
+    with pytest.raises(ProtocolError, match=r"^the Test-Client's dataset facts lack spread, moments, which the "
+                                            r"interval under release noise reads$"):
+        validation._check_stated_facts(metric, {}, True)
+    with pytest.raises(ProtocolError, match=r"^the Test-Client stated spread, moments, which an audit whose "
+                                            r"interval is not from second moments does not ask for$"):
+        validation._check_stated_facts(metric, {"spread": 1, "moments": 2}, False)
+    validation._check_stated_facts(metric, {"spread": 1, "moments": 2}, True)
+    validation._check_stated_facts(metric, {}, False)
+
+
+def _real_hello():
+    """The Hello a Tester sends for an ERO audit under the defaults."""
+    from tester_service.protocol import AuditSpec, TesterSession
+    from tests.helpers import TEST_BITS, make_inputs
+    tester, _ = make_inputs(40, 1, 0)
+    session = TesterSession(AuditSpec(metric="ero", client_dataset="d", bootstrap=10, seed=1), tester,
+                            min_modulus_bits=TEST_BITS, n_buckets=8)
+    try:
+        [message] = session.start()
+    finally:
+        session.close()
+    return message.hello
+
+
+HELLO_EDGES = [  # (field, accepted at the edge, refused beyond it, the refusal)
+    ("probability_bits", [8, 48], [7, 49], "probability scale out of range"),
+    ("result_recipient", ["client", "tester"], ["", "both", "Client"], "unknown result recipient"),
+    ("sealed_width", ["sealed_width(1)", "sealed_width(MAX_GROUPS)"],
+     ["sealed_width(0)", "sealed_width(MAX_GROUPS) + 8", "sealed_width(1) + 1", "sealed_width(1) - 1"],
+     "sealed row width out of range"),
+    ("buckets", [1, "MAX_BUCKETS"], [0, "MAX_BUCKETS + 1"], "bucket count out of range"),
+    ("client_dataset", ["'x' * MAX_NAME_CHARS"], ["'x' * (MAX_NAME_CHARS + 1)"], "dataset name too long"),
+    ("audit_id", ["'a' * 64", "'A-z_0'"], ["'a' * 65", "'a b'", "'é'"],
+     "the audit id must be 1-64 URL-safe characters (A-Z, a-z, 0-9, '_', '-')"),
+]
+
+
+@pytest.mark.parametrize("field,accepted,refused,words", HELLO_EDGES, ids=[e[0] for e in HELLO_EDGES])
+def test_each_hello_check_at_its_edges(field, accepted, refused, words):
+    """Each of the Test-Client's checks of the Hello's sizes and names, at its edges: the
+    edge itself passes that check (the Hello goes on, or fails a later check in other
+    words), one step beyond is refused in the check's own words."""
+    from common.crypto.symmetric import sealed_width
+    from common.errors import ProtocolError
+    from common.protocol.validation import MAX_BUCKETS, MAX_GROUPS, MAX_NAME_CHARS, ClientInbound
+    names = {"sealed_width": sealed_width, "MAX_GROUPS": MAX_GROUPS, "MAX_BUCKETS": MAX_BUCKETS,
+             "MAX_NAME_CHARS": MAX_NAME_CHARS}
+    hello = _real_hello()
+
+    def check(value):
+        h = type(hello)()
+        h.CopyFrom(hello)
+        literal = field == "result_recipient" or not isinstance(value, str)
+        setattr(h, field, value if literal else eval(value, names))  # an expression of the limits above
+        return ClientInbound()._hello(None, h)
+    for value in accepted:
+        try:
+            check(value)
+        except ProtocolError as exc:
+            assert str(exc) != words, (field, value)
+    for value in refused:
+        with pytest.raises(ProtocolError) as info:
+            check(value)
+        assert str(info.value) == words, (field, value, str(info.value))
+
+
+def test_the_hellos_metric_parameters_are_capped_in_number_and_length():
+    """At most MAX_PARAMS parameters and MAX_PARAM_CHARS characters of names and values
+    together: one more of either is refused in these words; at the caps the check passes
+    (the metric then refuses parameters it does not know, in its own words)."""
+    from common.errors import ProtocolError
+    from common.protocol.validation import MAX_PARAM_CHARS, MAX_PARAMS, ClientInbound
+    words = "too many or too long metric parameters"
+    hello = _real_hello()
+
+    def check(params):
+        h = type(hello)()
+        h.CopyFrom(hello)
+        h.metric_params.clear()
+        h.metric_params.update(params)
+        return ClientInbound()._hello(None, h)
+    many = {f"p{i:02d}": "1" for i in range(MAX_PARAMS)}
+    long_value = {"p": "x" * (MAX_PARAM_CHARS - 1)}
+    for params in (many, long_value):
+        with pytest.raises(ProtocolError) as info:
+            check(params)
+        assert str(info.value) != words
+    for params in ({**many, "q": "1"}, {"p": "x" * MAX_PARAM_CHARS}):
+        with pytest.raises(ProtocolError) as info:
+            check(params)
+        assert str(info.value) == words
+
+
+def test_the_hellos_audit_request_is_checked_against_the_metric_in_its_own_words():
+    """What the Hello asks for, against the metric the Test-Client knows: the metric, its
+    option (the first when none is named), its parameters, a correction it has, second
+    moments it can release; the parsed choice carries the release's flags and the
+    metric as the release makes it (`Metric.for_release`)."""
+    from common.errors import ProtocolError
+    from common.metrics.base import RELEASE_NOISE, SECOND_MOMENTS
+    from common.metrics.mqos_auc import BINNED, EXACT
+    from common.protocol.validation import ClientInbound
+    hello = _real_hello()
+
+    def check(**fields):
+        h = type(hello)()
+        h.CopyFrom(hello)
+        for name, value in fields.items():
+            if name == "metric_params":
+                h.metric_params.clear()
+                h.metric_params.update(value)
+            else:
+                setattr(h, name, value)
+        return ClientInbound()._hello(None, h)
+
+    def refused(words, **fields):
+        with pytest.raises(ProtocolError) as info:
+            check(**fields)
+        assert str(info.value) == words, str(info.value)
+    refused("the Tester asked for a metric this Test-Client does not know", metric="auc")
+    refused("the Tester asked for 'gini', which is not an option of ero", metric_option="gini")
+    refused("the Tester's metric parameters are refused: parameter 'metric parameter': 'x' is not a parameter of "
+            "ero (known: decision_threshold)", metric_params={"x": "1"})
+    refused("the Tester asked for a correction 'bayes' that ero lacks", correction="bayes")
+    refused("the Tester asked for a correction 'calibration' that lot lacks", metric="lot", metric_option="idcg",
+            correction="calibration")
+    refused("the Tester asked for second moments, which prob-count lacks", metric="prob-count", metric_option="",
+            second_moments=True)
+    choice = check(correction="calibration")
+    assert choice.option == "fpr" and choice.params.get(SECOND_MOMENTS) is True and RELEASE_NOISE not in choice.params
+    assert check(correction="", second_moments=False).params.get(SECOND_MOMENTS) is None
+    count = check(metric="prob-count", metric_option="", second_moments=False, correction="none")
+    assert count.option == "default" and count.params.get(RELEASE_NOISE) is True
+    assert check(metric="prob-count", metric_option="", second_moments=False, release_noise=False,
+                 correction="none").params.get(RELEASE_NOISE) is None
+    assert check(metric="mqos-auc", metric_option="", second_moments=True, correction="none").metric is BINNED
+    assert check(metric="mqos-auc", metric_option="", second_moments=False, correction="none").metric is EXACT

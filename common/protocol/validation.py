@@ -126,9 +126,9 @@ ANY_PHASE = frozenset({"abort", "heartbeat"})
 # ------------------------------------------------------------------ what validators return
 @dataclass(frozen=True)
 class Rows:
-    """One table chunk, checked and parsed (a column the table does not have is None)."""
+    """One table chunk, checked and parsed (a column the table does not have is None; the
+    points are checked where they are read, and the handlers keep their packed bytes)."""
 
-    points: list[bytes] | None = None
     ciphertexts: list[int] | None = None
     units: np.ndarray | None = None
     strata: np.ndarray | None = None
@@ -372,7 +372,7 @@ class TesterInbound(Gate):
             points = check_points(chunk.points)
             if len(set(points)) != len(points):  # across chunks: when the table is indexed
                 raise ProtocolError("duplicate row in the shuffled table")
-            return Rows(points=points)
+            return Rows()  # the handler keeps the chunk's packed points, checked here
         # the Test-Client's rows: their points and ciphertexts are checked on the executor,
         # by the join's task for the chunk (`tester_service.protocol.double_client_chunk`:
         # `validate_points` and `check_ciphertexts`), as the points are doubly encrypted
