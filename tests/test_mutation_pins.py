@@ -1461,3 +1461,49 @@ def test_the_hellos_audit_request_is_checked_against_the_metric_in_its_own_words
                  correction="none").params.get(RELEASE_NOISE) is None
     assert check(metric="mqos-auc", metric_option="", second_moments=True, correction="none").metric is BINNED
     assert check(metric="mqos-auc", metric_option="", second_moments=False, correction="none").metric is EXACT
+
+
+def test_a_key_at_the_largest_size_is_accepted_even_with_a_leading_zero_byte():
+    """The Test-Client's modulus may be MAX_MODULUS_BITS long; its bytes may carry one
+    leading zero (MAX_MODULUS_BITS / 8 + 1 bytes), and h twice as many and one: accepted.
+    A byte more of either, or one bit more of n, is refused in the check's words."""
+    from common.errors import ProtocolError
+    from common.protocol.validation import MAX_MODULUS_BITS, check_public_key
+    a = (3 << (MAX_MODULUS_BITS // 2 - 2)) + 1
+    n = a * (a + 2)  # odd, composite, not a square: the checks a key's modulus must pass
+    assert n.bit_length() == MAX_MODULUS_BITS
+    h = (2).to_bytes(1, "big")
+    key = check_public_key(b"\0" + n.to_bytes(MAX_MODULUS_BITS // 8, "big"), h, min_bits=2048)
+    assert key.n == n
+    with pytest.raises(ProtocolError, match=r"^Paillier key refused: larger than 8192 bits$"):
+        check_public_key(b"\0\0" + n.to_bytes(MAX_MODULUS_BITS // 8, "big"), h, min_bits=2048)
+    # h may take twice n's bytes and one more (leading zeros included), not a byte beyond
+    n_bytes = b"\0" + n.to_bytes(MAX_MODULUS_BITS // 8, "big")
+    assert check_public_key(n_bytes, (2).to_bytes(2 * len(n_bytes) + 1, "big"), min_bits=2048).h == 2
+    with pytest.raises(ProtocolError, match=r"^Paillier key refused: larger than 8192 bits$"):
+        check_public_key(n_bytes, (2).to_bytes(2 * len(n_bytes) + 2, "big"), min_bits=2048)
+    wider = n * 4 + 1  # MAX_MODULUS_BITS + 2 bits, in MAX_MODULUS_BITS / 8 + 1 bytes
+    with pytest.raises(ProtocolError, match=r"^Paillier modulus of 8194 bits refused \(maximum 8192\)$"):
+        check_public_key(wider.to_bytes(MAX_MODULUS_BITS // 8 + 1, "big"), h, min_bits=2048)
+
+
+def test_the_received_bytes_cap_counts_the_whole_session_and_a_failed_gate_says_why():
+    """The cap on what a peer may send counts every message of the session: messages each
+    well under it are refused once their sum passes it (and a sum exactly at it is
+    not); a gate that failed refuses the next message naming the error's kind."""
+    from common.errors import ProtocolError
+    from common.protocol.session import PhaseError
+    from common.protocol.validation import ClientInbound
+    from proto import ppre_pb2 as pb
+    beat = pb.PeerMessage(heartbeat=pb.Heartbeat(phase="aggregation", done=1, total=2))
+    size = beat.ByteSize()
+    gate = ClientInbound(max_received_bytes=3 * size)
+    for _ in range(3):
+        assert gate._admit("wait_tester_rows", beat) == "heartbeat"
+    with pytest.raises(ProtocolError, match=rf"^the Tester sent more than {3 * size} bytes in one session$"):
+        gate._admit("wait_tester_rows", beat)
+    failed = ClientInbound()
+    failed.fail(ProtocolError("x"))
+    with pytest.raises(PhaseError, match=r"^the session has already failed \(ProtocolError\): no further message "
+                                         r"from the Tester is accepted$"):
+        failed._admit("wait_tester_rows", beat)
