@@ -320,8 +320,8 @@ class MqosAuc(Metric):
     name = "mqos-auc"
     description = "minimum quality of service: per-group ROC AUC against the global AUC"
     options = ("exact", "sampled")
-    option_help = ("exact (default): linear form, random-groups intervals; sampled: Mann-Whitney pairs "
-                   "(under release noise usable only for large groups)")
+    option_help = ("exact (default): linear form, the AUC of the score in 32 bins under the release controls; "
+                   "sampled: Mann-Whitney pairs (under release noise usable only for large groups)")
     params = (Param("pairs", f"sampled: positive-negative pairs to aim at (default {DEFAULT_PAIRS})",
                     positive_int(MAX_PAIRS), DEFAULT_PAIRS),
               Param("pairs_per_member", "sampled: the most rows (pairs and dummy pairs) one member may be in "
