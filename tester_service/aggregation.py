@@ -319,16 +319,16 @@ def columns_per_ciphertext(explicit: Sequence[int], only: Mapping[int, Sequence[
 
 def combine_bucket_sums(sums: Sequence[Sequence[int]], keys: Sequence[int], weights: Sequence, n: int, n2: int,
                         n_cts: int, derived: Mapping[int, Derivation] | None = None,
-                        only: Mapping[int, Sequence[int]] | None = None) -> dict[int, list[list[int]]]:
+                        per_ct: Sequence[Sequence[int]] | None = None) -> dict[int, list[list[int]]]:
     """Design §3.6: agg[key][w][t] from `bucket_sums_packed`'s rows (one per bucket and
-    row ciphertext t: the sums of the explicit columns aggregated over t
-    (`columns_per_ciphertext`), then the plain Enc(Σ v) where a constant column or a
+    row ciphertext t: the sums of the explicit columns aggregated over t (`per_ct`, from
+    `columns_per_ciphertext`; default all of them), then the plain Enc(Σ v) where a constant column or a
     derivation needs it): every weight column, explicit, constant, derived (`derive_sums`)
     or a sum of others; an explicit column's sum over a ciphertext it skips is 1."""
     derived = derived or {}
     explicit, const = weight_kinds(weights, derived)
     ones_needed = needs_ones(weights, derived)
-    per_ct = columns_per_ciphertext(explicit, only, n_cts)
+    per_ct = per_ct if per_ct is not None else columns_per_ciphertext(explicit, None, n_cts)
     # agg[key][w][t]: every weight column, explicit, constant, derived or a sum of others
     agg: dict[int, list[list[int]]] = {}
     for g, kk in enumerate(keys):

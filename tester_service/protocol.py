@@ -619,7 +619,7 @@ class TesterSession:
                                                     checkpoint=ticks) for s in part]
         del cts, packed, columns_of
         sums = aggregation.merge_piece_sums(sums, owner, len(groups_idx), n_cts, pub.n2)
-        agg = aggregation.combine_bucket_sums(sums, keys, weights, pub.n, pub.n2, n_cts, derived, only)
+        agg = aggregation.combine_bucket_sums(sums, keys, weights, pub.n, pub.n2, n_cts, derived, per_ct)
         self._lap("aggregation")
         self._progress("aggregation", f"aggregated {n} rows into {len(keys)} buckets x {len(weights)} weights")
         return agg

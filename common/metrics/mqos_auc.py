@@ -172,7 +172,13 @@ BINORMAL_POINTS = 4001
 def bin_mask_bits(n_rows: int) -> int:
     """Bits of a score bin's mask (`BinnedAuc.square_requests`): a bin's sum is at most
     n·2^33 (weights 2^32, values at most 2), and the mask SQUARE_MASK_BITS wider."""
-    return PROBABILITY_BITS + 1 + bits(n_rows) + SQUARE_MASK_BITS
+    return square_mask_bits(n_rows) + 1
+
+
+def square_mask_bits(n_rows: int) -> int:
+    """Bits of the squaring mask r on T_j ≤ S_j ≤ n·2^32 for n the bound on the rows: a
+    width fixed in advance, where the largest S_j's own would show in T_j + r's length."""
+    return PROBABILITY_BITS + bits(n_rows) + SQUARE_MASK_BITS
 
 
 def normaliser_bits(n_rows: int) -> int:
@@ -186,6 +192,13 @@ def normaliser(s_fixed: int, k_bits: int) -> int:
     """c = round(2^K / S) for S at 2^32 (0 for an empty cell: nothing to release)."""
     s_fixed = int(s_fixed)
     return ((1 << (k_bits + 1)) + s_fixed) // (2 * s_fixed) if s_fixed > 0 else 0
+
+
+def unmask_square(pub, square: int, t: int, r: int) -> int:
+    """Enc(T²) from the Test-Client's Enc((T + r)²) and Enc(T): the mask's 2rT + r² removed
+    under encryption."""
+    n, n2 = pub.n, pub.n2
+    return paillier.add_plain(n, square * paillier.scalar_pow(n, t, (-2 * r) % n) % n2, -r * r)
 
 
 def released_slots(l_dbl: int, t: int, q: int, s: int, k_bits: int) -> tuple[int, int]:
@@ -452,9 +465,7 @@ class ExactAuc(MqosAuc):
         t_rows = [t_full]
         if n_units > 1:  # random groups (one unit: the release of second moments, no groups)
             t_rows += [[agg[u][4 * j + 2][0] for j in range(cells)] for u in range(n_units)]
-        # T_j ≤ S_j ≤ n·2^32 for n the bound on the rows (`tester_facts`): a width fixed in
-        # advance, where the largest S_j's own would show in T_j + r's length
-        r_bits = PROBABILITY_BITS + bits(facts["n"]) + SQUARE_MASK_BITS
+        r_bits = square_mask_bits(facts["n"])  # n: the bound on the rows (`tester_facts`)
         masks = [[secrets.randbits(r_bits) for _ in range(cells)] for _ in t_rows]
         h = paillier.randomizer_base(n)
         requests = paillier.rerandomize_chunk(n, h, [paillier.add_plain(n, t, r) for row, mrow in zip(t_rows, masks)
@@ -535,8 +546,7 @@ class ExactAuc(MqosAuc):
         agg, n_units, cells = state["agg"], state["n_units"], state["cells"]
         t = state["t"][rep][j]
         r = state["r"][rep][j]
-        t2 = squares[rep * cells + j] * paillier.scalar_pow(n, t, (-2 * r) % n) % n2
-        t2 = paillier.add_plain(n, t2, -r * r)
+        t2 = unmask_square(pub, squares[rep * cells + j], t, r)
         if rep == 0:
             lsum, qsum = 1, 1
             for u in range(n_units):
@@ -573,7 +583,7 @@ class ExactAuc(MqosAuc):
     def plan(self, groups, strata_labels, layout, option, params, info):
         names = list(groups) + ["overall"]
         return Plan(tuple(Cell("group", g, item=j, num_slot=0, den_slot=1, offset=0.5) for j, g in enumerate(names)),
-                    tuple(Item(4 * j, 0) for j in range(len(names))), 2)
+                    tuple(Item(self.columns_per_cell * j, 0) for j in range(len(names))), 2)
 
 
 def score_bins(scores: np.ndarray, k: int) -> np.ndarray:
@@ -665,11 +675,6 @@ class BinnedAuc(ExactAuc):
         0 alone, the one holding y: they need Σ w_ab·y and nothing of the bins."""
         return {w: (0,) for w in range(k + 1, n_weights)}
 
-    def plan(self, groups, strata_labels, layout, option, params, info):
-        names = list(groups) + ["overall"]
-        return Plan(tuple(Cell("group", g, item=j, num_slot=0, den_slot=1, offset=0.5) for j, g in enumerate(names)),
-                    tuple(Item(j, 0) for j in range(len(names))), 2)
-
     @staticmethod
     def _bin_positions(layout) -> list[tuple[tuple[int, int], tuple[int, int]]]:
         """Per bin, the (ciphertext, slot) of P1_b and of G_b."""
@@ -683,7 +688,7 @@ class BinnedAuc(ExactAuc):
             raise ProtocolError("score bins are released with second moments alone (one unit)")
         n = pub.n
         cells = len(facts["S"])
-        t_bits = PROBABILITY_BITS + bits(facts["n"]) + SQUARE_MASK_BITS
+        t_bits = square_mask_bits(facts["n"])
         r_bits = bin_mask_bits(facts["n"])
         n_cts = len(agg[0][0])
         slots, width = layout.slots, layout.slot_bits
@@ -734,8 +739,7 @@ class BinnedAuc(ExactAuc):
             t_mask, slot_masks = state["masks"][j]
             answers = squares[j * per_cell:(j + 1) * per_cell]
             t = agg[0][j][0]
-            t2 = answers[0] * paillier.scalar_pow(n, t, (-2 * t_mask) % n) % n2
-            t2 = paillier.add_plain(n, t2, -t_mask * t_mask)
+            t2 = unmask_square(pub, answers[0], t, t_mask)
             x, constant = answers[1], 0
             for b, ((pt, ps), (gt, gs)) in enumerate(positions):
                 r, s_ = slot_masks[pt - 1][ps], slot_masks[gt - 1][gs]

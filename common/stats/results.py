@@ -284,7 +284,7 @@ def score_bins_words(info: dict[str, Any], sep: str) -> str:
     """MQOS-AUC exact under the release controls (`info["score_bins"]`): the estimate is the
     AUC of the score in that many bins of equal counts (design §5.6), said with the
     metric's option; "" otherwise."""
-    bins = info.get("score_bins")
+    bins = info.get("score_bins")  # mqos_auc.SCORE_BINS_INFO (stats imports no metric)
     return f"{sep}AUC of the score in {int(bins)} bins" if isinstance(bins, int) and bins > 0 else ""
 
 
