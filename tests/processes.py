@@ -194,15 +194,16 @@ class Usage:
     threads: int          # the main process
     fds: int              # the main process
     pool_threads: int = 0  # of them, gRPC's EventEngine pool ("event_engine"), which grows on demand
+    handler_threads: int = 0  # of them, the server's handler pool (channels.HANDLER_THREAD_NAME), started on demand
 
     @property
     def own_threads(self) -> int:
-        return self.threads - self.pool_threads
+        return self.threads - self.pool_threads - self.handler_threads
 
     def __str__(self) -> str:
         return (f"rss={self.rss_kib / 1024:.1f} MiB (group {self.group_rss_kib / 1024:.1f} MiB in "
                 f"{self.group_processes} processes), threads={self.threads} ({self.pool_threads} in gRPC's "
-                f"pool), fds={self.fds}")
+                f"pool, {self.handler_threads} handlers), fds={self.fds}")
 
 
 def _status_field(pid: int, name: str) -> int:
@@ -218,18 +219,20 @@ def usage(pid: int, pgid: int | None = None) -> Usage:
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         fds = -1
-    pool = 0
+    pool = handlers = 0
     try:
         for task in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{task}/comm") as f:
-                pool += f.read().strip() == "event_engine"
+                name = f.read().strip()
+            pool += name == "event_engine"
+            handlers += name == channels.HANDLER_THREAD_NAME
     except OSError:
         pass
     return Usage(rss_kib=_status_field(pid, "VmRSS"),
                  group_rss_kib=sum(_status_field(p, "VmRSS") for p in pids),
                  group_processes=len(pids),
                  threads=_status_field(pid, "Threads"),
-                 fds=fds, pool_threads=pool)
+                 fds=fds, pool_threads=pool, handler_threads=handlers)
 
 
 def health_status(address: str, timeout: float = 2.0, *, tls: TlsIdentity | None = None,

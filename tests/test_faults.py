@@ -44,8 +44,11 @@ from pathlib import Path
 
 import pytest
 
+from client_service.server import ClientConfig
+from common.net import channels
 from proto import ppre_pb2 as pb
 from tests.helpers import free_loopback_port, make_inputs, netns_usable
+from tester_service import server as tester_server
 from tests.processes import (ACTIVE_SESSIONS_RE, Dataset, FreezableProxy, OperatorAudit, Outcome, ServiceProcess,
                              VethNamespace, group_pids, health_status, make_client, make_tester,
                              sweep_stale_namespaces, wait_for, write_dataset)
@@ -673,6 +676,8 @@ SOAK_WARMUP = 50
 SOAK_SAMPLE_EVERY = 10
 #: RSS is compared as the median of the samples in the 50 audits after warm-up and in the last 50
 SOAK_WINDOW = 50
+#: the most handler threads either service's pool may start (both run with the default session limit)
+SOAK_HANDLER_WORKERS = max(tester_server.TesterConfig.max_sessions, ClientConfig.max_sessions) + channels.SPARE_HANDLERS
 
 
 @pytest.mark.timeout(1200)
@@ -731,4 +736,7 @@ def test_soak_200_audits_do_not_grow_memory_fds_or_threads(deploy, tiny, request
             f"{name}: own threads {warm.own_threads} -> {[u.own_threads for u in after]}"
         assert max(u.pool_threads for u in after) <= warm.pool_threads + 4, \
             f"{name}: gRPC pool threads {warm.pool_threads} -> {[u.pool_threads for u in after]}"
+        # the handler pool starts a thread when a call finds none idle, never more than its workers
+        assert max(u.handler_threads for u in after) <= SOAK_HANDLER_WORKERS, \
+            f"{name}: handler threads {[u.handler_threads for u in after]}"
     assert_no_files(tester, client)

@@ -374,3 +374,34 @@ def test_peer_faults_in_the_hello_are_protocol_errors(inputs):
     c = ClientSession(lambda name, metric: client, modulus_bits=TEST_BITS, allow_insecure=True)
     with pytest.raises(PeerAborted):
         c.receive(pb.PeerMessage(abort=pb.Abort(code="bad_input", message="x")))
+
+
+def test_a_servers_handler_threads_carry_their_name_and_stay_within_its_workers():
+    """The handler pool starts its threads on demand (a call that finds none idle), so a
+    count of threads alone cannot tell a leak from a busy moment: each handler thread
+    carries `channels.HANDLER_THREAD_NAME` as its operating-system name, and however many
+    calls come at once there are never more than the server's workers."""
+    import os
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    def named_handlers() -> int:
+        names = []
+        for task in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        return names.count(channels.HANDLER_THREAD_NAME)
+
+    before = named_handlers()
+    server, port, _ = channels.make_server(0, "127.0.0.1", workers=3)
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            with futures.ThreadPoolExecutor(12) as pool:
+                answers = list(pool.map(lambda _: stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=10),
+                                        range(60)))
+        assert {a.status for a in answers} == {health_pb2.HealthCheckResponse.SERVING}
+        started = named_handlers() - before
+        assert 1 <= started <= 3, started
+    finally:
+        server.stop(None)

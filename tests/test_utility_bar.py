@@ -16,6 +16,15 @@ the bar:
 * the verdict agrees with its own table: the compared entry's estimate is the table's
   entry of the same name, and its band lies on the side of 0 the verdict says.
 
+The defaults' release noise is drawn from a seeded generator in the audit's process
+(`NOISE_SEED`, set by this test's audit script alone; the product draws from the operating
+system's CSPRNG and has no such setting), so that a CI run is reproducible: the noise
+is the product's, at the product's scale, only its draws are fixed. Over the draws the
+bar holds with high but not certain probability (bench/RESULTS.md, "POT's default
+bandwidths": in 0.5% of pairs of audits one of api's 18 curve points lies beyond 0.01),
+so an unseeded run would fail now and then with nothing wrong; a noise scale that grew,
+or an estimate that drifted, still fails it.
+
 Cost: the noiseless audit runs with `--bootstrap 10` (only its estimates are compared;
 the defaults' audit is run exactly as a user runs it), and with 1024-bit Paillier keys
 (`tests.helpers.TEST_BITS`, `allow_insecure`): the encodings, noise and finishing are
@@ -59,14 +68,18 @@ def population(tmp_path_factory) -> Path:
 
 #: one audit in a fresh process (as bench_utility runs it), with test-size keys unless told
 AUDIT_SCRIPT = """
-import json, sys
+import json, random, sys
 from functools import partial
 import ppre.local
+import tester_service.release
 from ppre import cli
 if sys.argv[2] == "small":
     ppre.local.local_services = partial(ppre.local.local_services, modulus_bits=int(sys.argv[3]), allow_insecure=True)
+tester_service.release._RANDOM = random.Random(int(sys.argv[4]))
 sys.exit(cli.main(json.loads(sys.argv[1])))
 """
+#: the seed of the release noise's draws in the audit's process (module docstring)
+NOISE_SEED = 1
 
 
 def audit(metric: str, folder: Path, home: Path, *, controls: bool) -> dict:
@@ -81,8 +94,11 @@ def audit(metric: str, folder: Path, home: Path, *, controls: bool) -> dict:
     if not controls:
         argv += ["--no-release-controls", "--bootstrap", str(NOISELESS_BOOTSTRAP), "--seed", "1"]
     keys = "production" if metric in PRODUCTION_KEYS else "small"
-    env = dict(os.environ, XDG_DATA_HOME=str(home), HOME=str(home))  # a fresh data directory: its own ledger
-    proc = subprocess.run([sys.executable, "-c", AUDIT_SCRIPT, json.dumps(argv), keys, str(TEST_BITS)], cwd=ROOT,
+    # a fresh data directory (its own ledger); a fixed hash seed, so that the noise's draws meet the
+    # cells in one order (the noisy sizes are drawn over a set)
+    env = dict(os.environ, XDG_DATA_HOME=str(home), HOME=str(home), PYTHONHASHSEED="0")
+    proc = subprocess.run([sys.executable, "-c", AUDIT_SCRIPT, json.dumps(argv), keys, str(TEST_BITS),
+                           str(NOISE_SEED)], cwd=ROOT,
                           env=env, capture_output=True, text=True)
     assert proc.returncode == 0, (proc.stdout[-800:], proc.stderr[-800:])
     return json.loads(proc.stdout)

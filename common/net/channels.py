@@ -100,6 +100,26 @@ class LinkSettings:
         ]
 
 
+#: the operating-system name of the threads that run a server's handlers (`ps -L`, `top -H`,
+#: /proc/PID/task/TID/comm): the pool starts its threads on demand, up to its `workers`, so
+#: a reader of the thread list can tell them from any other
+HANDLER_THREAD_NAME = "ppre-handler"
+#: handler threads a service keeps beyond one per session it admits: the health service,
+#: the operator's calls and refusals answered while every session is busy
+SPARE_HANDLERS = 8
+_PR_SET_NAME = 15
+
+
+def _name_handler_thread() -> None:
+    """Gives the calling pool thread its operating-system name (Linux's prctl; elsewhere, or
+    where it fails, the thread keeps the name it has: a name is for reading, nothing depends on it)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, HANDLER_THREAD_NAME.encode(), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def make_server(port: int, host: str = "0.0.0.0", workers: int = 8, interceptors: tuple = (),
                 settings: LinkSettings | None = None, *, tls: TlsIdentity | None = None,
                 access: Mapping[str, AllowList] | None = None,
@@ -120,7 +140,8 @@ def make_server(port: int, host: str = "0.0.0.0", workers: int = 8, interceptors
     # gRPC sets SO_REUSEPORT by default: a second service on a busy port would listen
     # beside the first and callers be answered at random by either. Off: the bind fails.
     options = settings.server_options() + [("grpc.so_reuseport", 0)]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options, interceptors=chain)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=HANDLER_THREAD_NAME,
+                                                    initializer=_name_handler_thread), options=options, interceptors=chain)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
