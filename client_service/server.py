@@ -273,7 +273,7 @@ def serve(config: ClientConfig, port: int, host: str = "0.0.0.0",
           interceptors: tuple = ()) -> tuple[grpc.Server, int, ClientServicer]:
     # With TLS, an identity check runs before `interceptors` and before Exchange: a Tester
     # that is not on the allow-list is refused (PERMISSION_DENIED) before any message.
-    server, bound, health_servicer = channels.make_server(port, host, workers=config.max_sessions + channels.SPARE_HANDLERS,
+    server, bound, health_servicer = channels.make_server(port, host, workers=channels.handler_workers(config.max_sessions),
                                                           interceptors=interceptors, settings=config.settings,
                                                           tls=config.tls,
                                                           access={"/ppre.v1.Client/": config.tester_allow_list})

@@ -637,7 +637,7 @@ def serve(config: TesterConfig, port: int, host: str = "0.0.0.0") -> tuple[grpc.
             config.audit_log.append(refusal_record(method, identity, message))
 
     server, bound, health_servicer = channels.make_server(
-        port, host, workers=config.max_sessions + channels.SPARE_HANDLERS, settings=config.settings, tls=config.tls,
+        port, host, workers=channels.handler_workers(config.max_sessions), settings=config.settings, tls=config.tls,
         access={TESTER_METHODS: config.operator_allow_list}, on_refused=refused)
     servicer = TesterServicer(config, health_servicer)
     pb_grpc.add_TesterServicer_to_server(servicer, server)

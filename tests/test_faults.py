@@ -677,7 +677,7 @@ SOAK_SAMPLE_EVERY = 10
 #: RSS is compared as the median of the samples in the 50 audits after warm-up and in the last 50
 SOAK_WINDOW = 50
 #: the most handler threads either service's pool may start (both run with the default session limit)
-SOAK_HANDLER_WORKERS = max(tester_server.TesterConfig.max_sessions, ClientConfig.max_sessions) + channels.SPARE_HANDLERS
+SOAK_HANDLER_WORKERS = channels.handler_workers(max(tester_server.TesterConfig.max_sessions, ClientConfig.max_sessions))
 
 
 @pytest.mark.timeout(1200)

@@ -383,13 +383,10 @@ def test_a_servers_handler_threads_carry_their_name_and_stay_within_its_workers(
     calls come at once there are never more than the server's workers."""
     import os
     from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from tests.processes import usage
 
     def named_handlers() -> int:
-        names = []
-        for task in os.listdir("/proc/self/task"):
-            with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/comm") as f:
-                names.append(f.read().strip())
-        return names.count(channels.HANDLER_THREAD_NAME)
+        return usage(os.getpid()).handler_threads
 
     before = named_handlers()
     server, port, _ = channels.make_server(0, "127.0.0.1", workers=3)

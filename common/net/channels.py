@@ -110,6 +110,11 @@ SPARE_HANDLERS = 8
 _PR_SET_NAME = 15
 
 
+def handler_workers(max_sessions: int) -> int:
+    """The handler threads of a service that admits `max_sessions` sessions at once."""
+    return max_sessions + SPARE_HANDLERS
+
+
 def _name_handler_thread() -> None:
     """Gives the calling pool thread its operating-system name (Linux's prctl; elsewhere, or
     where it fails, the thread keeps the name it has: a name is for reading, nothing depends on it)."""
