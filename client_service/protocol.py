@@ -35,10 +35,12 @@ from common.crypto import commutative, encoding, paillier
 from common.stats.correction import finish_corrected
 from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.crypto.masking import masked_ratio
+from common.crypto.symmetric import sealed_width
 from common.metrics.base import Layout, Metric
-from common.stats.results import AuditReport, finish
+from common.stats.results import AuditReport, finish, with_withheld
 from common.protocol.session import PhaseClock, chunk_ticks, expect_phase
 from proto import ppre_pb2 as pb
+from client_service import blind_pairs
 
 #: the limits on what the Tester sends, with the checks: common.protocol.validation
 PROTOCOL_VERSION = validation.PROTOCOL_VERSION
@@ -69,6 +71,7 @@ def secret_permutation(n: int) -> np.ndarray:
 class Phase(enum.Enum):
     WAIT_HELLO = "wait_hello"
     WAIT_TESTER_ROWS = "wait_tester_rows"
+    WAIT_MEMBER_VECTORS = "wait_member_vectors"
     WAIT_SQUARE_REQUEST = "wait_square_request"
     WAIT_AGGREGATES_HEADER = "wait_aggregates_header"
     WAIT_AGGREGATES = "wait_aggregates"
@@ -137,6 +140,13 @@ class ClientSession:
         self._header: pb.AggregatesHeader | None = None
         self._correction = None  # common.stats.correction.CorrectionPlan when the Tester asked for one
         self._aggregates: list[int] = []
+        #: the blind path (`common.metrics.lot`, "The Tester blind to the pairs"): the Tester's
+        #: key, the slot plan, our rows as (head, tail, rank pair, quantised gap) arrays and,
+        #: once the member table is sent, the heads and tails as its positions
+        self._tester_key: paillier.PublicKey | None = None
+        self._blind_plan = None
+        self._blind_rows: tuple | None = None
+        self._member_vectors: list[int] = []
 
     def _lap(self, name: str) -> None:
         self._clock.lap(name)
@@ -165,6 +175,8 @@ class ClientSession:
         self._doubled = []
         self._sealed = []
         self._aggregates = []
+        self._blind_rows = None
+        self._member_vectors = []
         if self.phase is not Phase.DONE:
             self.phase = Phase.CLOSED
 
@@ -207,6 +219,10 @@ class ClientSession:
             self._units = np.asarray(rows.units, dtype=np.int64)[order]
         if metric.row_strata(self._params):
             self._strata = np.asarray(rows.strata, dtype=np.int64)[order]
+        self._tester_key = choice.tester_key
+        if self._tester_key is not None:
+            self._blind_rows = self._blind_row_facts(rows, order, file,
+                                                     groups=(hello.sealed_width - sealed_width(0)) // 8)
         self.dataset = hello.client_dataset
         self._hello = hello
         ack = pb.HelloAck(rows=n, strata_labels=list(self._strata_labels), info_json=json.dumps(self._info),
@@ -221,10 +237,12 @@ class ClientSession:
                     raise InputError(str(exc), file=file) from None
             self._layout = metric.layout(self._option, self._params, self._info, n_rows=n, n_units=hello.buckets,
                                          recipient=hello.result_recipient, modulus_bits=self._modulus_bits)
-            matrix = np.column_stack(ints) if all(i.dtype != object for i in ints) else \
-                np.array([list(r) for r in zip(*ints)], dtype=object)
-            self._values = self._layout.pack(matrix)
-            del ints, matrix
+            if self._tester_key is None:  # the blind path sends no row's values (`_send_masked_sums`)
+                matrix = np.column_stack(ints) if all(i.dtype != object for i in ints) else \
+                    np.array([list(r) for r in zip(*ints)], dtype=object)
+                self._values = self._layout.pack(matrix)
+                del matrix
+            del ints
             self._progress("keygen", 0, 0)
             self._paillier = paillier.generate_keypair(self._modulus_bits, allow_insecure=self._allow_insecure)
             ack.paillier_n, ack.paillier_h = self._paillier.public.to_bytes()
@@ -239,6 +257,19 @@ class ClientSession:
         self._reader = wire.TableReader(wire.tester_rows(hello.sealed_width))
         self._lap("keygen_and_load")
         return [pb.PeerMessage(hello_ack=ack)]
+
+    def _blind_row_facts(self, rows, order: np.ndarray, file: str, *, groups: int) -> tuple:
+        """The blind path's own rows, in our random order: rank pair and quantised gap
+        (the first component) per row; heads and tails follow from the ids (`_send_members`)."""
+        comp = self._metric.components(self._option, self._params, self._info)[0]
+        try:
+            gaps = comp.quantize(rows.values[order, 0])
+        except EncodingOverflowError as exc:
+            raise InputError(str(exc), file=file) from None
+        self._blind_plan = self._metric.blind_plan(
+            ("",) * groups, len(rows.strata_labels), self._option,
+            self._params, n_rows=rows.n_rows, tester_modulus_bits=self._tester_key.n.bit_length())
+        return np.asarray(rows.strata, dtype=np.int64)[order], np.asarray(gaps, dtype=object)
 
     # ---------------------------------------------------------------- steps 3-4
     def _start_own_ids(self) -> None:
@@ -281,6 +312,8 @@ class ClientSession:
             self._sealed.append(chunk.sealed)
             self._feed_own_ids()
             self._progress("double_encrypt", self._reader.rows, 0)
+        elif self.phase is Phase.WAIT_MEMBER_VECTORS:
+            self._member_vectors += rows.ciphertexts
         else:
             self._aggregates += rows.ciphertexts
         return []
@@ -288,6 +321,8 @@ class ClientSession:
     def _on_table_end(self, end: pb.TableEnd, _: None) -> Iterable[pb.PeerMessage]:
         if self.phase is Phase.WAIT_TESTER_ROWS:
             return self._send_tables()
+        if self.phase is Phase.WAIT_MEMBER_VECTORS:
+            return self._send_masked_sums()
         if self.phase is Phase.WAIT_SQUARE_REQUEST:
             return self._square()
         return self._finish()
@@ -323,6 +358,9 @@ class ClientSession:
         codes, self._own_codes = self._own_codes, None
         futures, self._own_points = self._own_points, []
         encrypted = np.frombuffer(self._wait(futures, "encrypt_ids"), dtype=f"V{commutative.POINT_BYTES}")
+        if self._blind_plan is not None:
+            yield from self._send_members(encrypted, codes)
+            return
         own_points = encrypted[codes].tobytes()  # every id slot of every row, row-major
         del encrypted, codes
         self._com_key = None  # design §7: no longer needed once both tables are encrypted
@@ -378,6 +416,55 @@ class ClientSession:
             self.phase = Phase.DONE
             self._lap("send_rows")
             self.close()
+
+    # ---------------------------------------------------------------- the blind path
+    def _send_members(self, encrypted: np.ndarray, codes: np.ndarray) -> Iterator[pb.PeerMessage]:
+        """The blind path's step 4 (`common.metrics.lot`, "The Tester blind to the pairs"):
+        each of our members once, Com.Enc_sk2(RO(id)), in a fresh secret order; our rows
+        keep only their heads' and tails' places in it."""
+        self._com_key = None
+        order = secret_permutation(len(encrypted))
+        place = np.empty(len(order), dtype=np.int64)
+        place[order] = np.arange(len(order))
+        strata, gaps = self._blind_rows
+        self._blind_rows = (place[codes[0::2]], place[codes[1::2]], strata, gaps)
+        points = encrypted[order].tobytes()
+        del encrypted, codes, order, place
+        self._lap("psi_encrypt_own_ids")
+        self.phase = Phase.WAIT_MEMBER_VECTORS
+        plan = self._blind_plan
+        self._reader = wire.TableReader(wire.member_vectors(2 * plan.vector_cts, self._tester_key.ciphertext_bytes))
+        yield from wire.table_messages(wire.member_points(), len(points) // commutative.POINT_BYTES, points=points)
+
+    def _send_masked_sums(self) -> Iterator[pb.PeerMessage]:
+        """The blind path's rows: per member of the member table, in its order and without
+        ids, HE_T.Enc(z + r) per rank pair and HE.Enc(r) under our key
+        (`client_service.blind_pairs`)."""
+        plan, tester, key = self._blind_plan, self._tester_key, self._paillier
+        heads, tails, strata, gaps = self._blind_rows
+        self._blind_rows = None
+        vectors, self._member_vectors = self._member_vectors, []
+        n_members = len(vectors) // (2 * plan.vector_cts)
+        sums = blind_pairs.masked_sums(plan, vectors, tester, n_members, heads, tails, strata, gaps)
+        del vectors, heads, tails, strata, gaps
+        self._tick("he_encrypt", 0, n_members)
+        masks = blind_pairs.draw_masks(plan, n_members * plan.strata)
+        sums = blind_pairs.add_masks(sums, tester, blind_pairs.mask_plaintexts(plan, masks))
+        _, num_slot = self._layout.position(0)
+        _, den_slot = self._layout.position(1)
+        bits = self._layout.slot_bits
+        own = blind_pairs.own_mask_plaintexts(plan, masks, num_slot * bits, den_slot * bits)
+        del masks
+        encrypt = key.encrypt_task()
+        parts = parallel.split(own, self._executor.chunk_count())
+        own_cts = b"".join(self._executor.run_chunks(encrypt, [(part,) for part in parts]))
+        del own, encrypt
+        self._lap("he_encrypt_values")
+        layout = wire.blind_client_rows(plan.strata * plan.vector_cts, tester.ciphertext_bytes,
+                                        plan.strata * plan.mask_cts, key.public.ciphertext_bytes)
+        self.phase = Phase.WAIT_AGGREGATES_HEADER
+        yield from wire.table_messages(layout, n_members, ciphertexts=own_cts,
+                                       tester_ciphertexts=paillier.ciphertexts_to_bytes(sums, tester.ciphertext_bytes))
 
     # ---------------------------------------------------------------- MQOS-AUC exact
     def _square(self) -> Iterator[pb.PeerMessage]:
@@ -460,7 +547,11 @@ class ClientSession:
         withheld = list(header.suppressed_items) + empty
         corrects = self._hello.correction not in ("", "none")
         interval = header.interval or self._metric.interval
+        by_size: list[int] = []
         if header.interval == moments.FORM:  # one row of noised aggregates and second moments
+            by_size = self._metric.withheld_by_size(plan, decoded[:header.items], header.min_effective_size,
+                                                    self._params)
+            withheld += by_size
             values, corrected = moments.finish_release(plan, self._correction, decoded, header.noise_sd,
                                                        header.replicates, withheld=withheld, correct=corrects,
                                                        bounds=moments.estimate_bounds(self._metric, self._option,
@@ -482,6 +573,7 @@ class ClientSession:
                         small_groups=[g for g in header.small_groups if g in header.groups], corrected=corrected,
                         noisy=header.plain_rows > 0,  # rows released as noised aggregates: noise on
                         min_size=header.min_effective_size)
+        report = with_withheld(report, [plan.cell_label(c) for c in plan.cells if c.item in set(by_size)])
         self._lap("finish_statistic")
         return self._keep(report)
 

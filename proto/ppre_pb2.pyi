@@ -16,6 +16,8 @@ class Table(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     AGGREGATES: _ClassVar[Table]
     SQUARE_REQUEST: _ClassVar[Table]
     SQUARES: _ClassVar[Table]
+    MEMBER_POINTS: _ClassVar[Table]
+    MEMBER_VECTORS: _ClassVar[Table]
 TABLE_UNSPECIFIED: Table
 TESTER_ROWS: Table
 SHUFFLED_ROWS: Table
@@ -23,6 +25,8 @@ CLIENT_ROWS: Table
 AGGREGATES: Table
 SQUARE_REQUEST: Table
 SQUARES: Table
+MEMBER_POINTS: Table
+MEMBER_VECTORS: Table
 
 class ListRunsRequest(_message.Message):
     __slots__ = ("metric", "dataset", "since", "until", "limit")
@@ -164,7 +168,7 @@ class AuditError(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("protocol_version", "metric", "client_dataset", "metric_option", "salt_share", "probability_bits", "result_recipient", "sealed_width", "metric_params", "buckets", "correction", "audit_id", "value_bounds", "second_moments", "release_noise")
+    __slots__ = ("protocol_version", "metric", "client_dataset", "metric_option", "salt_share", "probability_bits", "result_recipient", "sealed_width", "metric_params", "buckets", "correction", "audit_id", "value_bounds", "second_moments", "release_noise", "tester_paillier_n", "tester_paillier_h")
     class MetricParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +198,8 @@ class Hello(_message.Message):
     VALUE_BOUNDS_FIELD_NUMBER: _ClassVar[int]
     SECOND_MOMENTS_FIELD_NUMBER: _ClassVar[int]
     RELEASE_NOISE_FIELD_NUMBER: _ClassVar[int]
+    TESTER_PAILLIER_N_FIELD_NUMBER: _ClassVar[int]
+    TESTER_PAILLIER_H_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     metric: str
     client_dataset: str
@@ -209,7 +215,9 @@ class Hello(_message.Message):
     value_bounds: _containers.ScalarMap[str, float]
     second_moments: bool
     release_noise: bool
-    def __init__(self, protocol_version: _Optional[int] = ..., metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., metric_option: _Optional[str] = ..., salt_share: _Optional[bytes] = ..., probability_bits: _Optional[int] = ..., result_recipient: _Optional[str] = ..., sealed_width: _Optional[int] = ..., metric_params: _Optional[_Mapping[str, str]] = ..., buckets: _Optional[int] = ..., correction: _Optional[str] = ..., audit_id: _Optional[str] = ..., value_bounds: _Optional[_Mapping[str, float]] = ..., second_moments: _Optional[bool] = ..., release_noise: _Optional[bool] = ...) -> None: ...
+    tester_paillier_n: bytes
+    tester_paillier_h: bytes
+    def __init__(self, protocol_version: _Optional[int] = ..., metric: _Optional[str] = ..., client_dataset: _Optional[str] = ..., metric_option: _Optional[str] = ..., salt_share: _Optional[bytes] = ..., probability_bits: _Optional[int] = ..., result_recipient: _Optional[str] = ..., sealed_width: _Optional[int] = ..., metric_params: _Optional[_Mapping[str, str]] = ..., buckets: _Optional[int] = ..., correction: _Optional[str] = ..., audit_id: _Optional[str] = ..., value_bounds: _Optional[_Mapping[str, float]] = ..., second_moments: _Optional[bool] = ..., release_noise: _Optional[bool] = ..., tester_paillier_n: _Optional[bytes] = ..., tester_paillier_h: _Optional[bytes] = ...) -> None: ...
 
 class HelloAck(_message.Message):
     __slots__ = ("salt_share", "paillier_n", "paillier_h", "slot_bits", "rows", "strata_labels", "info_json", "slots", "value_bounds")
@@ -241,7 +249,7 @@ class HelloAck(_message.Message):
     def __init__(self, salt_share: _Optional[bytes] = ..., paillier_n: _Optional[bytes] = ..., paillier_h: _Optional[bytes] = ..., slot_bits: _Optional[int] = ..., rows: _Optional[int] = ..., strata_labels: _Optional[_Iterable[str]] = ..., info_json: _Optional[str] = ..., slots: _Optional[int] = ..., value_bounds: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class TableChunk(_message.Message):
-    __slots__ = ("table", "rows", "points", "sealed", "ciphertexts", "units", "strata")
+    __slots__ = ("table", "rows", "points", "sealed", "ciphertexts", "units", "strata", "tester_ciphertexts")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     POINTS_FIELD_NUMBER: _ClassVar[int]
@@ -249,6 +257,7 @@ class TableChunk(_message.Message):
     CIPHERTEXTS_FIELD_NUMBER: _ClassVar[int]
     UNITS_FIELD_NUMBER: _ClassVar[int]
     STRATA_FIELD_NUMBER: _ClassVar[int]
+    TESTER_CIPHERTEXTS_FIELD_NUMBER: _ClassVar[int]
     table: Table
     rows: int
     points: bytes
@@ -256,7 +265,8 @@ class TableChunk(_message.Message):
     ciphertexts: bytes
     units: bytes
     strata: bytes
-    def __init__(self, table: _Optional[_Union[Table, str]] = ..., rows: _Optional[int] = ..., points: _Optional[bytes] = ..., sealed: _Optional[bytes] = ..., ciphertexts: _Optional[bytes] = ..., units: _Optional[bytes] = ..., strata: _Optional[bytes] = ...) -> None: ...
+    tester_ciphertexts: bytes
+    def __init__(self, table: _Optional[_Union[Table, str]] = ..., rows: _Optional[int] = ..., points: _Optional[bytes] = ..., sealed: _Optional[bytes] = ..., ciphertexts: _Optional[bytes] = ..., units: _Optional[bytes] = ..., strata: _Optional[bytes] = ..., tester_ciphertexts: _Optional[bytes] = ...) -> None: ...
 
 class TableEnd(_message.Message):
     __slots__ = ("table", "rows")

@@ -44,14 +44,14 @@ from common.crypto import commutative, encoding, paillier
 from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.logs import new_audit_id
 from common.crypto.masking import AdditiveMask, RatioMask
-from common.metrics import correcting_metrics, get_metric
+from common.metrics import correcting_metrics, get_metric, lot
 from common.metrics.base import RELEASE_NOISE, SECOND_MOMENTS, Layout, composite_items, sensitivity_rows
 from common.stats.correction import finish_corrected
 from common.stats.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, AuditReport, finish, receipt, small_for_verdict
 from common.protocol.session import PhaseClock, chunk_ticks, expect_phase
 from common.crypto.symmetric import RowSealer, sealed_width
 from proto import ppre_pb2 as pb
-from tester_service import aggregation
+from tester_service import aggregation, blind_pairs
 from tester_service.release import (RELEASE_GROUPS, REPORT_DELTA, IntersectionRefused, ReleasePolicy, gaussian,
                                     gaussian_slots, rho_to_epsilon)
 
@@ -122,6 +122,7 @@ class Phase(enum.Enum):
     START = "start"
     WAIT_HELLO_ACK = "wait_hello_ack"
     WAIT_SHUFFLED = "wait_shuffled"
+    WAIT_MEMBERS = "wait_members"
     WAIT_CLIENT_ROWS = "wait_client_rows"
     WAIT_SQUARES = "wait_squares"
     WAIT_RESULT = "wait_result"
@@ -237,6 +238,17 @@ class TesterSession:
         self._unidentifiable: list[str] = []
         self._correction: correction.CorrectionPlan | None = None
         self._n_sent = 0
+        #: the blind path (`common.metrics.lot`, "The Tester blind to the pairs"): our own
+        #: Paillier key for this audit, its slot plan, and per member of the Test-Client's
+        #: member table its quantised vector (zeros where we hold no such member)
+        self._blind = self.metric.tester_blind(self.params)
+        self._tester_key: paillier.PrivateKey | None = paillier.generate_keypair(
+            max(min_modulus_bits, 1024), allow_insecure=min_modulus_bits < paillier.MIN_MODULUS_BITS) \
+            if self._blind else None
+        self._blind_plan = None
+        self._member_q: np.ndarray | None = None
+        self._blind_members = 0
+        self._blind_cts: list[tuple[bytes, bytes]] = []
 
     # ------------------------------------------------------------------ helpers
     def _lap(self, name: str) -> None:
@@ -271,6 +283,9 @@ class TesterSession:
         self._masked_values = []
         self._squares_state = None
         self._squares = []
+        self._tester_key = None
+        self._member_q = None
+        self._blind_cts = []
         if self.phase is not Phase.DONE:
             self.phase = Phase.CLOSED
 
@@ -286,7 +301,15 @@ class TesterSession:
             sealed_width=sealed_width(len(self.groups)), metric_params=self.spec.params,
             buckets=self._n_buckets, correction=self.spec.correction, audit_id=self.audit_id,
             value_bounds=self.metric.value_bounds(self.spec.metric_option, self.params),
-            second_moments=bool(self.params.get(SECOND_MOMENTS)), release_noise=self.release.noisy))]
+            second_moments=bool(self.params.get(SECOND_MOMENTS)), release_noise=self.release.noisy,
+            **self._tester_key_fields()))]
+
+    def _tester_key_fields(self) -> dict[str, bytes]:
+        """The blind path's key in the Hello (`common.metrics.lot`); nothing otherwise."""
+        if self._tester_key is None:
+            return {}
+        n, h = self._tester_key.public.to_bytes()
+        return {"tester_paillier_n": n, "tester_paillier_h": h}
 
     def receive(self, msg: pb.PeerMessage) -> Iterable[pb.PeerMessage]:
         """Consume one message from the Test-Client; returns the messages to send back.
@@ -337,6 +360,10 @@ class TesterSession:
 
     def _client_layout(self) -> wire.TableLayout:
         metric = self.metric
+        if self._blind:
+            plan = self._blind_plan
+            return wire.blind_client_rows(plan.strata * plan.vector_cts, self._tester_key.public.ciphertext_bytes,
+                                          plan.strata * plan.mask_cts, self._pub.ciphertext_bytes)
         return wire.client_rows(metric.n_ids, self._layout.n_ciphertexts if self._layout else 0,
                                 self._pub.ciphertext_bytes if self._pub else 0,
                                 units=metric.resampling in ("unit", "client_groups"),
@@ -349,6 +376,15 @@ class TesterSession:
         if self.phase is Phase.WAIT_SHUFFLED:
             self._shuffled.append((chunk.points, chunk.sealed))
             self._progress("psi_shuffled", "", self._reader.rows, self._n_sent)
+            return []
+        if self.phase is Phase.WAIT_MEMBERS:  # doubly encrypted (and checked) on the executor
+            first = self._reader.rows - chunk.rows
+            self._pending.append((self._executor.submit(double_client_chunk, self._com_key.multiply_task(),
+                                                        chunk.points, first, b"", None),))
+            return []
+        if self._blind:  # the masked sums: checked by the gate (`validation.TesterInbound`)
+            self._blind_cts.append((chunk.tester_ciphertexts, chunk.ciphertexts))
+            self._progress("join", "", self._reader.rows, self._blind_members)
             return []
         # step 5, one chunk: doubly encrypted (and checked) on the executor while the next
         # chunks arrive; the chunks are joined in order as their points come back
@@ -401,11 +437,19 @@ class TesterSession:
         if self.phase is Phase.WAIT_SHUFFLED:
             self._index_shuffled()
             self._lap("psi_client_double_encrypt")
+            if self._blind:
+                self.phase = Phase.WAIT_MEMBERS
+                self._reader = wire.TableReader(wire.member_points())
+                return []
             self.phase = Phase.WAIT_CLIENT_ROWS
             self._reader = wire.TableReader(self._client_layout())
             return []
+        if self.phase is Phase.WAIT_MEMBERS:
+            return self._member_vectors()
         if self.phase is Phase.WAIT_SQUARES:
             return self._after_squares()
+        if self._blind:
+            return self._aggregate_blind()
         while self._pending:
             self._join(*self._pending.popleft())
         # step 5: the join is complete; every id (and the unmatched rows) is deleted, and
@@ -485,6 +529,106 @@ class TesterSession:
         self._lap("local_statistic")
         return self._finish(report, {})
 
+    # ------------------------------------------------------------------ the blind path
+    def _member_vectors(self) -> Iterator[pb.PeerMessage]:
+        """The blind path's step 5 (`common.metrics.lot`, "The Tester blind to the pairs"):
+        join the Test-Client's members, apply the intersection's controls, open the vectors
+        of the members we hold, drop every id, and answer each member, in its table's
+        order, with HE_T.Enc of its vector (zeros where we hold none)."""
+        doubled = np.frombuffer(b"".join(f.result() for f, in self._pending), dtype=f"S{commutative.POINT_BYTES}")
+        self._pending = collections.deque()
+        self._com_key = None
+        if len(np.unique(doubled)) != len(doubled):
+            raise ProtocolError("a member appears twice in the member table")
+        keys, sealed = self._index
+        self._index = None
+        at = np.minimum(np.searchsorted(keys, doubled), len(keys) - 1) if len(keys) else np.zeros(len(doubled), int)
+        found = (keys[at] == doubled) if len(keys) else np.zeros(len(doubled), bool)
+        self._blind_members = len(doubled)
+        self.n_matched = int(found.sum())
+        self._lap("client_encrypt_and_join")
+        self._progress("join", f"{self.n_matched} members matched")
+        stated = self._info[lot.MEMBER_ROWS_INFO]  # checked by the gate (`Lot.check_info`)
+        self._multiplicity, self._sensitivity_rows = int(stated[0]), float(stated[1])
+        if self.n_matched < self.release.min_intersection:  # an empty one too: one refusal for both
+            raise IntersectionRefused()
+        q = np.zeros((len(doubled), len(self.groups)), dtype=np.int64)
+        q[found] = encoding.quantize_probabilities(self._open_members(sealed[at[found]]), encoding.PROBABILITY_BITS)
+        del keys, sealed, at, found, doubled
+        self._member_q = q
+        plan = self._blind_plan = self.metric.blind_plan(
+            self.groups, len(self._strata_labels), self.spec.metric_option, self.params, n_rows=self._client_rows,
+            tester_modulus_bits=self._tester_key.public.n.bit_length())
+        plaintexts = blind_pairs.vector_plaintexts(plan, q)
+        encrypt = self._tester_key.encrypt_task()
+        parts = parallel.split(plaintexts, self._executor.chunk_count())
+        packed = b"".join(self._executor.run_chunks(encrypt, [(part,) for part in parts]))
+        del plaintexts, encrypt
+        self._lap("member_vectors")
+        self.phase = Phase.WAIT_CLIENT_ROWS
+        self._reader = wire.TableReader(self._client_layout())
+        layout = wire.member_vectors(2 * plan.vector_cts, self._tester_key.public.ciphertext_bytes)
+        yield from wire.table_messages(layout, len(q), ciphertexts=packed)
+
+    def _open_members(self, sealed: np.ndarray) -> np.ndarray:
+        """The blind path's opening: the vectors of the joined members (their sealed blobs,
+        in the member table's order); the row key is dropped."""
+        probs = self._sealer.open_rows(sealed.tobytes(), len(self.groups))
+        self._sealer = None
+        return probs
+
+    def _aggregate_blind(self) -> Iterator[pb.PeerMessage]:
+        """The blind path's step 6: decrypt the masked sums of the members we hold, form
+        from them the bucket sums the plaintext path would have (`blind_pairs.cell_items`),
+        and release them as it does (`_release`). Nothing is withheld here: we know no
+        cell's size; the finishing party withholds a cell whose noised size is below the
+        minimum (`Lot.withheld_by_size`)."""
+        plan, metric, pub = self._blind_plan, self.metric, self._pub
+        held = np.flatnonzero(self._member_q.any(axis=1))
+        q = self._member_q[held]
+        self._member_q = None
+        tester_width = self._tester_key.public.ciphertext_bytes
+        sums = self._held_rows(0, held, plan.strata * plan.vector_cts, tester_width)
+        masks = self._held_rows(1, held, plan.strata * plan.mask_cts, pub.ciphertext_bytes)
+        self._blind_cts = []
+        decrypt = self._tester_key.decrypt_task(signed=True)
+        parts = parallel.split(sums, self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS))
+        try:
+            values = [v for part in self._executor.run_chunks(decrypt, [(part,) for part in parts]) for v in part]
+            slots = encoding.SlotLayout(plan.slot_bits, plan.slots)
+            per = plan.vector_cts
+            masked = [[x for v in values[j * per:(j + 1) * per] for x in slots.unpack(v)]
+                      for j in range(len(values) // per)]
+        except EncodingOverflowError:
+            raise ProtocolError("a masked sum of the Test-Client's does not decode: overflow") from None
+        del decrypt, values, sums
+        self._tester_key = None
+        self._lap("open_probabilities")
+        self._plan = metric.plan(self.groups, self._strata_labels, self._layout, self.spec.metric_option,
+                                 self.params, self._info)
+        self._plan, self._correction = metric.moment_plan(self._plan, self.groups, self.spec.metric_option,
+                                                          self.params, self._info, self._layout)
+        cells = metric.cell_pairs(self.groups, self.params)
+        ct, num_slot = self._layout.position(0)
+        _, den_slot = self._layout.position(1)
+        bits = self._layout.slot_bits
+        columns = blind_pairs.cell_items(plan, q, masked, masks, cells, metric.moment_pairs(len(cells)), pub,
+                                         num_slot * bits, den_slot * bits)
+        agg = {s: [[item if t == ct else 1 for t in range(self._layout.n_ciphertexts)] for (item,) in column]
+               for s, column in columns.items()}
+        del masked, masks, q
+        self._lap("aggregation")
+        self._progress("aggregation", f"aggregated {len(held)} members' masked sums into {len(agg)} rank pairs")
+        weights = [None] * (len(cells) + len(metric.moment_pairs(len(cells))))  # no row's weight is known here
+        yield from self._release(agg, weights, 1, np.random.default_rng(self.spec.seed), False)
+
+    def _held_rows(self, column: int, held: np.ndarray, per_row: int, width: int) -> list[int]:
+        """The blind rows' ciphertexts (column 0: HE_T's, 1: the Test-Client's) of the
+        members we hold, in order, as integers (checked by the gate)."""
+        packed = np.frombuffer(b"".join(part[column] for part in self._blind_cts), dtype=f"V{per_row * width}")
+        data = packed[held].tobytes()
+        return [int.from_bytes(data[i:i + width], "big") for i in range(0, len(data), width)]
+
     # ------------------------------------------------------------------ step 6: aggregate
     def _aggregate(self) -> Iterator[pb.PeerMessage]:
         """Step 6 (design §3.6, release controls §8): the named steps below, in order."""
@@ -501,6 +645,12 @@ class TesterSession:
             del weights
             yield from self._request_squares(agg, n_units, facts)
             return
+        yield from self._release(agg, weights, n_units, rng, groups_instead)
+
+    def _release(self, agg: dict, weights: list, n_units: int, rng: np.random.Generator,
+                 groups_instead: bool) -> Iterator[pb.PeerMessage]:
+        """Design §3.6, §8: from the bucket sums to what is sent: the replicates' counts,
+        the direct items, their noise, the estimate and the replicates, and the masked table."""
         count_rows = self._count_rows(n_units, rng, groups_instead)
         parts_of, direct, columns = self._direct_items(agg, weights, n_units)
         sigma0, sigma_b, item_sigma, scales, beta = self._item_noise(direct, weights)
@@ -1007,8 +1157,14 @@ class TesterSession:
                 raise ProtocolError("a masked plaintext does not decode") from None
         noisy = self.release.noisy
         if self._moments_form():
+            by_size = self.metric.withheld_by_size(plan, slots[:len(plan.items)], self.release.min_effective_size,
+                                                   self.params)
+            withheld = self._suppressed + by_size
+            if by_size:
+                self._release_info["suppressed"] = list(self._release_info.get("suppressed", ())) + [
+                    plan.cell_label(c) for c in plan.cells if c.item in set(by_size)]
             values, corrected = moments.finish_release(
-                plan, self._correction, slots, self._noise_sd, replicates, withheld=self._suppressed,
+                plan, self._correction, slots, self._noise_sd, replicates, withheld=withheld,
                 correct=self.spec.correction != "none",
                 bounds=moments.estimate_bounds(self.metric, self.spec.metric_option, self.params))
             report = finish(self.metric, plan, values, option=self.spec.metric_option,

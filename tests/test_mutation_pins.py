@@ -1223,7 +1223,7 @@ def _reader_session(layout, **fields):
     named (the validators read only these)."""
     from types import SimpleNamespace
     from common.protocol import wire
-    return SimpleNamespace(_reader=wire.TableReader(layout), **fields)
+    return SimpleNamespace(_reader=wire.TableReader(layout), **{"_blind": False, "_blind_plan": None, **fields})
 
 
 def _ciphertext_chunk(table, key, rows):

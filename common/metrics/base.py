@@ -507,6 +507,18 @@ class Metric:
         carries noise (`RELEASE_NOISE` in the parsed parameters)."""
         return self.needs_he or (self.he_under_noise and bool(params.get(RELEASE_NOISE)))
 
+    def withheld_by_size(self, plan: "Plan", row: Sequence[Sequence[int]], min_size: float,
+                         params: dict[str, Any]) -> list[int]:
+        """The items the finishing party withholds because their noised size (in `row`, the
+        released estimate's decoded items) is below the controls' `min_size`, where the
+        Tester knew no size to decide on (`tester_blind`). Default: none (the Tester decided)."""
+        return []
+
+    def tester_blind(self, params: dict[str, Any]) -> bool:
+        """Whether this audit aggregates without the Tester seeing any row (LOT under the
+        release controls: `common.metrics.lot`, "The Tester blind to the pairs")."""
+        return False
+
     def row_strata(self, params: dict[str, Any]) -> bool:
         """Whether this audit's rows carry a plaintext stratum (`uses_strata`), which
         the Tester reads: never for a metric whose strata go into the encrypted values

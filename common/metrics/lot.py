@@ -64,16 +64,45 @@ the sum of theirs. Rows of one query in neighbouring rank pairs share a member's
 relevance with opposite signs (ΔỸ_r and ΔỸ_(r+1) both hold Ỹ_(r+1)), so their
 covariance, taken as 0, is mostly negative: the pooled interval errs wide. Measured:
 `bench/bench_intervals.py --metric lot` (bench/RESULTS.md).
+
+**The Tester blind to the pairs** (design §5.3; under the release controls, which is when
+the interval comes from second moments). A row names two members, so rows that reach the
+Tester with both ids chain into each list and give every member's ranks, whatever hides
+the rank pair. Under the controls no row reaches it: the Test-Client sends each of its
+members once (`wire.member_points`); the Tester answers each with HE_T.Enc of the
+member's vector under a Paillier key of its own (zeros for a member it does not hold),
+in slots of width `BlindPairs.slot_bits`: a "delta" block p_bh and a "weight" block
+2^32·p_bh and 2^32·p_bh·p_bh' (the tail pairs the second moments need). The Test-Client
+forms, per member a and rank pair s, z_as = Π over its rows (a, b) in s of
+Enc_T(delta_b)^ΔỸ · Enc_T(weight_b) (Σ_b ΔỸ·p_bh, Σ_b p_bh and Σ_b p_bh·p_bh' at the
+cells' scale), adds a mask r_as of `BlindPairs.mask_bits` per slot (statistically
+hiding: `common.crypto.masking.STATISTICAL_BITS`) and returns, for every member in the
+member table's order, HE_T.Enc(z + r) and HE.Enc(r) under its own key, one ciphertext
+per tail group h (r's delta and weight slots at the cells' num and den slots) and per
+tail pair. The Tester decrypts z + r, and forms each cell (g, h) of rank pair s as
+Enc(Σ_a p_ag·(z + r)) ⊖ Π_a Enc(r_ash)^(p_ag) = Enc(Σ_rows p_ag·p_bh·(ΔỸ, 1)): the items
+the plaintext path would have formed, exactly (the second moments up to rounding), with
+the same noise, masking and finish. The Tester opens the vectors of members it holds
+(it learns the intersection, inherent to the design) and never sees a row, a pair or a
+rank; the Test-Client sees only ciphertexts under the Tester's key. The sensitivity
+count it would have read off the rows the Test-Client states instead (`MEMBER_ROWS_INFO`:
+m and sqrt(max_i Σ_s n_is²) over its whole table), as it states the gaps' spreads. A
+member that heads no row of rank pair s still gets its masked zeros, so the table says
+nothing of who heads what.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
 import numpy as np
 
-import math
-
+from common.crypto.masking import STATISTICAL_BITS
 from common.errors import InputError
 from common.metrics.base import (OUT_OF_RANGE_PARAM, PROBABILITY_BITS, SECOND_MOMENTS, Cell, ClientRows, Component,
-                                 Item, Metric, Param, Plan, bounded_column, boolean, finite_column, value_range)
+                                 Item, Metric, Param, Plan, bounded_column, boolean, finite_column, sensitivity_rows,
+                                 value_range)
 from common.metrics.ranking import lot_rows, ranked_lists
 
 #: raw relevances may be declared up to this magnitude (differences encoded with 32 fractional bits)
@@ -92,6 +121,69 @@ MAX_GAP_SPREAD = (2.0 * MAX_RAW_RELEVANCE) ** 2
 FULL_MOMENTS_CELLS = 6
 #: a probability's fixed-point scale (2^32): a cell's weight, a product of two, is at its square
 PAIR_WEIGHT_SCALE = float(1 << PROBABILITY_BITS)
+#: the Test-Client's stated count of one member's rows under the blind path: [m, sqrt(max_i Σ_s n_is²)]
+MEMBER_ROWS_INFO = "member_rows"
+
+
+@dataclass(frozen=True)
+class BlindPairs:
+    """The slot plan of the blind path (module docstring, "The Tester blind to the pairs"),
+    which both parties derive from the audit's facts: `groups` (k), `strata` (the rank
+    pairs), `tail_pairs` (the (h, h') whose products the second moments need), the signed
+    slot width of the Tester's plaintexts and the slots per Tester ciphertext, laid out
+    as `blocks` says (the delta block's k slots, then the weight block's k + len(tail_pairs))."""
+
+    groups: int
+    strata: int
+    tail_pairs: tuple[tuple[int, int], ...]
+    mask_bits: int
+    slot_bits: int
+    slots: int
+
+    @classmethod
+    def derive(cls, groups: int, strata: int, tail_pairs, *, n_rows: int, gap_bound: float,
+               tester_modulus_bits: int) -> "BlindPairs":
+        """Slots wide enough for a member's sums over all the Test-Client's rows plus a mask
+        `STATISTICAL_BITS` wider, and as many per ciphertext as fit below a third of the
+        Tester's prime p (it decrypts modulo p, `common.crypto.paillier`)."""
+        delta = int(math.ceil(gap_bound * (1 << VALUE_BITS))) + 1
+        z_bits = (max(1, n_rows) * max(delta, 1 << VALUE_BITS) * (1 << PROBABILITY_BITS)).bit_length()
+        mask_bits = z_bits + STATISTICAL_BITS
+        slot_bits = mask_bits + 2
+        slots = (tester_modulus_bits // 2 - 3) // slot_bits
+        if slots < 1:
+            raise ValueError(f"the Tester's key of {tester_modulus_bits} bits cannot hold a slot of {slot_bits}")
+        return cls(groups, strata, tuple(tail_pairs), mask_bits, slot_bits, slots)
+
+    @property
+    def weight_slots(self) -> int:
+        return self.groups + len(self.tail_pairs)
+
+    @property
+    def vector_cts(self) -> int:
+        """Tester ciphertexts of one block layout: the delta block's k slots, then the
+        weight block's k + len(tail_pairs), back to back. A member's vector is two of
+        them (the delta block alone, the weight block alone: `MEMBER_VECTORS` carries
+        2·vector_cts per member), a (member, rank pair)'s masked sums one."""
+        return -(-(self.groups + self.weight_slots) // self.slots)
+
+    @property
+    def mask_cts(self) -> int:
+        """The Test-Client's HE.Enc(r) per (member, rank pair): one per tail group, one per tail pair."""
+        return self.groups + len(self.tail_pairs)
+
+    def blocks(self, delta: Sequence[int], weight: Sequence[int]) -> list[list[int]]:
+        """The slot values of one block layout, the delta block then the weight block,
+        cut into its `vector_cts` ciphertexts' slot lists (zeros after the last)."""
+        values = list(delta) + list(weight)
+        values += [0] * (self.vector_cts * self.slots - len(values))
+        return [values[t * self.slots:(t + 1) * self.slots] for t in range(self.vector_cts)]
+
+    def split(self, slots: Sequence[int]) -> tuple[list[int], list[int]]:
+        """`blocks` undone: the concatenated slot values of `vector_cts` ciphertexts as
+        (delta block, weight block)."""
+        k = self.groups
+        return list(slots[:k]), list(slots[k:k + self.weight_slots])
 
 
 def gap_spreads(delta: np.ndarray, rank_pair: np.ndarray, n_pairs: int) -> list[float]:
@@ -102,6 +194,27 @@ def gap_spreads(delta: np.ndarray, rank_pair: np.ndarray, n_pairs: int) -> list[
     means = np.bincount(rank_pair, weights=delta, minlength=n_pairs) / counts
     spread = np.bincount(rank_pair, weights=delta * delta, minlength=n_pairs) / counts - means ** 2
     return [round(float(x), 9) for x in np.clip(spread, 0.0, None)]
+
+
+def member_rows(higher, lower, rank_pair: np.ndarray) -> list[float]:
+    """[m, sqrt(max_i Σ_s n_is²)] over all the Test-Client's rows (`sensitivity_rows`):
+    the counts the Tester reads off the rows on the plaintext path, stated on the blind one."""
+    import pandas as pd
+    codes, _ = pd.factorize(pd.Series(np.concatenate([np.asarray(higher, dtype=object),
+                                                       np.asarray(lower, dtype=object)]), dtype=object))
+    members = np.column_stack([codes[:len(higher)], codes[len(higher):]])
+    return [float(np.bincount(members.ravel()).max()), round(sensitivity_rows(members, rank_pair), 9)]
+
+
+def check_member_rows(value, n_strata: int) -> None:
+    """The stated [m, l2]: 1 ≤ m ≤ 2^31 whole, and m/sqrt(S) ≤ l2 ≤ m over S rank pairs
+    (Cauchy-Schwarz for the member with m rows; Σ_s n_is² ≤ (Σ_s n_is)² ≤ m² for any)."""
+    if not isinstance(value, list) or len(value) != 2 or \
+            not all(isinstance(x, (int, float)) and math.isfinite(x) for x in value):
+        raise ValueError("member rows")
+    m, l2 = float(value[0]), float(value[1])
+    if not (1.0 <= m <= float(1 << 31) and m == int(m)) or not m / math.sqrt(max(1, n_strata)) - 1e-6 <= l2 <= m + 1e-6:
+        raise ValueError("member rows")
 
 
 def _relevance_range(text: str) -> tuple[float, float]:
@@ -129,8 +242,39 @@ class Lot(Metric):
     strata_cells = True
     uses_strata = True
     moment_interval = True
-    stated_facts = (SPREAD_INFO,)
+    stated_facts = (SPREAD_INFO, MEMBER_ROWS_INFO)
     verdict_rule = "negative_cells"
+    #: under the release controls the Tester never sees a row (module docstring)
+    blind_pairs = True
+
+    def tester_blind(self, params) -> bool:
+        """The blind path (module docstring): under the release controls, when the
+        interval comes from second moments."""
+        return self.blind_pairs and bool(params.get(SECOND_MOMENTS))
+
+    def row_strata(self, params) -> bool:
+        return not self.tester_blind(params)
+
+    def withheld_by_size(self, plan, row, min_size, params) -> list[int]:
+        """On the blind path the Tester knows no cell's size: a cell (per rank pair or
+        pooled) whose noised size, its released denominator Σ p_a·p_b (at 2^(64 + 32)),
+        is below the controls' minimum is withheld by whoever finishes, from the release
+        itself (no draw of its own: the size is already charged)."""
+        if not self.tester_blind(params) or not min_size > 0:
+            return []
+        scale = float(1 << (2 * PROBABILITY_BITS + VALUE_BITS))
+        return sorted({cell.item for cell in plan.cells if cell.kind == "pair"
+                       and not float(row[cell.item][cell.den_slot]) / scale >= min_size})
+
+    def tail_pairs(self, groups, params) -> tuple[tuple[int, int], ...]:
+        """The tail groups (h, h') whose products p_bh·p_bh' the second moments of
+        `moment_plan` need, each once (h ≤ h')."""
+        cells = self.cell_pairs(groups, params)
+        return tuple(sorted({tuple(sorted((cells[c][1], cells[d][1]))) for c, d in self.moment_pairs(len(cells))}))
+
+    def blind_plan(self, groups, strata: int, option, params, *, n_rows: int, tester_modulus_bits: int) -> BlindPairs:
+        return BlindPairs.derive(len(groups), strata, self.tail_pairs(groups, params), n_rows=n_rows,
+                                 gap_bound=self.gap_bound(option, params), tester_modulus_bits=tester_modulus_bits)
 
     @staticmethod
     def gap_bound(option, params) -> float:
@@ -173,6 +317,7 @@ class Lot(Metric):
                 "skipped_zero_idcg": rows.skipped_zero_idcg, **clipped}
         if params.get(SECOND_MOMENTS):  # stated for the interval under release noise alone
             info[SPREAD_INFO] = gap_spreads(delta, np.asarray(rows.rank_pair), len(rows.rank_pair_labels))
+            info[MEMBER_ROWS_INFO] = member_rows(rows.higher_ids, rows.lower_ids, np.asarray(rows.rank_pair))
         return ClientRows(ids=(np.asarray(rows.higher_ids, dtype=object), np.asarray(rows.lower_ids, dtype=object)),
                           values=values, units=np.asarray(rows.query), strata=np.asarray(rows.rank_pair),
                           strata_labels=tuple(rows.rank_pair_labels), info=info)
@@ -200,6 +345,8 @@ class Lot(Metric):
         if not isinstance(spreads, list) or len(spreads) != len(strata_labels) or \
                 not all(isinstance(x, (int, float)) and 0.0 <= float(x) <= MAX_GAP_SPREAD for x in spreads):
             raise ValueError("gap spreads per rank pair")
+        if MEMBER_ROWS_INFO in info:
+            check_member_rows(info[MEMBER_ROWS_INFO], len(strata_labels))
 
     # ------------------------------------------------------------- interval under release noise
     def moment_plan(self, plan, groups, option, params, info, layout):
@@ -210,9 +357,9 @@ class Lot(Metric):
         are sums of their rank pairs' cells."""
         from common.stats.correction import CorrectionPlan, Family
         comps = self.components(option, params, info)
-        labels = [f"{groups[a]}>{groups[b]}" for a, b in self._pairs(groups, params)]
+        labels = [f"{groups[a]}>{groups[b]}" for a, b in self.cell_pairs(groups, params)]
         k = len(labels)
-        moment_pairs = self._moment_pairs(k)
+        moment_pairs = self.moment_pairs(k)
         spreads = info.get(SPREAD_INFO) or []
         items, families, pooled = list(plan.items), [], []
         for s in range(len({c.rank_pair for c in plan.cells if c.rank_pair is not None})):
@@ -238,33 +385,33 @@ class Lot(Metric):
         at 2^64; the product rounded back to that scale, in floating point: these weights
         only size the interval, and any rounding the Tester makes is in what it releases)."""
         qa, qb = (np.asarray(x, dtype=np.float64) / PAIR_WEIGHT_SCALE for x in q)
-        cells = [qa[:, a] * qb[:, b] for a, b in self._pairs(groups, params)]
+        cells = [qa[:, a] * qb[:, b] for a, b in self.cell_pairs(groups, params)]
         top = float(1 << (2 * PROBABILITY_BITS))
         return [np.minimum(np.rint(cells[a] * cells[b] * top), top - 2048.0).astype(np.uint64).astype(object)
-                for a, b in self._moment_pairs(len(cells))]
+                for a, b in self.moment_pairs(len(cells))]
 
     @staticmethod
-    def _moment_pairs(k: int) -> list[tuple[int, int]]:
+    def moment_pairs(k: int) -> list[tuple[int, int]]:
         """The pairs of a rank pair's k cells whose second moments are released: every
         c ≤ c' up to `FULL_MOMENTS_CELLS` cells, else the diagonal alone."""
         from common.stats.correction import pairs
         return pairs(k) if k <= FULL_MOMENTS_CELLS else [(j, j) for j in range(k)]
 
     @staticmethod
-    def _pairs(groups, params):
+    def cell_pairs(groups, params):
         k = len(groups)
         return [(a, b) for a in range(k) for b in range(k) if a != b or params.get("same_group_pairs")]
 
     def weights(self, q, strata, units, groups, option, params):
         qa, qb = (x.astype(object) for x in q)
-        return [qa[:, a] * qb[:, b] for a, b in self._pairs(groups, params)]
+        return [qa[:, a] * qb[:, b] for a, b in self.cell_pairs(groups, params)]
 
     def plan(self, groups, strata_labels, layout, option, params, info):
         ct, num_slot = layout.position(0)
         _, den_slot = layout.position(1)
         items, cells = [], []
         for s, label in [(None, None)] + list(enumerate(strata_labels)):
-            for w, (a, b) in enumerate(self._pairs(groups, params)):
+            for w, (a, b) in enumerate(self.cell_pairs(groups, params)):
                 cells.append(Cell("pair", groups[a], groups[b], rank_pair=label, item=len(items),
                                   num_slot=num_slot, den_slot=den_slot))
                 items.append(Item(w, ct, s))

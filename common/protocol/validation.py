@@ -109,6 +109,7 @@ SMALL_ORDER_U = frozenset({
 TESTER_ACCEPTS: Mapping[str, frozenset[str]] = {
     "wait_hello_ack": frozenset({"hello_ack"}),
     "wait_shuffled": frozenset({"chunk", "table_end"}),       # the shuffled table (step 3)
+    "wait_members": frozenset({"chunk", "table_end"}),        # LOT's member table (the blind path)
     "wait_client_rows": frozenset({"chunk", "table_end"}),    # the Test-Client's rows (step 4)
     "wait_squares": frozenset({"chunk", "table_end"}),        # MQOS-AUC exact
     "wait_result": frozenset({"client_result", "masked_plaintexts"}),  # step 7
@@ -116,6 +117,7 @@ TESTER_ACCEPTS: Mapping[str, frozenset[str]] = {
 CLIENT_ACCEPTS: Mapping[str, frozenset[str]] = {
     "wait_hello": frozenset({"hello"}),
     "wait_tester_rows": frozenset({"chunk", "table_end"}),    # step 2
+    "wait_member_vectors": frozenset({"chunk", "table_end"}), # LOT's member vectors (the blind path)
     "wait_square_request": frozenset({"chunk", "table_end"}), # MQOS-AUC exact
     "wait_aggregates_header": frozenset({"aggregates_header"}),
     "wait_aggregates": frozenset({"chunk", "table_end"}),     # step 6
@@ -132,6 +134,8 @@ class Rows:
     ciphertexts: list[int] | None = None
     units: np.ndarray | None = None
     strata: np.ndarray | None = None
+    #: the blind path's masked sums, under the Tester's own key (`wire.blind_client_rows`)
+    tester_ciphertexts: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,8 @@ class HelloChoice:
     metric: Any  # common.metrics.base.Metric, for the option
     option: str
     params: dict[str, Any]
+    #: the Tester's own key, on the blind path (`Metric.tester_blind`); else None
+    tester_key: paillier.PublicKey | None = None
 
 
 # ------------------------------------------------------------------ field checks
@@ -358,16 +364,25 @@ class TesterInbound(Gate):
         """Each table the Test-Client sends has a total announced before it starts."""
         if table == pb.SHUFFLED_ROWS:  # every row we sent, doubly encrypted
             return self.sent_rows.get(pb.TESTER_ROWS, 0)
-        if table == pb.CLIENT_ROWS:  # its HelloAck's row count
-            return s._client_rows
+        if table == pb.CLIENT_ROWS:  # its HelloAck's row count; on the blind path one per member
+            return s._blind_members if s._blind else s._client_rows
+        if table == pb.MEMBER_POINTS:  # capped below (each member once: at most two per row)
+            return None
         return s.metric.square_answer_count(self.sent_rows.get(pb.SQUARE_REQUEST, 0), s._layout)
 
     def _chunk(self, s, chunk: pb.TableChunk) -> Rows:
         reader = s._reader
-        reader.check_chunk(chunk, expected=self._expected_rows(s, reader.table))
+        members = reader.table == pb.MEMBER_POINTS  # each member once: at most n_ids per row
+        reader.check_chunk(chunk, expected=self._expected_rows(s, reader.table),
+                           **({"at_most": max(1, s.metric.n_ids * s._client_rows)} if members else {}))
         layout = reader.layout
         if reader.table == pb.SQUARES:
             return Rows(ciphertexts=check_ciphertexts(chunk.ciphertexts, s._pub))
+        if members:  # checked where they are multiplied, as the rows' are
+            return Rows()
+        if s._blind:  # the masked sums and their masks, each a unit under its key
+            return Rows(ciphertexts=check_ciphertexts(chunk.ciphertexts, s._pub),
+                        tester_ciphertexts=check_ciphertexts(chunk.tester_ciphertexts, s._tester_key.public))
         if reader.table == pb.SHUFFLED_ROWS:
             points = check_points(chunk.points)
             if len(set(points)) != len(points):  # across chunks: when the table is indexed
@@ -479,12 +494,27 @@ class ClientInbound(Gate):
         if dict(hello.value_bounds) != bounds:  # both parties size and clip from the same bounds
             raise ProtocolError(f"the Tester's declared value bounds {dict(hello.value_bounds)} differ from the "
                                 f"ones its parameters give {bounds}")
-        return HelloChoice(metric, option, params)
+        return HelloChoice(metric, option, params, self._tester_key(s, hello, metric.tester_blind(params)))
+
+    def _tester_key(self, s, hello: pb.Hello, blind: bool) -> paillier.PublicKey | None:
+        """The blind path's key (`Metric.tester_blind`): a Paillier key as we would accept
+        our own (at least `paillier.MIN_MODULUS_BITS` unless this Test-Client runs with
+        insecure test keys); none on any other path."""
+        if not blind:
+            if hello.tester_paillier_n or hello.tester_paillier_h:
+                raise ProtocolError("the Tester sent a key of its own, which only LOT under release noise uses")
+            return None
+        if not hello.tester_paillier_n:
+            raise ProtocolError("LOT under release noise needs the Tester's own key, which the Hello lacks")
+        minimum = min(s._modulus_bits, paillier.MIN_MODULUS_BITS) if s._allow_insecure else paillier.MIN_MODULUS_BITS
+        return check_public_key(hello.tester_paillier_n, hello.tester_paillier_h, min_bits=minimum)
 
     def _expected_rows(self, s, table: int) -> int | None:
         if table == pb.AGGREGATES:  # the AggregatesHeader's (B + 1) x items, then a zero test per item
             rows = 1 if s._header.interval == "parametric" else s._header.replicates + 1  # common.stats.moments
             return rows * s._header.items + s._header.zero_tests
+        if table == pb.MEMBER_VECTORS:  # one per member we sent
+            return self.sent_rows.get(pb.MEMBER_POINTS, 0)
         return None  # the Tester's rows and its square requests: capped, not announced
 
     def _chunk(self, s, chunk: pb.TableChunk) -> Rows:
@@ -495,6 +525,8 @@ class ClientInbound(Gate):
             # the points are checked (`commutative.validate_points`) where they are
             # multiplied, by the executor's task (`ScalarMultiplication`), chunk by chunk
             return Rows()
+        if reader.table == pb.MEMBER_VECTORS:
+            return Rows(ciphertexts=check_ciphertexts(chunk.ciphertexts, s._tester_key))
         return Rows(ciphertexts=check_ciphertexts(chunk.ciphertexts, s._paillier.public))
 
     def _table_end(self, s, end: pb.TableEnd) -> None:
@@ -504,6 +536,8 @@ class ClientInbound(Gate):
         groups = _labels(header.groups, "groups", MAX_GROUPS)
         if not groups or len(set(groups)) != len(groups):
             raise ProtocolError("aggregates header: bad group list")
+        if s._blind_plan is not None and len(groups) != s._blind_plan.groups:
+            raise ProtocolError("aggregates header: the groups differ from the member vectors' (the Hello's width)")
         if not set(header.small_groups) <= set(groups) or len(header.small_groups) > len(groups):
             raise ProtocolError("aggregates header: small groups are not among the groups")
         exact = s._metric.interval == "exact"  # the estimate alone, no replicates (the probabilistic count)

@@ -24,7 +24,8 @@ MAX_TABLE_ROWS = 50_000_000
 
 TABLE_NAMES = {pb.TESTER_ROWS: "tester rows", pb.SHUFFLED_ROWS: "shuffled rows",
                pb.CLIENT_ROWS: "client rows", pb.AGGREGATES: "aggregates",
-               pb.SQUARE_REQUEST: "square requests", pb.SQUARES: "squares"}
+               pb.SQUARE_REQUEST: "square requests", pb.SQUARES: "squares",
+               pb.MEMBER_POINTS: "member points", pb.MEMBER_VECTORS: "member vectors"}
 
 
 def parse_peer_message(data: bytes) -> pb.PeerMessage:
@@ -47,7 +48,7 @@ def rows_per_chunk(row_bytes: int) -> int:
 
 
 #: the columns a TableChunk may carry, in order (proto/ppre.proto, TableChunk)
-COLUMNS = ("points", "sealed", "ciphertexts", "units", "strata")
+COLUMNS = ("points", "sealed", "ciphertexts", "units", "strata", "tester_ciphertexts")
 #: bytes of one unit or stratum value (big-endian unsigned)
 INDEX_BYTES = 4
 
@@ -65,6 +66,7 @@ class TableLayout:
     ciphertexts: int = 0
     units: int = 0
     strata: int = 0
+    tester_ciphertexts: int = 0
 
     def width(self, column: str) -> int:
         return getattr(self, column)
@@ -89,6 +91,24 @@ def client_rows(n_ids: int, n_ciphertexts: int, ciphertext_bytes: int, *, units:
     values, and where the metric has them its resampling bucket and plaintext stratum."""
     return TableLayout(pb.CLIENT_ROWS, points=n_ids * POINT_BYTES, ciphertexts=n_ciphertexts * ciphertext_bytes,
                        units=INDEX_BYTES if units else 0, strata=INDEX_BYTES if strata else 0)
+
+
+def member_points() -> TableLayout:
+    """LOT under release noise (design §5.3, "The Tester blind to the pairs"): each of the
+    Test-Client's members once, Com.Enc_sk2(RO(id)), in a secret random order."""
+    return TableLayout(pb.MEMBER_POINTS, points=POINT_BYTES)
+
+
+def member_vectors(n_ciphertexts: int, ciphertext_bytes: int) -> TableLayout:
+    """The Tester's answer to `member_points`, row for row: HE_T.Enc of the member's
+    probability vector (zeros where it did not join) under the Tester's own key."""
+    return TableLayout(pb.MEMBER_VECTORS, ciphertexts=n_ciphertexts * ciphertext_bytes)
+
+
+def blind_client_rows(n_tester_cts: int, tester_ct_bytes: int, n_cts: int, ct_bytes: int) -> TableLayout:
+    """Step 4 of LOT under release noise: per row of `member_points`, in its order and
+    without ids, the masked sums HE_T.Enc(z + r) and their masks HE.Enc(r)."""
+    return TableLayout(pb.CLIENT_ROWS, ciphertexts=n_cts * ct_bytes, tester_ciphertexts=n_tester_cts * tester_ct_bytes)
 
 
 def ciphertext_table(table: int, ciphertext_bytes: int) -> TableLayout:

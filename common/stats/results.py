@@ -1123,7 +1123,21 @@ def delivered(receipt_: AuditReport, result: AuditReport) -> AuditReport:
     holds both sides sees (local mode, design §3.7), as the Tester finished it before."""
     if result.audit_id and receipt_.audit_id and result.audit_id != receipt_.audit_id:
         raise ValueError(f"the result is audit {result.audit_id}'s, the receipt audit {receipt_.audit_id}'s")
-    return replace(result, delivered_to="", audit_id="", **{name: getattr(receipt_, name) for name in TESTER_FACTS})
+    facts = {name: getattr(receipt_, name) for name in TESTER_FACTS}
+    withheld = [c for c in result.release.get("suppressed", ()) if c not in receipt_.release.get("suppressed", ())]
+    if withheld:  # cells the Test-Client withheld itself (`Metric.withheld_by_size`), after the Tester's
+        facts["release"] = {**receipt_.release,
+                            "suppressed": list(receipt_.release.get("suppressed", ())) + withheld}
+    return replace(result, delivered_to="", audit_id="", **facts)
+
+
+def with_withheld(report: AuditReport, labels: Sequence[str]) -> AuditReport:
+    """`report` with the cells its finishing party withheld for their noised size
+    (`Metric.withheld_by_size`) listed among the release's suppressed cells."""
+    if not labels:
+        return report
+    known = list(report.release.get("suppressed", ()))
+    return replace(report, release={**report.release, "suppressed": known + [x for x in labels if x not in known]})
 
 
 def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, tau: float,

@@ -92,7 +92,8 @@ class TesterView:
         elif chunk.table == pb.SHUFFLED_ROWS:
             self.shuffled += _split(chunk.sealed, width)
         elif chunk.table == pb.CLIENT_ROWS:
-            self.row_columns |= {f.name for f, _ in chunk.ListFields()} - {"table", "rows", "points", "ciphertexts"}
+            self.row_columns |= {f.name for f, _ in chunk.ListFields()} - {"table", "rows", "points", "ciphertexts",
+                                                                           "tester_ciphertexts"}
 
     def plaintext(self) -> dict[str, np.ndarray]:
         """The per-row plaintext the Tester holds for the joined rows (besides ids and blobs)."""
@@ -106,9 +107,10 @@ def _split(packed: bytes, width: int) -> list[bytes]:
 
 @contextlib.contextmanager
 def spying(view: TesterView) -> Iterator[None]:
-    """`TesterSession._open` as it runs, its inputs and its output kept in `view`: the
-    joined rows' blobs per id slot (`_index`, `_matched_at`), the opened vectors, the
-    rows' units and strata."""
+    """`TesterSession._open` (or, on LOT's blind path, `_open_members`) as it runs, its
+    inputs and its output kept in `view`: the joined rows' blobs per id slot (`_index`,
+    `_matched_at`; the blind path: the joined members'), the opened vectors, the rows'
+    units and strata."""
     import pytest
 
     original = TesterSession._open
@@ -122,8 +124,18 @@ def spying(view: TesterView) -> Iterator[None]:
         view.vectors, view.units, view.strata = [np.asarray(p) for p in probs], units, strata
         return probs, units, strata
 
+    opened = TesterSession._open_members
+
+    def _open_members(self, sealed):  # the blind path (LOT under the controls): members, not rows
+        view.blobs = [[bytes(b) for b in sealed]]
+        view.strata_labels = tuple(self._strata_labels)
+        probs = opened(self, sealed)
+        view.vectors = [np.asarray(probs)]
+        return probs
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(TesterSession, "_open", _open)
+        mp.setattr(TesterSession, "_open_members", _open_members)
         yield
 
 
@@ -329,20 +341,21 @@ def read_lot(setup: Setup, view: TesterView, frame: pd.DataFrame) -> Read:
     """LOT: each joined row's two members (blob linker) and its rank pair (the stratum):
     how many rows give both members' ranks in a list of the dataset, against the blind
     guess of the commonest rank pair for every row."""
-    first, second = blob_linker(setup, view)
-    labels = [view.strata_labels[s] for s in view.strata]
-    ranks = {(q, m): int(r) for q, m, r in zip(frame["query_id"], frame["member_id"], frame["rank"])}
-    placed = defaultdict(set)  # member -> its ranks over the lists
-    for (q, m), r in ranks.items():
-        placed[m].add(r)
     truth_pairs = set()
     for q, group in frame.groupby("query_id"):
         order = dict(zip(group["rank"].astype(int), group["member_id"]))
         truth_pairs |= {(order[r], order[r + 1], f"{r}-{r + 1}") for r in order if r + 1 in order}
-    recovered = sum((a, b, lab) in truth_pairs for a, b, lab in zip(first, second, labels))
-    common = Counter(labels).most_common(1)[0][1]
-    return Read("LOT", recovered, common, len(labels), "rank pairs read (both members and their ranks)",
-                margin=float(binom.ppf(1 - CHANCE_ALPHA, len(labels), common / len(labels))))
+    truth = [lab for _, _, lab in truth_pairs]
+    common = Counter(truth).most_common(1)[0][1]
+    linked = blob_linker(setup, view)
+    if len(linked) == 2 and view.strata is not None:  # rows with both members and their rank pair
+        first, second = linked
+        labels = [view.strata_labels[s] for s in view.strata]
+        recovered = sum((a, b, lab) in truth_pairs for a, b, lab in zip(first, second, labels))
+    else:  # members one at a time, no rank pair: no (member, member, ranks) to read off a row
+        recovered = 0
+    return Read("LOT", recovered, common, len(truth), "rank pairs read (both members and their ranks)",
+                margin=float(binom.ppf(1 - CHANCE_ALPHA, len(truth), common / len(truth))))
 
 
 def read_exact_auc(setup: Setup, view: TesterView, frame: pd.DataFrame) -> tuple[float, int]:

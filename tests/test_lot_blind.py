@@ -1,0 +1,183 @@
+"""LOT's blind path (`common.metrics.lot`, "The Tester blind to the pairs"): under the
+release controls the Tester never sees a row, and what it releases is what the plaintext
+path would have released. The attack that reads the rows is in
+`tests/attacks/test_row_linking.py`; here: the items, the finisher's size rule, and the
+gate's refusals of a peer that breaks the path."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from common.errors import ProtocolError
+from common.metrics.lot import Lot
+from common.stats import moments
+from proto import ppre_pb2 as pb
+from tester_service.protocol import AuditSpec
+from tester_service.release import ReleasePolicy
+from tests.helpers import TEST_BITS, local_audit, one_key_inline_chunks
+
+GROUPS = ("hsm", "non_hsm")
+LIST_LENGTH = 4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fast_crypto():
+    with one_key_inline_chunks():
+        yield
+
+
+def lot_inputs(n_members: int = 160, n_joined: int = 130, n_queries: int = 150, seed: int = 5):
+    """The Tester's two-group table (`n_joined` of the Test-Client's members, and others of
+    its own) and ranked lists over all `n_members` of the Test-Client's."""
+    rng = np.random.default_rng(seed)
+    members = [f"m{i:04d}" for i in range(n_members)]
+    held = members[:n_joined] + [f"t{i:04d}" for i in range(40)]
+    p = rng.dirichlet([0.6, 0.6], size=len(held))
+    tester = pd.DataFrame({"member_id": held, GROUPS[0]: p[:, 0], GROUPS[1]: p[:, 1]})
+    rows = []
+    for q in range(n_queries):
+        for rank, m in enumerate(rng.choice(members, size=LIST_LENGTH, replace=False), start=1):
+            rows.append({"query_id": f"q{q:03d}", "member_id": str(m), "rank": float(rank),
+                         "relevance": float(rng.integers(0, 4))})
+    return tester, pd.DataFrame(rows)
+
+
+def spec(**kw) -> AuditSpec:
+    return AuditSpec(metric="lot", client_dataset="d", bootstrap=200, seed=3, **kw)
+
+
+@pytest.fixture()
+def noiseless(monkeypatch):
+    """The controls on, their noise drawn as 0 (so that two audits can be compared item by item)."""
+    monkeypatch.setattr("tester_service.protocol.gaussian_slots", lambda scales, bits: 0)
+    monkeypatch.setattr("tester_service.protocol.gaussian", lambda sigma: 0.0)
+
+
+def controls(min_effective_size: float) -> ReleasePolicy:
+    """The controls with a noise scale small against these sizes (their sd under 1 member)."""
+    return ReleasePolicy(min_effective_size=min_effective_size, rho=1000.0, budget=math.inf)
+
+
+def released(monkeypatch, tester, client, **kw):
+    """One audit under the controls; the released row as the Test-Client decoded it."""
+    rows = []
+    original = moments.finish_release
+
+    def keep(plan, correction, decoded, *args, **kwargs):
+        rows.append([list(x) for x in decoded])
+        return original(plan, correction, decoded, *args, **kwargs)
+    monkeypatch.setattr("client_service.protocol.moments.finish_release", keep)
+    report, t, c = local_audit(tester, client, spec=spec(**kw), release=controls(0.0))
+    monkeypatch.setattr("client_service.protocol.moments.finish_release", original)
+    return rows[0], report, t
+
+
+def test_the_blind_path_releases_the_items_the_plaintext_path_would(monkeypatch, noiseless):
+    """Noise drawn as 0: every cell's (Num, Den), per rank pair and pooled, is the plaintext
+    path's exactly; the second moments agree to rounding (the weights are rounded once per
+    member instead of once per row); so do the estimates."""
+    tester, client = lot_inputs()
+    blind_row, blind_report, blind_tester = released(monkeypatch, tester, client)
+    monkeypatch.setattr(Lot, "blind_pairs", False)
+    plain_row, plain_report, _ = released(monkeypatch, tester, client)
+    assert len(blind_row) == len(plain_row)
+    cells = 4 * 2  # (None, 3 rank pairs) x 2 ordered group pairs: the cells' items come first
+    assert [r[:2] for r in blind_row[:cells]] == [r[:2] for r in plain_row[:cells]]
+    for b, p in zip(blind_row[cells:], plain_row[cells:]):
+        assert b[1] == pytest.approx(p[1], rel=1e-9, abs=2.0 ** 40)
+    estimates = [g.estimate for g in blind_report.cells]
+    assert None not in estimates and estimates == [g.estimate for g in plain_report.cells]
+    # the blind Tester matched members, not rows: those of the lists' members it holds
+    assert blind_tester.n_matched == len(set(client["member_id"]) & set(tester["member_id"])) < len(client) / 4
+
+
+def test_the_finisher_withholds_a_cell_whose_noised_size_is_below_the_minimum(monkeypatch, noiseless):
+    """The blind Tester knows no cell's size: the finishing party withholds each cell
+    whose released (noised) denominator is below the controls' minimum, at either
+    recipient, and reports it withheld."""
+    tester, client = lot_inputs()
+    for recipient in ("client", "tester"):
+        report, t, _ = local_audit(tester, client, spec=spec(result_recipient=recipient),
+                                   release=controls(1e9))
+        assert t._suppressed == []
+        assert report.cells and all(c.estimate is None for c in report.cells), report.cells
+        assert len(report.release["suppressed"]) == len(report.cells) and "suppressed: " in report.to_table()
+        shown = [[c.estimate is not None for c in local_audit(
+            tester, client, spec=spec(result_recipient=recipient), release=controls(size))[0].cells]
+            for size in (0.0, 1.0)]
+        assert shown[0] == shown[1] and sum(shown[0]) > len(shown[0]) / 2  # every cell's size is above 1
+
+
+def tampered(tester, client, tamper, **kw):
+    return local_audit(tester, client, spec=spec(**kw), release=ReleasePolicy(min_intersection=10), tap=tamper)
+
+
+def test_a_member_listed_twice_is_refused():
+    tester, client = lot_inputs(60, 50, 40)
+
+    def twice(direction, msg):
+        if msg.HasField("chunk") and msg.chunk.table == pb.MEMBER_POINTS:
+            msg.chunk.points = msg.chunk.points[:32] * 2 + msg.chunk.points[64:]
+    with pytest.raises(ProtocolError, match="twice in the member table"):
+        tampered(tester, client, twice)
+
+
+def test_blind_rows_that_do_not_match_the_member_table_are_refused():
+    tester, client = lot_inputs(60, 50, 40)
+
+    def short(direction, msg):
+        if msg.HasField("table_end") and msg.table_end.table == pb.CLIENT_ROWS:
+            msg.table_end.rows -= 1
+    with pytest.raises(ProtocolError, match="client rows"):
+        tampered(tester, client, short)
+
+
+def test_a_masked_sum_that_does_not_decode_is_refused():
+    """A Test-Client whose masked sums overflow their slots (here: every one replaced by
+    HE_T.Enc(n/2), a plaintext far beyond the slot plan) gets a clean protocol error."""
+    tester, client = lot_inputs(60, 50, 40)
+    seen = {}
+
+    def keep_key(direction, msg):
+        if msg.HasField("hello"):
+            seen["n"] = int.from_bytes(msg.hello.tester_paillier_n, "big")
+        if msg.HasField("chunk") and msg.chunk.table == pb.CLIENT_ROWS:
+            n = seen["n"]
+            width = (2 * n.bit_length() + 7) // 8
+            huge = (1 + (n // 2) * n) % (n * n)  # Enc_T(n/2) with randomness 1: decodes to no slot plan
+            data = bytearray(msg.chunk.tester_ciphertexts)
+            data[:width] = huge.to_bytes(width, "big")
+            msg.chunk.tester_ciphertexts = bytes(data)
+    with pytest.raises(ProtocolError, match="does not decode"):
+        tampered(tester, client, keep_key)
+
+
+def test_the_test_client_refuses_a_blind_hello_without_the_testers_key_and_a_key_elsewhere():
+    tester, client = lot_inputs(60, 50, 40)
+
+    def drop(direction, msg):
+        if msg.HasField("hello"):
+            msg.hello.tester_paillier_n = b""
+            msg.hello.tester_paillier_h = b""
+    with pytest.raises(ProtocolError, match="needs the Tester's own key"):
+        tampered(tester, client, drop)
+
+    def add(direction, msg):
+        if msg.HasField("hello"):
+            msg.hello.tester_paillier_n = (2 ** TEST_BITS - 1).to_bytes(TEST_BITS // 8, "big")
+            msg.hello.tester_paillier_h = b"\x02"
+    with pytest.raises(ProtocolError, match="only LOT under release noise"):
+        local_audit(tester, client, spec=spec(), release=ReleasePolicy.off(), tap=add)
+
+
+def test_member_vectors_short_of_the_member_table_are_refused():
+    tester, client = lot_inputs(60, 50, 40)
+
+    def short(direction, msg):
+        if msg.HasField("table_end") and msg.table_end.table == pb.MEMBER_VECTORS:
+            msg.table_end.rows -= 1
+    with pytest.raises(ProtocolError, match="member vectors"):
+        tampered(tester, client, short)
