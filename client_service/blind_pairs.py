@@ -1,15 +1,22 @@
 """The Test-Client's part of LOT's blind path (design §5.3, "The Tester blind to the
 pairs"; `common.metrics.lot`): per member and rank pair, the sums of its rows over the
-Tester's encrypted vectors, masked, and the masks under its own key.
+Tester's encrypted vectors, masked; and per rank pair the totals that take the masks
+out again, masked in their turn.
 
 For member a and rank pair s, over its rows (a, b) there with gap ΔỸ (fixed point):
 
-    z_as = Π Enc_T(delta_b)^ΔỸ · Enc_T(weight_b)      (every slot of the vector)
+    z_as = Π Enc_T(delta_b)^ΔỸ · Enc_T(weight_b)      (every slot j of the sums layout)
 
-returned as Enc_T(z + r) = z_as · Enc_T(r), r uniform below 2^mask_bits per slot
-(`BlindPairs.mask_bits`: STATISTICAL_BITS above the largest |z|), with Enc(r) under our
-key: per tail group h, r's delta and weight slots h at the cells' num and den slots; per
-tail pair, its weight slot at the den slot. A member with no row in s gets Enc_T(r) alone.
+returned as Enc_T(z + r) = z_as · Enc_T(r), r uniform below 2^mask_bits per slot, so that
+the Tester, which holds the key, reads nothing of z (a member with no row in s sends
+Enc_T(r) alone). Per rank pair s and slot j, from the Tester's encrypted head weights
+U_a = Enc_T(w_a):
+
+    B_sj = Π_a U_a^(r_asj) · Enc_T(m_sj) = Enc_T(Σ_a w_a·r_asj + m_sjw, every w)
+
+with m uniform below 2^total_mask_bits, and Enc(m) under our own key per released item
+(`Lot.blind_items`), so that the Tester can form each item without learning it
+(`tester_service.blind_pairs`).
 """
 from __future__ import annotations
 
@@ -26,46 +33,30 @@ from common.metrics.lot import BlindPairs
 def masked_sums(plan: BlindPairs, vectors: Sequence[int], tester: paillier.PublicKey, n_members: int,
                 heads: np.ndarray, tails: np.ndarray, strata: np.ndarray, gaps: np.ndarray) -> list[int]:
     """Per member (the member table's order) and rank pair, its `vector_cts` sums z_as
-    (module docstring), unmasked: member b's vector is `vectors[2·per·b:2·per·(b + 1)]`,
-    the delta block then the weight block (`BlindPairs.blocks`, per = vector_cts); each
-    row's head, tail (member positions), rank pair and quantised gap."""
+    (module docstring), unmasked: member b's vector is `vectors[b·member_cts:]`, its
+    delta block then its weight block (`BlindPairs.member_cts`); each row's head, tail
+    (member positions), rank pair and quantised gap."""
     n2 = gmpy2.mpz(tester.n2)
-    per = plan.vector_cts
+    per, stride = plan.vector_cts, plan.member_cts
     vec = [gmpy2.mpz(v) for v in vectors]
     sums: list = [None] * (n_members * plan.strata * per)
     for a, b, s, d in zip(heads.tolist(), tails.tolist(), strata.tolist(), gaps.tolist()):
         base = (a * plan.strata + s) * per
         for t in range(per):
-            x = gmpy2.powmod(vec[2 * per * b + t], int(d), n2) * vec[2 * per * b + per + t] % n2
+            x = gmpy2.powmod(vec[stride * b + t], int(d), n2) * vec[stride * b + per + t] % n2
             sums[base + t] = x if sums[base + t] is None else sums[base + t] * x % n2
     return [1 if x is None else int(x) for x in sums]
 
 
-def draw_masks(plan: BlindPairs, count: int) -> list[list[int]]:
-    """`count` masks: per (member, rank pair), one value below 2^mask_bits per slot of its
-    `vector_cts` ciphertexts."""
-    return [[secrets.randbits(plan.mask_bits) for _ in range(plan.vector_cts * plan.slots)] for _ in range(count)]
+def head_vectors(plan: BlindPairs, vectors: Sequence[int]) -> list[list[int]]:
+    """Each member's encrypted head weights U_a (its last `weight_cts` ciphertexts)."""
+    stride, first = plan.member_cts, 2 * plan.vector_cts
+    return [list(vectors[a * stride + first:(a + 1) * stride]) for a in range(len(vectors) // stride)]
 
 
-def mask_plaintexts(plan: BlindPairs, masks: Sequence[Sequence[int]]) -> list[int]:
-    """The masks packed as the Tester's plaintexts (`vector_cts` per mask)."""
-    layout = encoding.SlotLayout(plan.slot_bits, plan.slots)
-    s = plan.slots
-    return [layout.pack(list(r[t * s:(t + 1) * s])) for r in masks for t in range(plan.vector_cts)]
-
-
-def own_mask_plaintexts(plan: BlindPairs, masks: Sequence[Sequence[int]], num_offset: int,
-                        den_offset: int) -> list[int]:
-    """The masks as our own plaintexts (`mask_cts` per mask): per tail group h, r of delta
-    slot h at `num_offset` and of weight slot h at `den_offset`; per tail pair, its weight
-    slot at `den_offset` (module docstring)."""
-    out = []
-    k = plan.groups
-    for r in masks:
-        delta, weight = plan.split(list(r))
-        out += [(delta[h] << num_offset) + (weight[h] << den_offset) for h in range(k)]
-        out += [weight[k + t] << den_offset for t in range(len(plan.tail_pairs))]
-    return out
+def draw(bits: int, count: int, length: int) -> list[list[int]]:
+    """`count` lists of `length` values uniform below 2^bits."""
+    return [[secrets.randbits(bits) for _ in range(length)] for _ in range(count)]
 
 
 def add_masks(sums: Sequence[int], tester: paillier.PublicKey, plaintexts: Sequence[int]) -> list[int]:
@@ -73,3 +64,38 @@ def add_masks(sums: Sequence[int], tester: paillier.PublicKey, plaintexts: Seque
     masks = paillier.encrypt_chunk(tester.n, tester.h, list(plaintexts))
     n2 = tester.n2
     return [int(gmpy2.mpz(z) * m % n2) for z, m in zip(sums, masks)]
+
+
+def sums_plaintexts(plan: BlindPairs, masks: Sequence[Sequence[int]]) -> list[int]:
+    """Masks r (`sum_slots` values each) packed in the sums layout (`vector_cts` each)."""
+    layout = encoding.SlotLayout(plan.slot_bits, plan.slots)
+    return [layout.pack(block) for r in masks for block in plan.sums_blocks(r)]
+
+
+def stratum_totals(n2: int, heads: Sequence[Sequence[int]], masks: Sequence[Sequence[int]]) -> list[list[int]]:
+    """One rank pair's Π_a U_a^(r_asj) for every slot j, as [j][ciphertext]: `heads[a]`
+    member a's U_a, `masks[a]` its r_as. A top-level function: an executor's task."""
+    n_cts = len(heads[0]) if heads else 0
+    return [[paillier.multi_exp([u[t] for u in heads], [r[j] for r in masks], n2) for t in range(n_cts)]
+            for j in range(len(masks[0]) if masks else 0)]
+
+
+def totals_plaintexts(plan: BlindPairs, m: Sequence[Sequence[int]]) -> list[int]:
+    """Masks m_sj (`weights` values each) packed in the weights layout (`weight_cts` each)."""
+    layout = encoding.SlotLayout(plan.total_bits, plan.total_slots)
+    return [layout.pack(block) for row in m for block in plan.weight_blocks(row)]
+
+
+def own_mask_plaintexts(items: Sequence[tuple], groups: int, m: Sequence[Sequence[int]], num_offset: int,
+                        den_offset: int) -> list[int]:
+    """One rank pair's item masks as our own plaintexts (`Lot.blind_items` order):
+    `m[j][w]` its m_sjw; a cell (g, h) m_s,h,g at `num_offset` and m_s,k+h,g at
+    `den_offset`; a second moment (t, w) m_s,2k+t,w at `den_offset`."""
+    out = []
+    for kind, x, y in items:
+        if kind == "cell":
+            g, h = x, y
+            out.append((m[h][g] << num_offset) + (m[groups + h][g] << den_offset))
+        else:
+            out.append(m[2 * groups + x][y] << den_offset)
+    return out

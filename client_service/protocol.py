@@ -11,7 +11,10 @@ and send them back; 4 send its own rows in random order: each row's member ids
 Com.Enc_sk2(RO(id)) (two for pair metrics), HE.Enc(packed values), and where the
 metric has them a resampling bucket (its units, e.g. queries, mapped to random
 buckets here, so P1 never sees a query id) and a stratum; (MQOS-AUC exact: square
-P1's additively masked sums); 7 decrypt the masked cells and either finish the
+P1's additively masked sums; LOT under the release controls: instead of its rows, each
+member once, then per member and rank pair masked sums over P1's encrypted vectors and
+per rank pair the masks' totals, `client_service.blind_pairs`); 7 decrypt the masked
+cells and either finish the
 result (P2 learns it and keeps it: only its timings go back, design §3.7) or return the
 masked plaintexts.
 """
@@ -146,6 +149,7 @@ class ClientSession:
         self._tester_key: paillier.PublicKey | None = None
         self._blind_plan = None
         self._blind_rows: tuple | None = None
+        self._blind_groups: tuple[str, ...] = ()
         self._member_vectors: list[int] = []
 
     def _lap(self, name: str) -> None:
@@ -266,9 +270,7 @@ class ClientSession:
             gaps = comp.quantize(rows.values[order, 0])
         except EncodingOverflowError as exc:
             raise InputError(str(exc), file=file) from None
-        self._blind_plan = self._metric.blind_plan(
-            ("",) * groups, len(rows.strata_labels), self._option,
-            self._params, n_rows=rows.n_rows, tester_modulus_bits=self._tester_key.n.bit_length())
+        self._blind_groups = ("",) * groups  # the Tester's group count (its names come with the header)
         return np.asarray(rows.strata, dtype=np.int64)[order], np.asarray(gaps, dtype=object)
 
     # ---------------------------------------------------------------- steps 3-4
@@ -358,7 +360,7 @@ class ClientSession:
         codes, self._own_codes = self._own_codes, None
         futures, self._own_points = self._own_points, []
         encrypted = np.frombuffer(self._wait(futures, "encrypt_ids"), dtype=f"V{commutative.POINT_BYTES}")
-        if self._blind_plan is not None:
+        if self._tester_key is not None:
             yield from self._send_members(encrypted, codes)
             return
         own_points = encrypted[codes].tobytes()  # every id slot of every row, row-major
@@ -432,39 +434,64 @@ class ClientSession:
         del encrypted, codes, order, place
         self._lap("psi_encrypt_own_ids")
         self.phase = Phase.WAIT_MEMBER_VECTORS
-        plan = self._blind_plan
-        self._reader = wire.TableReader(wire.member_vectors(2 * plan.vector_cts, self._tester_key.ciphertext_bytes))
+        plan = self._blind_plan = self._metric.blind_plan(
+            self._blind_groups, len(self._strata_labels), self._option, self._params, n_rows=len(strata),
+            n_members=len(points) // commutative.POINT_BYTES, tester_modulus_bits=self._tester_key.n.bit_length())
+        self._reader = wire.TableReader(wire.member_vectors(plan.member_cts, self._tester_key.ciphertext_bytes))
         yield from wire.table_messages(wire.member_points(), len(points) // commutative.POINT_BYTES, points=points)
 
     def _send_masked_sums(self) -> Iterator[pb.PeerMessage]:
-        """The blind path's rows: per member of the member table, in its order and without
-        ids, HE_T.Enc(z + r) per rank pair and HE.Enc(r) under our key
-        (`client_service.blind_pairs`)."""
-        plan, tester, key = self._blind_plan, self._tester_key, self._paillier
+        """The blind path's rows and totals (`client_service.blind_pairs`): per member of the
+        member table, in its order and without ids, HE_T.Enc(z + r) per rank pair; then per
+        rank pair the masks' totals HE_T.Enc(Σ_a w_a·r + m) and the item masks HE.Enc(m)."""
+        plan, tester = self._blind_plan, self._tester_key
         heads, tails, strata, gaps = self._blind_rows
         self._blind_rows = None
         vectors, self._member_vectors = self._member_vectors, []
-        n_members = len(vectors) // (2 * plan.vector_cts)
+        n_members = len(vectors) // plan.member_cts
         sums = blind_pairs.masked_sums(plan, vectors, tester, n_members, heads, tails, strata, gaps)
-        del vectors, heads, tails, strata, gaps
+        del heads, tails, strata, gaps
         self._tick("he_encrypt", 0, n_members)
-        masks = blind_pairs.draw_masks(plan, n_members * plan.strata)
-        sums = blind_pairs.add_masks(sums, tester, blind_pairs.mask_plaintexts(plan, masks))
+        masks = blind_pairs.draw(plan.mask_bits, n_members * plan.strata, plan.sum_slots)
+        plaintexts = blind_pairs.sums_plaintexts(plan, masks)
+        parts = parallel.split(list(range(len(sums))), self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS))
+        masked = [c for part in self._executor.run_chunks(
+            blind_pairs.add_masks, [([sums[i] for i in p], tester, [plaintexts[i] for i in p]) for p in parts])
+            for c in part]
+        del sums, plaintexts
+        self._lap("he_encrypt_values")
+        layout = wire.blind_client_rows(plan.strata * plan.vector_cts, tester.ciphertext_bytes, 0, 0)
+        yield from wire.table_messages(layout, n_members,
+                                       tester_ciphertexts=paillier.ciphertexts_to_bytes(masked, tester.ciphertext_bytes))
+        del masked
+        yield from self._send_totals(blind_pairs.head_vectors(plan, vectors), masks)
+
+    def _send_totals(self, heads: list[list[int]], masks: list[list[int]]) -> Iterator[pb.PeerMessage]:
+        """Per rank pair: Π_a U_a^(r_asj) for every slot j on the executor, masked by m_sj,
+        and Enc(m) per item under our key (`client_service.blind_pairs`)."""
+        plan, tester, key = self._blind_plan, self._tester_key, self._paillier
+        per = plan.strata
+        tasks = [(tester.n2, heads, [masks[a * per + s] for a in range(len(heads))]) for s in range(per)]
+        ticks = chunk_ticks(len(tasks), partial(self._tick, "he_encrypt"))
+        totals = self._executor.run_chunks(blind_pairs.stratum_totals, tasks, checkpoint=ticks)
+        del tasks, heads, masks
+        items = self._metric.blind_items(self._blind_groups, self._params)
         _, num_slot = self._layout.position(0)
         _, den_slot = self._layout.position(1)
         bits = self._layout.slot_bits
-        own = blind_pairs.own_mask_plaintexts(plan, masks, num_slot * bits, den_slot * bits)
-        del masks
-        encrypt = key.encrypt_task()
-        parts = parallel.split(own, self._executor.chunk_count())
-        own_cts = b"".join(self._executor.run_chunks(encrypt, [(part,) for part in parts]))
-        del own, encrypt
+        tester_cts, own = [], []
+        for per_slot in totals:
+            m = blind_pairs.draw(plan.total_mask_bits, plan.sum_slots, plan.weights)
+            tester_cts += blind_pairs.add_masks([c for cts in per_slot for c in cts], tester,
+                                                blind_pairs.totals_plaintexts(plan, m))
+            own += blind_pairs.own_mask_plaintexts(items, plan.groups, m, num_slot * bits, den_slot * bits)
+        own_cts = key.encrypt_task()([x % key.public.n for x in own])
         self._lap("he_encrypt_values")
-        layout = wire.blind_client_rows(plan.strata * plan.vector_cts, tester.ciphertext_bytes,
-                                        plan.strata * plan.mask_cts, key.public.ciphertext_bytes)
         self.phase = Phase.WAIT_AGGREGATES_HEADER
-        yield from wire.table_messages(layout, n_members, ciphertexts=own_cts,
-                                       tester_ciphertexts=paillier.ciphertexts_to_bytes(sums, tester.ciphertext_bytes))
+        layout = wire.blind_totals(plan.sum_slots * plan.weight_cts, tester.ciphertext_bytes, len(items),
+                                   key.public.ciphertext_bytes)
+        yield from wire.table_messages(layout, per, ciphertexts=own_cts,
+                                       tester_ciphertexts=paillier.ciphertexts_to_bytes(tester_cts, tester.ciphertext_bytes))
 
     # ---------------------------------------------------------------- MQOS-AUC exact
     def _square(self) -> Iterator[pb.PeerMessage]:

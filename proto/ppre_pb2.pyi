@@ -18,6 +18,7 @@ class Table(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SQUARES: _ClassVar[Table]
     MEMBER_POINTS: _ClassVar[Table]
     MEMBER_VECTORS: _ClassVar[Table]
+    BLIND_TOTALS: _ClassVar[Table]
 TABLE_UNSPECIFIED: Table
 TESTER_ROWS: Table
 SHUFFLED_ROWS: Table
@@ -27,6 +28,7 @@ SQUARE_REQUEST: Table
 SQUARES: Table
 MEMBER_POINTS: Table
 MEMBER_VECTORS: Table
+BLIND_TOTALS: Table
 
 class ListRunsRequest(_message.Message):
     __slots__ = ("metric", "dataset", "since", "until", "limit")

@@ -1,17 +1,23 @@
 """The Tester's part of LOT's blind path (design §5.3, "The Tester blind to the pairs";
 `common.metrics.lot`): its members' vectors under its own key, and the cells formed from
-the Test-Client's masked sums without seeing a row.
+the Test-Client's masked sums without opening any member's.
 
-For cell (g, h) of rank pair s, with (z + r)_ash the decrypted masked sums of member a
-and Enc(r_ash) the Test-Client's encryption of their masks (one ciphertext per tail group
-h, r at the cell's num and den slots):
+With Enc_T(z + r)_as the Test-Client's masked sums of member a and rank pair s (one
+value per slot j, `BlindPairs.sum_slots`) and w_a a head weight (p_ag, or
+round(p_ag·p_ag'/2^32) for the second moments), the Tester forms the totals
 
-    Enc(Num, Den) = Enc(Σ_a p_ag·(z + r)_ash) · (Π_a Enc(r_ash)^(p_ag))^-1
+    A_sw = Π_a Enc_T(z + r)_as^(w_a) = Enc_T(Σ_a w_a·(z + r)_asj, every j)
 
-and for a second-moment item of cells (g, h), (g', h') the same with the weight
-e_a = round(p_ag·p_ag'/2^32) and the tail pair (h, h')'s sums, at the den slot only (the
-num slot of a second-moment item is not read for LOT: its spread is stated,
-`common.stats.moments`). Every p at the fixed-point scale 2^32 (`encoding.PROBABILITY_BITS`).
+and decrypts them (its own key; each is Σ_a w_a·z plus Σ_a w_a·r, which hides it). The
+Test-Client sends beside them B_sj = Enc_T(Σ_a w_a·r_asj + m_sjw, every w), from the
+Tester's encrypted head weights and its own masks, and Enc(m) under its own key. So
+
+    Enc(Σ_a w_a·z_asj) = Enc(A_sw[j] − B_sj[w]) · Enc(m_sjw):
+
+for cell (g, h) of rank pair s, j = h (Σ ΔỸ·p_a·p_b, its num slot) and j = k + h (its
+den slot) with w = g; for a second moment, j = 2k + its tail pair at the den slot with
+its head weight; every p at the fixed-point scale 2^32 (`encoding.PROBABILITY_BITS`).
+The Tester decrypts only these totals, never a member's sums.
 """
 from __future__ import annotations
 
@@ -32,59 +38,72 @@ def product_weight(x: int, y: int) -> int:
     return (x * y + HALF) >> PROBABILITY_BITS
 
 
-def vector_plaintexts(plan: BlindPairs, q: np.ndarray) -> list[int]:
-    """Per member (rows of `q`, quantised; zeros for a member not held), its 2·`vector_cts`
-    packed plaintexts in the block layout (`BlindPairs.blocks`): the delta block q_bh
-    alone, then the weight block alone, 2^32·q_bh and 2^32·round(q_bh·q_bh'/2^32) per
-    tail pair (the Test-Client raises the first to ΔỸ and multiplies the second in)."""
-    layout = encoding.SlotLayout(plan.slot_bits, plan.slots)
-    k, rest = plan.groups, plan.weight_slots
+def head_weights(plan: BlindPairs, q: np.ndarray) -> list[list[int]]:
+    """Per member (rows of `q`, quantised), its `weights` head weights: q_ag per g, then
+    round(q_ag·q_ag'/2^32) per head pair."""
     out = []
     for row in q.tolist():
         row = [int(x) for x in row]
-        weight = [x << PROBABILITY_BITS for x in row] + \
-                 [product_weight(row[h], row[g]) << PROBABILITY_BITS for h, g in plan.tail_pairs]
-        out += [layout.pack(block) for block in plan.blocks(row, [0] * rest)]
-        out += [layout.pack(block) for block in plan.blocks([0] * k, weight)]
+        out.append(row + [product_weight(row[g], row[h]) for g, h in plan.head_pairs])
     return out
 
 
-def cell_items(plan: BlindPairs, q: np.ndarray, masked: Sequence[Sequence[int]], masks: Sequence[int],
-               cells: Sequence[tuple[int, int]], moment_pairs: Sequence[tuple[int, int]], pub: paillier.PublicKey,
-               num_offset: int, den_offset: int) -> dict[int, list[list[int]]]:
-    """The bucket sums the plaintext path would have formed, as `{stratum: [[item] per
-    weight column]}` (one unit; `TesterSession._bucket_sums`' shape): the cells' columns,
-    then the second moments'. `q` (joined members, k) quantised; `masked[a·S + s]` member
-    a's decrypted slots for rank pair s (`BlindPairs.split` order); `masks[(a·S + s)·
-    mask_cts + j]` its Enc(r) ciphertexts, j < k the tail groups', then the tail pairs'.
-    `num_offset`, `den_offset`: the bit offsets of the cells' num and den slots in the
-    Test-Client's packing."""
+def vector_plaintexts(plan: BlindPairs, q: np.ndarray) -> list[int]:
+    """Per member (rows of `q`, quantised; zeros for a member not held), its
+    `member_cts` packed plaintexts: the delta block q_bh alone and the weight block alone
+    (2^32·q_bh, 2^32·round(q_bh·q_bh'/2^32) per tail pair) in the sums layout (the
+    Test-Client raises the first to ΔỸ and multiplies the second in), then its head
+    weights in the weights layout."""
+    sums = encoding.SlotLayout(plan.slot_bits, plan.slots)
+    totals = encoding.SlotLayout(plan.total_bits, plan.total_slots)
+    k = plan.groups
+    out = []
+    for row, weights in zip(q.tolist(), head_weights(plan, q)):
+        row = [int(x) for x in row]
+        weight = [x << PROBABILITY_BITS for x in row] + \
+                 [product_weight(row[h], row[g]) << PROBABILITY_BITS for h, g in plan.tail_pairs]
+        out += [sums.pack(block) for block in plan.sums_blocks(row)]
+        out += [sums.pack(block) for block in plan.sums_blocks([0] * k + weight)]
+        out += [totals.pack(block) for block in plan.weight_blocks(weights)]
+    return out
+
+
+def stratum_totals(n2: int, weights: Sequence[Sequence[int]], sums: Sequence[Sequence[int]]) -> list[list[int]]:
+    """One rank pair's A_sw (module docstring) for every head weight w, as [w][ciphertext]:
+    `weights[a]` member a's head weights, `sums[a]` its masked sums' ciphertexts. A
+    top-level function: an executor's task."""
+    n_cts = len(sums[0]) if sums else 0
+    return [[paillier.multi_exp([row[t] for row in sums], [w[col] for w in weights], n2) for t in range(n_cts)]
+            for col in range(len(weights[0]) if weights else 0)]
+
+
+def decoded(plan: BlindPairs, key: paillier.PrivateKey, cts: Sequence[int], layout: str) -> list[int]:
+    """Totals decrypted in full and unpacked: the sums layout's slots (`layout` "sums",
+    cut to `sum_slots`) or the weights layout's (cut to `weights`); EncodingOverflowError
+    for a plaintext outside its slot plan."""
+    bits, slots, keep = (plan.slot_bits, plan.slots, plan.sum_slots) if layout == "sums" else \
+        (plan.total_bits, plan.total_slots, plan.weights)
+    unpack = encoding.SlotLayout(bits, slots).unpack
+    return [x for m in key.decrypt_signed(cts) for x in unpack(m)][:keep]
+
+
+def cell_items(items: Sequence[tuple], groups: int, totals: Sequence[Sequence[int]], masked: Sequence[Sequence[int]],
+               masks: Sequence[int], pub: paillier.PublicKey, num_offset: int, den_offset: int) -> list[int]:
+    """One rank pair's items (`Lot.blind_items` order) under the Test-Client's key:
+    `totals[w]` the decoded A_sw, `masked[j]` the decoded B_sj, `masks[i]` its Enc(m) per
+    item; `num_offset`, `den_offset` the bit offsets of the cells' num and den slots in
+    its packing."""
     n, n2 = pub.n, pub.n2
-    k, strata, per = plan.groups, plan.strata, plan.mask_cts
-    tails = {pair: i for i, pair in enumerate(plan.tail_pairs)}
-    rows = q.tolist()
-    members = range(len(rows))
-    agg: dict[int, list[list[int]]] = {}
-    for s in range(strata):
-        parts = [plan.split(list(masked[a * strata + s])) for a in members]
-        columns = []
-
-        def item(plain: int, exponents: list[int], j: int) -> int:
-            bases = [masks[(a * strata + s) * per + j] for a in members]
-            removed = paillier.multi_exp(bases, exponents, n2)
-            own = paillier.encrypt_chunk(n, pub.h, [plain % n])[0]
-            return int(gmpy2.mpz(own) * gmpy2.invert(removed, n2) % n2)
-
-        for g, h in cells:
-            weights = [int(rows[a][g]) for a in members]
-            num = sum(w * parts[a][0][h] for a, w in zip(members, weights))
-            den = sum(w * parts[a][1][h] for a, w in zip(members, weights))
-            columns.append([item((num << num_offset) + (den << den_offset), weights, h)])
-        for c, d in moment_pairs:
-            (g, h), (g2, h2) = cells[c], cells[d]
-            t = tails[tuple(sorted((h, h2)))]
-            weights = [product_weight(int(rows[a][g]), int(rows[a][g2])) for a in members]
-            den = sum(w * parts[a][1][k + t] for a, w in zip(members, weights))
-            columns.append([item(den << den_offset, weights, k + t)])
-        agg[s] = columns
-    return agg
+    out = []
+    for (kind, x, y), mask in zip(items, masks):
+        if kind == "cell":
+            g, h = x, y
+            num = totals[g][h] - masked[h][g]
+            den = totals[g][groups + h] - masked[groups + h][g]
+            plain = (num << num_offset) + (den << den_offset)
+        else:
+            t, w = x, y
+            plain = (totals[w][2 * groups + t] - masked[2 * groups + t][w]) << den_offset
+        own = paillier.encrypt_chunk(n, pub.h, [plain % n])[0]
+        out.append(int(gmpy2.mpz(own) * mask % n2))
+    return out

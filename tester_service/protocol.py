@@ -17,6 +17,12 @@ receipt, design §3.7) or the decrypted masked values (only P1 learns it) and un
 The metric (`common.metrics`) decides the rows, weights, cells
 and verdict; a metric without HE (probabilistic count) ends after step 5, at P1.
 MQOS-AUC exact adds a round trip between 6 and 7: P2 squares additively masked sums.
+LOT under the release controls never shows P1 a row (design §5.3, "The Tester blind to
+the pairs"): after step 3, P2 sends each of its members once; P1 joins them, opens the
+vectors it holds and answers each member with HE_T.Enc of its vector under a key of its
+own (`_member_vectors`); P2 returns per member and rank pair masked sums, then per rank
+pair the masks' totals; P1 weights the sums under its key, decrypts only totals and
+forms the items the rows would have given (`_aggregate_blind`), then step 6 goes on.
 Release controls (design §8, `tester_service.release`) act at the end of step 5 (the
 intersection's size, members repeated across rows) and in step 6 (cells below the
 effective size withheld, Gaussian noise added under encryption, the budget charged
@@ -124,6 +130,7 @@ class Phase(enum.Enum):
     WAIT_SHUFFLED = "wait_shuffled"
     WAIT_MEMBERS = "wait_members"
     WAIT_CLIENT_ROWS = "wait_client_rows"
+    WAIT_TOTALS = "wait_totals"
     WAIT_SQUARES = "wait_squares"
     WAIT_RESULT = "wait_result"
     DONE = "done"
@@ -248,7 +255,8 @@ class TesterSession:
         self._blind_plan = None
         self._member_q: np.ndarray | None = None
         self._blind_members = 0
-        self._blind_cts: list[tuple[bytes, bytes]] = []
+        self._blind_cts: list[bytes] = []
+        self._blind_totals: list[tuple[bytes, bytes]] = []
 
     # ------------------------------------------------------------------ helpers
     def _lap(self, name: str) -> None:
@@ -286,6 +294,7 @@ class TesterSession:
         self._tester_key = None
         self._member_q = None
         self._blind_cts = []
+        self._blind_totals = []
         if self.phase is not Phase.DONE:
             self.phase = Phase.CLOSED
 
@@ -363,7 +372,7 @@ class TesterSession:
         if self._blind:
             plan = self._blind_plan
             return wire.blind_client_rows(plan.strata * plan.vector_cts, self._tester_key.public.ciphertext_bytes,
-                                          plan.strata * plan.mask_cts, self._pub.ciphertext_bytes)
+                                          0, self._pub.ciphertext_bytes)
         return wire.client_rows(metric.n_ids, self._layout.n_ciphertexts if self._layout else 0,
                                 self._pub.ciphertext_bytes if self._pub else 0,
                                 units=metric.resampling in ("unit", "client_groups"),
@@ -382,8 +391,11 @@ class TesterSession:
             self._pending.append((self._executor.submit(double_client_chunk, self._com_key.multiply_task(),
                                                         chunk.points, first, b"", None),))
             return []
-        if self._blind:  # the masked sums: checked by the gate (`validation.TesterInbound`)
-            self._blind_cts.append((chunk.tester_ciphertexts, chunk.ciphertexts))
+        if self.phase is Phase.WAIT_TOTALS:  # checked by the gate (`validation.TesterInbound`)
+            self._blind_totals.append((chunk.tester_ciphertexts, chunk.ciphertexts))
+            return []
+        if self._blind:  # the masked sums: checked by the gate
+            self._blind_cts.append(chunk.tester_ciphertexts)
             self._progress("join", "", self._reader.rows, self._blind_members)
             return []
         # step 5, one chunk: doubly encrypted (and checked) on the executor while the next
@@ -448,8 +460,15 @@ class TesterSession:
             return self._member_vectors()
         if self.phase is Phase.WAIT_SQUARES:
             return self._after_squares()
-        if self._blind:
+        if self.phase is Phase.WAIT_TOTALS:
             return self._aggregate_blind()
+        if self._blind:  # the masked sums are in; their totals' masks come next
+            self.phase = Phase.WAIT_TOTALS
+            plan = self._blind_plan
+            self._reader = wire.TableReader(wire.blind_totals(
+                plan.sum_slots * plan.weight_cts, self._tester_key.public.ciphertext_bytes,
+                len(self.metric.blind_items(self.groups, self.params)), self._pub.ciphertext_bytes))
+            return []
         while self._pending:
             self._join(*self._pending.popleft())
         # step 5: the join is complete; every id (and the unmatched rows) is deleted, and
@@ -558,7 +577,7 @@ class TesterSession:
         self._member_q = q
         plan = self._blind_plan = self.metric.blind_plan(
             self.groups, len(self._strata_labels), self.spec.metric_option, self.params, n_rows=self._client_rows,
-            tester_modulus_bits=self._tester_key.public.n.bit_length())
+            n_members=len(q), tester_modulus_bits=self._tester_key.public.n.bit_length())
         plaintexts = blind_pairs.vector_plaintexts(plan, q)
         encrypt = self._tester_key.encrypt_task()
         parts = parallel.split(plaintexts, self._executor.chunk_count())
@@ -567,7 +586,7 @@ class TesterSession:
         self._lap("member_vectors")
         self.phase = Phase.WAIT_CLIENT_ROWS
         self._reader = wire.TableReader(self._client_layout())
-        layout = wire.member_vectors(2 * plan.vector_cts, self._tester_key.public.ciphertext_bytes)
+        layout = wire.member_vectors(plan.member_cts, self._tester_key.public.ciphertext_bytes)
         yield from wire.table_messages(layout, len(q), ciphertexts=packed)
 
     def _open_members(self, sealed: np.ndarray) -> np.ndarray:
@@ -578,56 +597,56 @@ class TesterSession:
         return probs
 
     def _aggregate_blind(self) -> Iterator[pb.PeerMessage]:
-        """The blind path's step 6: decrypt the masked sums of the members we hold, form
-        from them the bucket sums the plaintext path would have (`blind_pairs.cell_items`),
-        and release them as it does (`_release`). Nothing is withheld here: we know no
-        cell's size; the finishing party withholds a cell whose noised size is below the
-        minimum (`Lot.withheld_by_size`)."""
-        plan, metric, pub = self._blind_plan, self.metric, self._pub
+        """The blind path's step 6 (`tester_service.blind_pairs`): the totals of the masked
+        sums of the members we hold, weighted by their head weights, decrypted with the
+        Test-Client's masked totals; from them the items the plaintext path would have
+        formed, released as it releases them (`_release`). Nothing is withheld here: we know
+        no cell's size; the finishing party withholds a cell whose noised size is below
+        the minimum (`Lot.withheld_by_size`)."""
+        plan, metric, pub, key = self._blind_plan, self.metric, self._pub, self._tester_key
         held = np.flatnonzero(self._member_q.any(axis=1))
-        q = self._member_q[held]
+        weights = blind_pairs.head_weights(plan, self._member_q[held])
         self._member_q = None
-        tester_width = self._tester_key.public.ciphertext_bytes
-        sums = self._held_rows(0, held, plan.strata * plan.vector_cts, tester_width)
-        masks = self._held_rows(1, held, plan.strata * plan.mask_cts, pub.ciphertext_bytes)
+        width, per = key.public.ciphertext_bytes, plan.vector_cts
+        packed = np.frombuffer(b"".join(self._blind_cts), dtype=f"V{plan.strata * per * width}")[held].tobytes()
         self._blind_cts = []
-        decrypt = self._tester_key.decrypt_task(signed=True)
-        parts = parallel.split(sums, self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS))
-        try:
-            values = [v for part in self._executor.run_chunks(decrypt, [(part,) for part in parts]) for v in part]
-            slots = encoding.SlotLayout(plan.slot_bits, plan.slots)
-            per = plan.vector_cts
-            masked = [[x for v in values[j * per:(j + 1) * per] for x in slots.unpack(v)]
-                      for j in range(len(values) // per)]
-        except EncodingOverflowError:
-            raise ProtocolError("a masked sum of the Test-Client's does not decode: overflow") from None
-        del decrypt, values, sums
-        self._tester_key = None
-        self._lap("open_probabilities")
+        sums = paillier.ciphertexts_from_bytes(packed, key.public)
+        del packed
+        rows = plan.strata * per
+        tasks = [(key.public.n2, weights, [sums[a * rows + s * per:a * rows + (s + 1) * per] for a in range(len(held))])
+                 for s in range(plan.strata)]
+        ticks = chunk_ticks(len(tasks), partial(self._tick, "aggregation"))
+        totals = self._executor.run_chunks(blind_pairs.stratum_totals, tasks, checkpoint=ticks)
+        del tasks, sums, weights
         self._plan = metric.plan(self.groups, self._strata_labels, self._layout, self.spec.metric_option,
                                  self.params, self._info)
         self._plan, self._correction = metric.moment_plan(self._plan, self.groups, self.spec.metric_option,
                                                           self.params, self._info, self._layout)
-        cells = metric.cell_pairs(self.groups, self.params)
-        ct, num_slot = self._layout.position(0)
-        _, den_slot = self._layout.position(1)
+        items = metric.blind_items(self.groups, self.params)
+        _, num_slot = self._layout.position(0)
+        ct, den_slot = self._layout.position(1)
         bits = self._layout.slot_bits
-        columns = blind_pairs.cell_items(plan, q, masked, masks, cells, metric.moment_pairs(len(cells)), pub,
-                                         num_slot * bits, den_slot * bits)
-        agg = {s: [[item if t == ct else 1 for t in range(self._layout.n_ciphertexts)] for (item,) in column]
-               for s, column in columns.items()}
-        del masked, masks, q
+        w = plan.weight_cts
+        masked_totals = paillier.ciphertexts_from_bytes(b"".join(t for t, _ in self._blind_totals), key.public)
+        item_masks = paillier.ciphertexts_from_bytes(b"".join(o for _, o in self._blind_totals), pub)
+        per_row = plan.sum_slots * w
+        agg = {}
+        try:
+            for s, per_weight in enumerate(totals):
+                row = masked_totals[s * per_row:(s + 1) * per_row]
+                masked = [blind_pairs.decoded(plan, key, row[j * w:(j + 1) * w], "weights") for j in range(plan.sum_slots)]
+                sums_of = [blind_pairs.decoded(plan, key, cts, "sums") for cts in per_weight]
+                column = blind_pairs.cell_items(items, plan.groups, sums_of, masked,
+                                                item_masks[s * len(items):(s + 1) * len(items)], pub,
+                                                num_slot * bits, den_slot * bits)
+                agg[s] = [[item if t == ct else 1 for t in range(self._layout.n_ciphertexts)] for item in column]
+        except EncodingOverflowError:
+            raise ProtocolError("a masked total of the Test-Client's does not decode: overflow") from None
+        self._blind_totals, self._tester_key = [], None
         self._lap("aggregation")
         self._progress("aggregation", f"aggregated {len(held)} members' masked sums into {len(agg)} rank pairs")
-        weights = [None] * (len(cells) + len(metric.moment_pairs(len(cells))))  # no row's weight is known here
-        yield from self._release(agg, weights, 1, np.random.default_rng(self.spec.seed), False)
-
-    def _held_rows(self, column: int, held: np.ndarray, per_row: int, width: int) -> list[int]:
-        """The blind rows' ciphertexts (column 0: HE_T's, 1: the Test-Client's) of the
-        members we hold, in order, as integers (checked by the gate)."""
-        packed = np.frombuffer(b"".join(part[column] for part in self._blind_cts), dtype=f"V{per_row * width}")
-        data = packed[held].tobytes()
-        return [int.from_bytes(data[i:i + width], "big") for i in range(0, len(data), width)]
+        no_rows = [None] * len(items)  # no row's weight is known here
+        yield from self._release(agg, no_rows, 1, np.random.default_rng(self.spec.seed), False)
 
     # ------------------------------------------------------------------ step 6: aggregate
     def _aggregate(self) -> Iterator[pb.PeerMessage]:

@@ -5,7 +5,9 @@ path would have released. The attack that reads the rows is in
 gate's refusals of a peer that breaks the path."""
 from __future__ import annotations
 
+import inspect
 import math
+import secrets
 
 import numpy as np
 import pandas as pd
@@ -137,7 +139,8 @@ def test_blind_rows_that_do_not_match_the_member_table_are_refused():
 
 def test_a_masked_sum_that_does_not_decode_is_refused():
     """A Test-Client whose masked sums overflow their slots (here: every one replaced by
-    HE_T.Enc(n/2), a plaintext far beyond the slot plan) gets a clean protocol error."""
+    HE_T.Enc of a uniform element of Z_n, far beyond the slot plan, so that their weighted
+    totals do not decode either) gets a clean protocol error."""
     tester, client = lot_inputs(60, 50, 40)
     seen = {}
 
@@ -147,10 +150,9 @@ def test_a_masked_sum_that_does_not_decode_is_refused():
         if msg.HasField("chunk") and msg.chunk.table == pb.CLIENT_ROWS:
             n = seen["n"]
             width = (2 * n.bit_length() + 7) // 8
-            huge = (1 + (n // 2) * n) % (n * n)  # Enc_T(n/2) with randomness 1: decodes to no slot plan
-            data = bytearray(msg.chunk.tester_ciphertexts)
-            data[:width] = huge.to_bytes(width, "big")
-            msg.chunk.tester_ciphertexts = bytes(data)
+            count = len(msg.chunk.tester_ciphertexts) // width  # Enc_T(uniform in Z_n), randomness 1:
+            msg.chunk.tester_ciphertexts = b"".join(  # no slot plan holds their weighted totals
+                ((1 + secrets.randbelow(n) * n) % (n * n)).to_bytes(width, "big") for _ in range(count))
     with pytest.raises(ProtocolError, match="does not decode"):
         tampered(tester, client, keep_key)
 
@@ -181,3 +183,49 @@ def test_member_vectors_short_of_the_member_table_are_refused():
             msg.table_end.rows -= 1
     with pytest.raises(ProtocolError, match="member vectors"):
         tampered(tester, client, short)
+
+
+@pytest.mark.parametrize("column", ["tester_ciphertexts", "ciphertexts"])
+def test_masked_totals_that_are_not_units_or_short_are_refused(column):
+    """The masked totals' table: a ciphertext that is not a unit under its key (here 0) is
+    refused by the gate; a table with one rank pair short, by its count."""
+    tester, client = lot_inputs(60, 50, 40)
+
+    def zero(direction, msg):
+        if msg.HasField("chunk") and msg.chunk.table == pb.BLIND_TOTALS:
+            data = getattr(msg.chunk, column)
+            setattr(msg.chunk, column, bytes(len(data)))
+    with pytest.raises(ProtocolError):
+        tampered(tester, client, zero)
+
+    def short(direction, msg):
+        if msg.HasField("table_end") and msg.table_end.table == pb.BLIND_TOTALS:
+            msg.table_end.rows -= 1
+    with pytest.raises(ProtocolError, match="masked totals"):
+        tampered(tester, client, short)
+
+
+def test_the_tester_decrypts_only_totals_never_a_members_sums(monkeypatch):
+    """The Tester's key decrypts, in one audit, the weighted totals and the masked totals
+    (per rank pair and head weight, per rank pair and slot) and nothing else: as many
+    ciphertexts as those, whatever the member count."""
+    tester, client = lot_inputs(60, 50, 40)
+    from common.crypto import paillier
+    seen = []
+    original = paillier.PrivateKey.decrypt_signed
+
+    def counted(self, cts):
+        seen.append(len(cts))
+        return original(self, cts)
+    monkeypatch.setattr(paillier.PrivateKey, "decrypt_signed", counted)
+    task = paillier.PrivateKey.decrypt_task
+    callers = []
+
+    def noted(self, **kw):  # the tests' parties share one key: tell the Tester's calls by their caller
+        callers.append(inspect.stack()[1].filename)
+        return task(self, **kw)
+    monkeypatch.setattr(paillier.PrivateKey, "decrypt_task", noted)
+    _, t, _ = tampered(tester, client, None)
+    assert not [f for f in callers if "tester_service" in f], callers
+    plan = t._blind_plan
+    assert sum(seen) == plan.strata * (plan.weights * plan.vector_cts + plan.sum_slots * plan.weight_cts)

@@ -68,27 +68,27 @@ covariance, taken as 0, is mostly negative: the pooled interval errs wide. Measu
 **The Tester blind to the pairs** (design §5.3; under the release controls, which is when
 the interval comes from second moments). A row names two members, so rows that reach the
 Tester with both ids chain into each list and give every member's ranks, whatever hides
-the rank pair. Under the controls no row reaches it: the Test-Client sends each of its
-members once (`wire.member_points`); the Tester answers each with HE_T.Enc of the
-member's vector under a Paillier key of its own (zeros for a member it does not hold),
-in slots of width `BlindPairs.slot_bits`: a "delta" block p_bh and a "weight" block
-2^32·p_bh and 2^32·p_bh·p_bh' (the tail pairs the second moments need). The Test-Client
+the rank pair. Under the controls no row reaches it. The Test-Client sends each of its
+members once (`wire.member_points`); the Tester answers each, under a Paillier key of
+its own (zeros for a member it does not hold), with its delta block p_bh and its weight
+block 2^32·p_bh, 2^32·p_bh·p_bh' (the tail pairs the second moments need), and its head
+weights w_a (p_ag, and p_ag·p_ag' for the head pairs) (`BlindPairs`). The Test-Client
 forms, per member a and rank pair s, z_as = Π over its rows (a, b) in s of
-Enc_T(delta_b)^ΔỸ · Enc_T(weight_b) (Σ_b ΔỸ·p_bh, Σ_b p_bh and Σ_b p_bh·p_bh' at the
-cells' scale), adds a mask r_as of `BlindPairs.mask_bits` per slot (statistically
-hiding: `common.crypto.masking.STATISTICAL_BITS`) and returns, for every member in the
-member table's order, HE_T.Enc(z + r) and HE.Enc(r) under its own key, one ciphertext
-per tail group h (r's delta and weight slots at the cells' num and den slots) and per
-tail pair. The Tester decrypts z + r, and forms each cell (g, h) of rank pair s as
-Enc(Σ_a p_ag·(z + r)) ⊖ Π_a Enc(r_ash)^(p_ag) = Enc(Σ_rows p_ag·p_bh·(ΔỸ, 1)): the items
-the plaintext path would have formed, exactly (the second moments up to rounding), with
-the same noise, masking and finish. The Tester opens the vectors of members it holds
-(it learns the intersection, inherent to the design) and never sees a row, a pair or a
-rank; the Test-Client sees only ciphertexts under the Tester's key. The sensitivity
-count it would have read off the rows the Test-Client states instead (`MEMBER_ROWS_INFO`:
-m and sqrt(max_i Σ_s n_is²) over its whole table), as it states the gaps' spreads. A
-member that heads no row of rank pair s still gets its masked zeros, so the table says
-nothing of who heads what.
+Enc_T(delta_b)^ΔỸ · Enc_T(weight_b) and returns Enc_T(z + r) for every member in the
+member table's order (r per slot, `STATISTICAL_BITS` wider than any z: statistically
+hiding, so a member that heads no row of s looks like any other); then per rank pair
+the masks' totals Enc_T(Σ_a w_a·r + m), from the Tester's encrypted head weights, and
+Enc(m) per released item under its own key. The Tester multiplies the members' sums by
+their head weights under its key (A = Enc_T(Σ_a w_a·(z + r))), decrypts the totals
+alone, and forms each item as Enc(A − (Σ_a w_a·r + m)) · Enc(m) = Enc(Σ_rows p_ag·p_bh·
+(ΔỸ, 1)): the items the plaintext path would have formed, exactly (the second moments up
+to rounding), with the same noise, masking and finish (`tester_service.blind_pairs`,
+`client_service.blind_pairs`). The Tester opens the vectors of members it holds (it
+learns the intersection, inherent to the design) and never sees a row, a pair or a rank,
+nor decrypts any member's sums; the Test-Client sees only ciphertexts under the Tester's
+key. The sensitivity count it would have read off the rows the Test-Client states
+instead (`MEMBER_ROWS_INFO`: m and sqrt(max_i Σ_s n_is²) over its whole table), as it
+states the gaps' spreads.
 """
 from __future__ import annotations
 
@@ -128,62 +128,86 @@ MEMBER_ROWS_INFO = "member_rows"
 @dataclass(frozen=True)
 class BlindPairs:
     """The slot plan of the blind path (module docstring, "The Tester blind to the pairs"),
-    which both parties derive from the audit's facts: `groups` (k), `strata` (the rank
-    pairs), `tail_pairs` (the (h, h') whose products the second moments need), the signed
-    slot width of the Tester's plaintexts and the slots per Tester ciphertext, laid out
-    as `blocks` says (the delta block's k slots, then the weight block's k + len(tail_pairs))."""
+    which both parties derive once the member table is known: `groups` (k), `strata` (the
+    rank pairs), `tail_pairs` (the (h, h') whose products the second moments need on the
+    tail side) and `head_pairs` (the (g, g') of their weights on the head side).
+
+    Two layouts of signed slots under the Tester's key (it decrypts only totals, in full:
+    `PrivateKey.decrypt_signed`). The *sums* layout (`slot_bits`, `slots`): a member's
+    delta block (k slots), then its weight block (k + len(tail_pairs)), the `sum_slots`
+    values j of one (member, rank pair), each masked below 2^mask_bits and wide enough for
+    the Tester's weighted total over all members. The *weights* layout (`total_bits`,
+    `total_slots`): a member's head weights, p_ag for each g then round(p_ag·p_ag'/2^32)
+    per head pair (`weights` values w), and the Test-Client's masked totals
+    Σ_a w_a·r_asj + m_sjw, m below 2^total_mask_bits."""
 
     groups: int
     strata: int
     tail_pairs: tuple[tuple[int, int], ...]
+    head_pairs: tuple[tuple[int, int], ...]
     mask_bits: int
     slot_bits: int
     slots: int
+    total_mask_bits: int
+    total_bits: int
+    total_slots: int
 
     @classmethod
-    def derive(cls, groups: int, strata: int, tail_pairs, *, n_rows: int, gap_bound: float,
-               tester_modulus_bits: int) -> "BlindPairs":
-        """Slots wide enough for a member's sums over all the Test-Client's rows plus a mask
-        `STATISTICAL_BITS` wider, and as many per ciphertext as fit below a third of the
-        Tester's prime p (it decrypts modulo p, `common.crypto.paillier`)."""
+    def derive(cls, groups: int, strata: int, tail_pairs, head_pairs, *, n_rows: int, n_members: int,
+               gap_bound: float, tester_modulus_bits: int) -> "BlindPairs":
+        """r `STATISTICAL_BITS` wider than a member's sums over all the Test-Client's rows;
+        the sums' slots wide enough for Σ_a w_a·(z + r) over all members (w ≤ 2^32); m
+        `STATISTICAL_BITS` wider than that; as many slots per ciphertext as fit below a
+        third of the Tester's n."""
         delta = int(math.ceil(gap_bound * (1 << VALUE_BITS))) + 1
         z_bits = (max(1, n_rows) * max(delta, 1 << VALUE_BITS) * (1 << PROBABILITY_BITS)).bit_length()
         mask_bits = z_bits + STATISTICAL_BITS
-        slot_bits = mask_bits + 2
-        slots = (tester_modulus_bits // 2 - 3) // slot_bits
-        if slots < 1:
-            raise ValueError(f"the Tester's key of {tester_modulus_bits} bits cannot hold a slot of {slot_bits}")
-        return cls(groups, strata, tuple(tail_pairs), mask_bits, slot_bits, slots)
+        total = mask_bits + PROBABILITY_BITS + max(1, n_members).bit_length() + 1
+        capacity = tester_modulus_bits - 3
+        slot_bits, total_bits = total + 2, total + STATISTICAL_BITS + 2
+        if capacity // total_bits < 1:
+            raise ValueError(f"the Tester's key of {tester_modulus_bits} bits cannot hold a slot of {total_bits}")
+        return cls(groups, strata, tuple(tail_pairs), tuple(head_pairs), mask_bits, slot_bits,
+                   capacity // slot_bits, total + STATISTICAL_BITS, total_bits, capacity // total_bits)
 
     @property
-    def weight_slots(self) -> int:
-        return self.groups + len(self.tail_pairs)
+    def sum_slots(self) -> int:
+        """The values j of one (member, rank pair): Σ ΔỸ·p_bh, then 2^32·Σ p_bh, then
+        2^32·Σ round(p_bh·p_bh'/2^32) per tail pair."""
+        return 2 * self.groups + len(self.tail_pairs)
 
     @property
     def vector_cts(self) -> int:
-        """Tester ciphertexts of one block layout: the delta block's k slots, then the
-        weight block's k + len(tail_pairs), back to back. A member's vector is two of
-        them (the delta block alone, the weight block alone: `MEMBER_VECTORS` carries
-        2·vector_cts per member), a (member, rank pair)'s masked sums one."""
-        return -(-(self.groups + self.weight_slots) // self.slots)
+        """Tester ciphertexts of the sums layout: a member's vector is two of them (its
+        delta block alone, its weight block alone), a (member, rank pair)'s masked sums one."""
+        return -(-self.sum_slots // self.slots)
 
     @property
-    def mask_cts(self) -> int:
-        """The Test-Client's HE.Enc(r) per (member, rank pair): one per tail group, one per tail pair."""
-        return self.groups + len(self.tail_pairs)
+    def weights(self) -> int:
+        return self.groups + len(self.head_pairs)
 
-    def blocks(self, delta: Sequence[int], weight: Sequence[int]) -> list[list[int]]:
-        """The slot values of one block layout, the delta block then the weight block,
-        cut into its `vector_cts` ciphertexts' slot lists (zeros after the last)."""
-        values = list(delta) + list(weight)
-        values += [0] * (self.vector_cts * self.slots - len(values))
-        return [values[t * self.slots:(t + 1) * self.slots] for t in range(self.vector_cts)]
+    @property
+    def weight_cts(self) -> int:
+        """Tester ciphertexts of the weights layout (a member's head weights, one total)."""
+        return -(-self.weights // self.total_slots)
 
-    def split(self, slots: Sequence[int]) -> tuple[list[int], list[int]]:
-        """`blocks` undone: the concatenated slot values of `vector_cts` ciphertexts as
-        (delta block, weight block)."""
-        k = self.groups
-        return list(slots[:k]), list(slots[k:k + self.weight_slots])
+    @property
+    def member_cts(self) -> int:
+        """`MEMBER_VECTORS`' ciphertexts per member: delta block, weight block, head weights."""
+        return 2 * self.vector_cts + self.weight_cts
+
+    def sums_blocks(self, values: Sequence[int]) -> list[list[int]]:
+        """`sum_slots` values cut into the sums layout's ciphertexts (zeros after the last)."""
+        return _cut(values, self.slots, self.vector_cts)
+
+    def weight_blocks(self, values: Sequence[int]) -> list[list[int]]:
+        """`weights` values cut into the weights layout's ciphertexts (zeros after the last)."""
+        return _cut(values, self.total_slots, self.weight_cts)
+
+
+def _cut(values: Sequence[int], slots: int, count: int) -> list[list[int]]:
+    padded = list(values) + [0] * (slots * count - len(values))
+    return [padded[t * slots:(t + 1) * slots] for t in range(count)]
 
 
 def gap_spreads(delta: np.ndarray, rank_pair: np.ndarray, n_pairs: int) -> list[float]:
@@ -272,9 +296,30 @@ class Lot(Metric):
         cells = self.cell_pairs(groups, params)
         return tuple(sorted({tuple(sorted((cells[c][1], cells[d][1]))) for c, d in self.moment_pairs(len(cells))}))
 
-    def blind_plan(self, groups, strata: int, option, params, *, n_rows: int, tester_modulus_bits: int) -> BlindPairs:
-        return BlindPairs.derive(len(groups), strata, self.tail_pairs(groups, params), n_rows=n_rows,
-                                 gap_bound=self.gap_bound(option, params), tester_modulus_bits=tester_modulus_bits)
+    def head_pairs(self, groups, params) -> tuple[tuple[int, int], ...]:
+        """The head groups (g, g') whose weights round(p_ag·p_ag'/2^32) the second moments
+        need, each once (g ≤ g')."""
+        cells = self.cell_pairs(groups, params)
+        return tuple(sorted({tuple(sorted((cells[c][0], cells[d][0]))) for c, d in self.moment_pairs(len(cells))}))
+
+    def blind_plan(self, groups, strata: int, option, params, *, n_rows: int, n_members: int,
+                   tester_modulus_bits: int) -> BlindPairs:
+        return BlindPairs.derive(len(groups), strata, self.tail_pairs(groups, params), self.head_pairs(groups, params),
+                                 n_rows=n_rows, n_members=n_members, gap_bound=self.gap_bound(option, params),
+                                 tester_modulus_bits=tester_modulus_bits)
+
+    def blind_items(self, groups, params) -> list[tuple]:
+        """The blind path's items of one rank pair, in the plan's order (`plan`, then
+        `moment_plan`'s second moments): ("cell", g, h) per cell, then ("moment", t, w)
+        per pair of cells, t its tail pair and w its head weight (k + its head pair's index)."""
+        cells = self.cell_pairs(groups, params)
+        tails = {pair: i for i, pair in enumerate(self.tail_pairs(groups, params))}
+        heads = {pair: i for i, pair in enumerate(self.head_pairs(groups, params))}
+        out = [("cell", g, h) for g, h in cells]
+        for c, d in self.moment_pairs(len(cells)):
+            (g, h), (g2, h2) = cells[c], cells[d]
+            out.append(("moment", tails[tuple(sorted((h, h2)))], len(groups) + heads[tuple(sorted((g, g2)))]))
+        return out
 
     @staticmethod
     def gap_bound(option, params) -> float:

@@ -21,7 +21,9 @@ checks the content, and an error state sticks. In order:
    parsed: table chunks and ends against their layout and their announced totals
    (`wire.TableReader`: the Tester's own row count for the shuffled table, the
    HelloAck's for the Test-Client's rows, the requests sent for the squares, the
-   AggregatesHeader's (B + 1) x items + zero tests for the aggregates), field sizes, the
+   AggregatesHeader's (B + 1) x items + zero tests for the aggregates; on LOT's blind
+   path the member vectors against the member table sent, its masked sums against the
+   member table received, their totals one per rank pair), field sizes, the
    release fields of the AggregatesHeader (suppressed items, plain rows, zero tests,
    noise standard deviations: `tester_service.release`), points (32-byte
    canonical u-coordinates on Curve25519, not of small order), ciphertexts (0 < c < n^2,
@@ -111,6 +113,7 @@ TESTER_ACCEPTS: Mapping[str, frozenset[str]] = {
     "wait_shuffled": frozenset({"chunk", "table_end"}),       # the shuffled table (step 3)
     "wait_members": frozenset({"chunk", "table_end"}),        # LOT's member table (the blind path)
     "wait_client_rows": frozenset({"chunk", "table_end"}),    # the Test-Client's rows (step 4)
+    "wait_totals": frozenset({"chunk", "table_end"}),         # LOT's masked totals (the blind path)
     "wait_squares": frozenset({"chunk", "table_end"}),        # MQOS-AUC exact
     "wait_result": frozenset({"client_result", "masked_plaintexts"}),  # step 7
 }
@@ -314,7 +317,8 @@ class TesterInbound(Gate):
     """What the Tester (P1) accepts from the Test-Client. Reads the TesterSession's
     announced state: `metric`, `spec`, `params`, `_min_bits`, `_n_buckets`, `_reader`,
     `_pub`, `_layout`, `_client_rows`, `_strata_labels`, `_shuffled`, `_plan`,
-    `_masked_values`, `_replicates()`."""
+    `_masked_values`, `_replicates()`; on LOT's blind path `_blind`, `_tester_key`,
+    `_blind_plan`, `_blind_members`."""
 
     peer = "Test-Client"
     accepts = TESTER_ACCEPTS
@@ -368,6 +372,8 @@ class TesterInbound(Gate):
             return s._blind_members if s._blind else s._client_rows
         if table == pb.MEMBER_POINTS:  # capped below (each member once: at most two per row)
             return None
+        if table == pb.BLIND_TOTALS:  # one per rank pair
+            return s._blind_plan.strata
         return s.metric.square_answer_count(self.sent_rows.get(pb.SQUARE_REQUEST, 0), s._layout)
 
     def _chunk(self, s, chunk: pb.TableChunk) -> Rows:
@@ -380,8 +386,8 @@ class TesterInbound(Gate):
             return Rows(ciphertexts=check_ciphertexts(chunk.ciphertexts, s._pub))
         if members:  # checked where they are multiplied, as the rows' are
             return Rows()
-        if s._blind:  # the masked sums and their masks, each a unit under its key
-            return Rows(ciphertexts=check_ciphertexts(chunk.ciphertexts, s._pub),
+        if s._blind:  # the masked sums (and totals), each a unit under its key
+            return Rows(ciphertexts=check_ciphertexts(chunk.ciphertexts, s._pub) if chunk.ciphertexts else None,
                         tester_ciphertexts=check_ciphertexts(chunk.tester_ciphertexts, s._tester_key.public))
         if reader.table == pb.SHUFFLED_ROWS:
             points = check_points(chunk.points)
@@ -439,7 +445,8 @@ class TesterInbound(Gate):
 class ClientInbound(Gate):
     """What the Test-Client (P2) accepts from the Tester. Reads the ClientSession's
     announced state: `_reader`, `_paillier`, `_header`, `_hello`, `_metric`, `_layout`,
-    `_option`, `_params`, `_info`, `_strata_labels`."""
+    `_option`, `_params`, `_info`, `_strata_labels`, `_modulus_bits`, `_allow_insecure`;
+    on LOT's blind path `_tester_key`, `_blind_plan`."""
 
     peer = "Tester"
     accepts = CLIENT_ACCEPTS

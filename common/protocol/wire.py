@@ -25,7 +25,8 @@ MAX_TABLE_ROWS = 50_000_000
 TABLE_NAMES = {pb.TESTER_ROWS: "tester rows", pb.SHUFFLED_ROWS: "shuffled rows",
                pb.CLIENT_ROWS: "client rows", pb.AGGREGATES: "aggregates",
                pb.SQUARE_REQUEST: "square requests", pb.SQUARES: "squares",
-               pb.MEMBER_POINTS: "member points", pb.MEMBER_VECTORS: "member vectors"}
+               pb.MEMBER_POINTS: "member points", pb.MEMBER_VECTORS: "member vectors",
+               pb.BLIND_TOTALS: "masked totals"}
 
 
 def parse_peer_message(data: bytes) -> pb.PeerMessage:
@@ -107,8 +108,14 @@ def member_vectors(n_ciphertexts: int, ciphertext_bytes: int) -> TableLayout:
 
 def blind_client_rows(n_tester_cts: int, tester_ct_bytes: int, n_cts: int, ct_bytes: int) -> TableLayout:
     """Step 4 of LOT under release noise: per row of `member_points`, in its order and
-    without ids, the masked sums HE_T.Enc(z + r) and their masks HE.Enc(r)."""
+    without ids, the masked sums HE_T.Enc(z + r) per rank pair."""
     return TableLayout(pb.CLIENT_ROWS, ciphertexts=n_cts * ct_bytes, tester_ciphertexts=n_tester_cts * tester_ct_bytes)
+
+
+def blind_totals(n_tester_cts: int, tester_ct_bytes: int, n_cts: int, ct_bytes: int) -> TableLayout:
+    """Then, per rank pair: the masks' totals HE_T.Enc(Σ_a w_a·r + m) under the Tester's
+    key and the item masks HE.Enc(m) under the Test-Client's (`tester_service.blind_pairs`)."""
+    return TableLayout(pb.BLIND_TOTALS, ciphertexts=n_cts * ct_bytes, tester_ciphertexts=n_tester_cts * tester_ct_bytes)
 
 
 def ciphertext_table(table: int, ciphertext_bytes: int) -> TableLayout:

@@ -1,0 +1,128 @@
+"""Benchmark: what LOT's blind path costs (design §5.3, "The Tester blind to the pairs").
+
+Under the release controls LOT's rows never reach the Tester; this runs the same audit
+(the paper's LOT validation data, `bench/bench_lot.py`; option `raw`; both services as
+real gRPC servers on loopback; the default release controls) on the blind path and on
+the rows the plaintext path would send (`Lot.blind_pairs = False`, in this process
+only: the leak the blind path closes), and prints per size the wall time and the
+largest difference between the two paths' pooled estimates (noise included: each audit
+draws its own), then the CPU time of the whole run (this process and its workers).
+
+    .venv/bin/python bench/bench_lot_blind.py [--queries 1000,4000] [--bits 2048] [--workers N] [--ops]
+
+`--ops` first prints what the path's operations cost one at a time (CPU time, one
+process): encryption under a peer's key and the owner's, decryption modulo p, an
+exponentiation by a 33-bit gap, and a multi-exponentiation share with 146-bit masks.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def run(queries: int, bits: int, executor, blind: bool):
+    """One audit under the default controls; (report, wall seconds)."""
+    from bench.bench_lot import make_data
+    from client_service.datasets import DatasetRegistry
+    from common.metrics.lot import Lot
+    from common.stats.results import AuditReport
+    from ppre.local import local_services
+    from proto import ppre_pb2 as pb
+    from tester_service.release import ReleasePolicy
+    from tester_service.server import run_audit
+
+    Lot.blind_pairs = blind
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            probabilities, path = make_data(Path(tmp), queries)
+            request = pb.AuditRequest(metric="lot", client_dataset="lot", bootstrap=1000, confidence=0.95,
+                                      has_seed=True, seed=1, metric_option="raw",
+                                      metric_params={"relevance_range": "0.5:3.5", "out_of_range": "refuse"})
+            with local_services(lambda: probabilities, DatasetRegistry(named={"lot": path}), modulus_bits=bits,
+                                allow_insecure=bits < 2048, executor=executor, release=ReleasePolicy()) as svc:
+                t0 = time.perf_counter()
+                event = run_audit(svc.tester_address, request)
+                wall = time.perf_counter() - t0
+    finally:
+        Lot.blind_pairs = True
+    if event.WhichOneof("event") != "result":
+        raise RuntimeError(f"audit failed: {event.error.code}: {event.error.message}")
+    return AuditReport.from_proto(event.result), wall
+
+
+def operation_costs(bits: int, count: int = 400) -> None:
+    """The per-operation costs the blind path is made of (module docstring, `--ops`)."""
+    import secrets
+
+    import gmpy2
+
+    from common.crypto import paillier
+    key = paillier.generate_keypair(bits, allow_insecure=bits < 2048)
+    pub = key.public
+    values = [secrets.randbits(bits // 2) for _ in range(count)]
+    encrypt, decrypt = key.encrypt_task(), key.decrypt_task(signed=True)
+    paillier.encrypt_chunk(pub.n, pub.h, values[:2])
+    encrypt(values[:2])  # the fixed-base tables, built once per key
+    cts = paillier.encrypt_chunk(pub.n, pub.h, values)
+    n2 = gmpy2.mpz(pub.n2)
+
+    def per(fn) -> float:
+        t = time.process_time()
+        fn()
+        return (time.process_time() - t) / count * 1e3
+    costs = {"encryption, a peer's key": per(lambda: paillier.encrypt_chunk(pub.n, pub.h, values)),
+             "encryption, the owner's (CRT)": per(lambda: encrypt(values)),
+             "decryption mod p": per(lambda: decrypt(cts)),
+             "exponentiation by a 33-bit gap": per(lambda: [gmpy2.powmod(c, (1 << 33) - 7, n2) for c in cts]),
+             "multi-exponentiation share, 146-bit": per(
+                 lambda: paillier.multi_exp(cts, [secrets.randbits(146) for _ in cts], pub.n2))}
+    for name, ms in costs.items():
+        print(f"  {name:<40} {ms:.3f} ms")
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--queries", default="1000,4000", help="comma-separated list counts (10 members each)")
+    ap.add_argument("--bits", type=int, default=2048)
+    ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--ops", action="store_true", help="first the per-operation costs")
+    args = ap.parse_args()
+    if args.ops:
+        print(f"per operation, {args.bits}-bit keys:")
+        operation_costs(args.bits)
+    from common.execution import parallel
+
+    executor = parallel.ProcessExecutor(args.workers).start()
+    print(f"LOT under the default release controls, {executor.workers} workers, {args.bits}-bit keys")
+    print(f"{'members':>8} {'rows':>7} {'path':>6} {'wall s':>8} {'max |Δ pooled|':>15}")
+    try:
+        for queries in (int(x) for x in args.queries.split(",")):
+            reports = {}
+            for blind in (True, False):
+                report, wall = run(queries, args.bits, executor, blind)
+                reports[blind] = report
+                pooled = {(c.higher, c.lower): c.estimate for c in report.cells if c.rank_pair is None}
+                other = {(c.higher, c.lower): c.estimate for c in reports[True].cells if c.rank_pair is None}
+                diff = max((abs(pooled[k] - other[k]) for k in pooled if pooled[k] is not None
+                            and other.get(k) is not None), default=float("nan"))
+                print(f"{queries * 10:>8} {queries * 9:>7} {'blind' if blind else 'rows':>6} {wall:>8.1f} "
+                      f"{diff:>15.4f}")
+    finally:
+        executor.shutdown()  # reap the workers, so that their CPU time is counted
+    print(f"CPU time of the run: {_cpu():.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
