@@ -127,13 +127,17 @@ def test_a_member_listed_twice_is_refused():
         tampered(tester, client, twice)
 
 
-def test_blind_rows_that_do_not_match_the_member_table_are_refused():
+@pytest.mark.parametrize("table, named", [(pb.CLIENT_ROWS, "client rows"), (pb.MEMBER_VECTORS, "member vectors"),
+                                          (pb.BLIND_TOTALS, "masked totals")])
+def test_a_table_one_row_short_of_what_it_answers_is_refused(table, named):
+    """The blind rows against the member table the Tester received, the member vectors
+    against the one the Test-Client sent, the masked totals against the rank pairs."""
     tester, client = lot_inputs(60, 50, 40)
 
     def short(direction, msg):
-        if msg.HasField("table_end") and msg.table_end.table == pb.CLIENT_ROWS:
+        if msg.HasField("table_end") and msg.table_end.table == table:
             msg.table_end.rows -= 1
-    with pytest.raises(ProtocolError, match="client rows"):
+    with pytest.raises(ProtocolError, match=named):
         tampered(tester, client, short)
 
 
@@ -175,20 +179,10 @@ def test_the_test_client_refuses_a_blind_hello_without_the_testers_key_and_a_key
         local_audit(tester, client, spec=spec(), release=ReleasePolicy.off(), tap=add)
 
 
-def test_member_vectors_short_of_the_member_table_are_refused():
-    tester, client = lot_inputs(60, 50, 40)
-
-    def short(direction, msg):
-        if msg.HasField("table_end") and msg.table_end.table == pb.MEMBER_VECTORS:
-            msg.table_end.rows -= 1
-    with pytest.raises(ProtocolError, match="member vectors"):
-        tampered(tester, client, short)
-
-
 @pytest.mark.parametrize("column", ["tester_ciphertexts", "ciphertexts"])
-def test_masked_totals_that_are_not_units_or_short_are_refused(column):
+def test_masked_totals_that_are_not_units_are_refused(column):
     """The masked totals' table: a ciphertext that is not a unit under its key (here 0) is
-    refused by the gate; a table with one rank pair short, by its count."""
+    refused by the gate."""
     tester, client = lot_inputs(60, 50, 40)
 
     def zero(direction, msg):
@@ -197,12 +191,6 @@ def test_masked_totals_that_are_not_units_or_short_are_refused(column):
             setattr(msg.chunk, column, bytes(len(data)))
     with pytest.raises(ProtocolError):
         tampered(tester, client, zero)
-
-    def short(direction, msg):
-        if msg.HasField("table_end") and msg.table_end.table == pb.BLIND_TOTALS:
-            msg.table_end.rows -= 1
-    with pytest.raises(ProtocolError, match="masked totals"):
-        tampered(tester, client, short)
 
 
 def test_the_tester_decrypts_only_totals_never_a_members_sums(monkeypatch):
@@ -229,3 +217,46 @@ def test_the_tester_decrypts_only_totals_never_a_members_sums(monkeypatch):
     assert not [f for f in callers if "tester_service" in f], callers
     plan = t._blind_plan
     assert sum(seen) == plan.strata * (plan.weights * plan.vector_cts + plan.sum_slots * plan.weight_cts)
+
+
+def test_what_the_tester_decrypts_hides_every_member_sum_and_every_cell(monkeypatch):
+    """A curious Tester decrypts everything its key opens: each member's masked sums
+    (its key is the member vectors' key) and the totals. Every member's slot then lies
+    beyond 2^(mask_bits − 24) (z itself is below 2^(mask_bits − 64)), and every
+    A − (Σ w·r + m) it forms beyond 2^(total_mask_bits − 24) (the cell itself far below).
+    With the masks drawn as 0 (the defence removed) both are small: the check fails."""
+    tester, client = lot_inputs(60, 50, 40)
+    from client_service import blind_pairs as client_side
+    from common.crypto import encoding, paillier
+    from tester_service import blind_pairs as tester_side
+
+    def reading(zero_masks: bool) -> tuple[int, int, object]:
+        if zero_masks:
+            monkeypatch.setattr(client_side, "draw", lambda bits, count, length: [[0] * length] * count)
+        key = paillier.generate_keypair(TEST_BITS)  # the tests' one cached key: the Tester's too
+        rows, formed = [], []
+        original = tester_side.cell_items
+
+        def spied(items, groups, totals, masked, *rest):
+            formed.extend(totals[g][h] - masked[h][g] for kind, g, h in items if kind == "cell")
+            return original(items, groups, totals, masked, *rest)
+        monkeypatch.setattr(tester_side, "cell_items", spied)
+
+        def tap(direction, msg):
+            if msg.HasField("chunk") and msg.chunk.table == pb.CLIENT_ROWS:
+                rows.append(msg.chunk.tester_ciphertexts)
+        _, t, _ = tampered(tester, client, tap)
+        plan = t._blind_plan
+        unpack = encoding.SlotLayout(plan.slot_bits, plan.slots).unpack
+        cts = paillier.ciphertexts_from_bytes(b"".join(rows), key.public)
+        plain, per = key.decrypt_signed(cts), plan.vector_cts  # per (member, rank pair): its sum slots
+        slots = [x for e in range(0, len(plain), per)
+                 for x in [y for m in plain[e:e + per] for y in unpack(m)][:plan.sum_slots]]
+        small_sums = sum(abs(x) < 1 << (plan.mask_bits - 24) for x in slots)
+        small_cells = sum(abs(x) < 1 << (plan.total_mask_bits - 24) for x in formed)
+        return small_sums, small_cells, (len(slots), len(formed))
+
+    sums, cells, sizes = reading(False)
+    assert (sums, cells) == (0, 0), sizes
+    sums, cells, sizes = reading(True)
+    assert sums == sizes[0] and cells == sizes[1], sizes
