@@ -260,3 +260,28 @@ def test_what_the_tester_decrypts_hides_every_member_sum_and_every_cell(monkeypa
     assert (sums, cells) == (0, 0), sizes
     sums, cells, sizes = reading(True)
     assert sums == sizes[0] and cells == sizes[1], sizes
+
+
+def test_the_blind_path_refuses_an_intersection_below_the_minimum_before_sending_a_vector():
+    """The intersection's controls act on the joined members, with the one refusal text,
+    before any member vector leaves."""
+    from tester_service.release import IntersectionRefused
+    tester, client = lot_inputs(60, 50, 40)
+    sent = []
+
+    def tap(direction, msg):
+        if msg.HasField("chunk") and msg.chunk.table == pb.MEMBER_VECTORS:
+            sent.append(msg)
+    with pytest.raises(IntersectionRefused):
+        local_audit(tester, client, spec=spec(), release=ReleasePolicy(min_intersection=1000), tap=tap)
+    assert sent == []
+
+
+@pytest.mark.parametrize("stated", [[0, 0], [2.5, 1], [4, 5], [4, 1.0], "4", [4], [float("nan"), 1]])
+def test_stated_member_rows_out_of_their_bounds_are_refused(stated):
+    """[m, sqrt(max_i Σ_s n_is²)]: m a whole number from 1, and m/sqrt(S) ≤ l2 ≤ m over the
+    S rank pairs (here 3: 4/sqrt(3) > 1)."""
+    from common.metrics.lot import check_member_rows
+    with pytest.raises(ValueError, match="member rows"):
+        check_member_rows(stated, 3)
+    check_member_rows([4, 2.5], 3)
