@@ -50,7 +50,7 @@ from common.crypto import commutative, encoding, paillier
 from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.logs import new_audit_id
 from common.crypto.masking import AdditiveMask, RatioMask
-from common.metrics import correcting_metrics, get_metric, lot
+from common.metrics import correcting_metrics, get_metric
 from common.metrics.base import RELEASE_NOISE, SECOND_MOMENTS, Layout, composite_items, sensitivity_rows
 from common.stats.correction import finish_corrected
 from common.stats.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, AuditReport, finish, receipt, small_for_verdict
@@ -567,8 +567,7 @@ class TesterSession:
         self.n_matched = int(found.sum())
         self._lap("client_encrypt_and_join")
         self._progress("join", f"{self.n_matched} members matched")
-        stated = self._info[lot.MEMBER_ROWS_INFO]  # checked by the gate (`Lot.check_info`)
-        self._multiplicity, self._sensitivity_rows = int(stated[0]), float(stated[1])
+        self._multiplicity, self._sensitivity_rows = self.metric.stated_member_rows(self._info)
         if self.n_matched < self.release.min_intersection:  # an empty one too: one refusal for both
             raise IntersectionRefused()
         q = np.zeros((len(doubled), len(self.groups)), dtype=np.int64)

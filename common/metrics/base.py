@@ -514,6 +514,11 @@ class Metric:
         Tester knew no size to decide on (`tester_blind`). Default: none (the Tester decided)."""
         return []
 
+    def stated_member_rows(self, info: dict[str, Any]) -> tuple[int, float]:
+        """On a path where the Tester sees no row (`tester_blind`): the Test-Client's stated
+        m and L2 row count that the noise is sized from (what `sensitivity_rows` counts)."""
+        raise NotImplementedError(f"{self.name} has no path blind to its rows")
+
     def tester_blind(self, params: dict[str, Any]) -> bool:
         """Whether this audit aggregates without the Tester seeing any row (LOT under the
         release controls: `common.metrics.lot`, "The Tester blind to the pairs")."""

@@ -277,7 +277,15 @@ class Lot(Metric):
         return self.blind_pairs and bool(params.get(SECOND_MOMENTS))
 
     def row_strata(self, params) -> bool:
+        """No stratum beside a row on the blind path (no row at all reaches the Tester)."""
         return not self.tester_blind(params)
+
+    @staticmethod
+    def stated_member_rows(info) -> tuple[int, float]:
+        """The blind path's row counts the noise is sized from (`MEMBER_ROWS_INFO`, checked
+        by `check_info`): m and sqrt(max_i Σ_s n_is²) over the Test-Client's whole table."""
+        m, l2 = info[MEMBER_ROWS_INFO]
+        return int(m), float(l2)
 
     def withheld_by_size(self, plan, row, min_size, params) -> list[int]:
         """On the blind path the Tester knows no cell's size: a cell (per rank pair or
