@@ -72,14 +72,6 @@ def sums_plaintexts(plan: BlindPairs, masks: Sequence[Sequence[int]]) -> list[in
     return [layout.pack(block) for r in masks for block in plan.sums_blocks(r)]
 
 
-def stratum_totals(n2: int, heads: Sequence[Sequence[int]], masks: Sequence[Sequence[int]]) -> list[list[int]]:
-    """One rank pair's Π_a U_a^(r_asj) for every slot j, as [j][ciphertext]: `heads[a]`
-    member a's U_a, `masks[a]` its r_as. A top-level function: an executor's task."""
-    n_cts = len(heads[0]) if heads else 0
-    return [[paillier.multi_exp([u[t] for u in heads], [r[j] for r in masks], n2) for t in range(n_cts)]
-            for j in range(len(masks[0]) if masks else 0)]
-
-
 def totals_plaintexts(plan: BlindPairs, m: Sequence[Sequence[int]]) -> list[int]:
     """Masks m_sj (`weights` values each) packed in the weights layout (`weight_cts` each)."""
     layout = encoding.SlotLayout(plan.total_bits, plan.total_slots)

@@ -224,9 +224,6 @@ class ClientSession:
         if metric.row_strata(self._params):
             self._strata = np.asarray(rows.strata, dtype=np.int64)[order]
         self._tester_key = choice.tester_key
-        if self._tester_key is not None:
-            self._blind_rows = self._blind_row_facts(rows, order, file,
-                                                     groups=(hello.sealed_width - sealed_width(0)) // 8)
         self.dataset = hello.client_dataset
         self._hello = hello
         ack = pb.HelloAck(rows=n, strata_labels=list(self._strata_labels), info_json=json.dumps(self._info),
@@ -241,7 +238,12 @@ class ClientSession:
                     raise InputError(str(exc), file=file) from None
             self._layout = metric.layout(self._option, self._params, self._info, n_rows=n, n_units=hello.buckets,
                                          recipient=hello.result_recipient, modulus_bits=self._modulus_bits)
-            if self._tester_key is None:  # the blind path sends no row's values (`_send_masked_sums`)
+            if self._tester_key is not None:  # the blind path sends no row's values (`_send_masked_sums`)
+                # the Tester's group count (its names come with the header); per row its
+                # rank pair and quantised gap (heads and tails follow from the ids, `_send_members`)
+                self._blind_groups = ("",) * ((hello.sealed_width - sealed_width(0)) // 8)
+                self._blind_rows = (np.asarray(rows.strata, dtype=np.int64)[order], np.asarray(ints[0], dtype=object))
+            else:
                 matrix = np.column_stack(ints) if all(i.dtype != object for i in ints) else \
                     np.array([list(r) for r in zip(*ints)], dtype=object)
                 self._values = self._layout.pack(matrix)
@@ -261,17 +263,6 @@ class ClientSession:
         self._reader = wire.TableReader(wire.tester_rows(hello.sealed_width))
         self._lap("keygen_and_load")
         return [pb.PeerMessage(hello_ack=ack)]
-
-    def _blind_row_facts(self, rows, order: np.ndarray, file: str, *, groups: int) -> tuple:
-        """The blind path's own rows, in our random order: rank pair and quantised gap
-        (the first component) per row; heads and tails follow from the ids (`_send_members`)."""
-        comp = self._metric.components(self._option, self._params, self._info)[0]
-        try:
-            gaps = comp.quantize(rows.values[order, 0])
-        except EncodingOverflowError as exc:
-            raise InputError(str(exc), file=file) from None
-        self._blind_groups = ("",) * groups  # the Tester's group count (its names come with the header)
-        return np.asarray(rows.strata, dtype=np.int64)[order], np.asarray(gaps, dtype=object)
 
     # ---------------------------------------------------------------- steps 3-4
     def _start_own_ids(self) -> None:
@@ -471,9 +462,9 @@ class ClientSession:
         and Enc(m) per item under our key (`client_service.blind_pairs`)."""
         plan, tester, key = self._blind_plan, self._tester_key, self._paillier
         per = plan.strata
-        tasks = [(tester.n2, heads, [masks[a * per + s] for a in range(len(heads))]) for s in range(per)]
+        tasks = [(heads, [masks[a * per + s] for a in range(len(heads))], tester.n2) for s in range(per)]
         ticks = chunk_ticks(len(tasks), partial(self._tick, "he_encrypt"))
-        totals = self._executor.run_chunks(blind_pairs.stratum_totals, tasks, checkpoint=ticks)
+        totals = self._executor.run_chunks(paillier.multi_exp_columns, tasks, checkpoint=ticks)
         del tasks, heads, masks
         items = self._metric.blind_items(self._blind_groups, self._params)
         _, num_slot = self._layout.position(0)
@@ -600,7 +591,7 @@ class ClientSession:
                         small_groups=[g for g in header.small_groups if g in header.groups], corrected=corrected,
                         noisy=header.plain_rows > 0,  # rows released as noised aggregates: noise on
                         min_size=header.min_effective_size)
-        report = with_withheld(report, [plan.cell_label(c) for c in plan.cells if c.item in set(by_size)])
+        report = with_withheld(report, plan.labels_of(by_size))
         self._lap("finish_statistic")
         return self._keep(report)
 

@@ -68,15 +68,6 @@ def vector_plaintexts(plan: BlindPairs, q: np.ndarray) -> list[int]:
     return out
 
 
-def stratum_totals(n2: int, weights: Sequence[Sequence[int]], sums: Sequence[Sequence[int]]) -> list[list[int]]:
-    """One rank pair's A_sw (module docstring) for every head weight w, as [w][ciphertext]:
-    `weights[a]` member a's head weights, `sums[a]` its masked sums' ciphertexts. A
-    top-level function: an executor's task."""
-    n_cts = len(sums[0]) if sums else 0
-    return [[paillier.multi_exp([row[t] for row in sums], [w[col] for w in weights], n2) for t in range(n_cts)]
-            for col in range(len(weights[0]) if weights else 0)]
-
-
 def decoded(plan: BlindPairs, key: paillier.PrivateKey, cts: Sequence[int], layout: str) -> list[int]:
     """Totals decrypted in full and unpacked: the sums layout's slots (`layout` "sums",
     cut to `sum_slots`) or the weights layout's (cut to `weights`); EncodingOverflowError

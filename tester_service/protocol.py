@@ -427,9 +427,7 @@ class TesterSession:
         """Step 5 for one chunk: a row is kept when every one of its members is among ours."""
         n_ids = self.metric.n_ids
         doubled = np.frombuffer(future.result(), dtype=f"S{commutative.POINT_BYTES}")
-        keys = self._index[0]
-        at = np.minimum(np.searchsorted(keys, doubled), len(keys) - 1) if len(keys) else np.zeros(len(doubled), int)
-        found = (keys[at] == doubled) if len(keys) else np.zeros(len(doubled), bool)
+        at, found = self._lookup(doubled)
         kept = np.flatnonzero(found.reshape(n_rows, n_ids).all(axis=1))
         self._row_points.append(doubled)
         if strata is not None:
@@ -444,6 +442,15 @@ class TesterSession:
             self._matched_units.append(units[kept])
         if strata is not None:
             self._matched_strata.append(strata[kept])
+
+    def _lookup(self, doubled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each doubly encrypted point's place in the shuffled table (`_index`) and whether
+        it is there."""
+        keys = self._index[0]
+        if not len(keys):
+            return np.zeros(len(doubled), int), np.zeros(len(doubled), bool)
+        at = np.minimum(np.searchsorted(keys, doubled), len(keys) - 1)
+        return at, keys[at] == doubled
 
     def _on_table_end(self, end: pb.TableEnd, _: None) -> Iterable[pb.PeerMessage]:
         if self.phase is Phase.WAIT_SHUFFLED:
@@ -559,10 +566,9 @@ class TesterSession:
         self._com_key = None
         if len(np.unique(doubled)) != len(doubled):
             raise ProtocolError("a member appears twice in the member table")
-        keys, sealed = self._index
+        at, found = self._lookup(doubled)
+        sealed = self._index[1]
         self._index = None
-        at = np.minimum(np.searchsorted(keys, doubled), len(keys) - 1) if len(keys) else np.zeros(len(doubled), int)
-        found = (keys[at] == doubled) if len(keys) else np.zeros(len(doubled), bool)
         self._blind_members = len(doubled)
         self.n_matched = int(found.sum())
         self._lap("client_encrypt_and_join")
@@ -572,7 +578,7 @@ class TesterSession:
             raise IntersectionRefused()
         q = np.zeros((len(doubled), len(self.groups)), dtype=np.int64)
         q[found] = encoding.quantize_probabilities(self._open_members(sealed[at[found]]), encoding.PROBABILITY_BITS)
-        del keys, sealed, at, found, doubled
+        del sealed, at, found, doubled
         self._member_q = q
         plan = self._blind_plan = self.metric.blind_plan(
             self.groups, len(self._strata_labels), self.spec.metric_option, self.params, n_rows=self._client_rows,
@@ -612,10 +618,10 @@ class TesterSession:
         sums = paillier.ciphertexts_from_bytes(packed, key.public)
         del packed
         rows = plan.strata * per
-        tasks = [(key.public.n2, weights, [sums[a * rows + s * per:a * rows + (s + 1) * per] for a in range(len(held))])
-                 for s in range(plan.strata)]
+        tasks = [([sums[a * rows + s * per:a * rows + (s + 1) * per] for a in range(len(held))], weights,
+                  key.public.n2) for s in range(plan.strata)]
         ticks = chunk_ticks(len(tasks), partial(self._tick, "aggregation"))
-        totals = self._executor.run_chunks(blind_pairs.stratum_totals, tasks, checkpoint=ticks)
+        totals = self._executor.run_chunks(paillier.multi_exp_columns, tasks, checkpoint=ticks)
         del tasks, sums, weights
         self._plan = metric.plan(self.groups, self._strata_labels, self._layout, self.spec.metric_option,
                                  self.params, self._info)
@@ -972,7 +978,7 @@ class TesterSession:
             self._small_groups = sorted({g for g, v in sizes.items() if not v >= MIN_EFFECTIVE_SIZE})
         if self._suppressed:
             hidden = set(self._suppressed)
-            self._release_info["suppressed"] = [plan.cell_label(c) for c in plan.cells if c.item in hidden]
+            self._release_info["suppressed"] = plan.labels_of(self._suppressed)
             groups = {c.group for c in plan.cells if c.item in hidden and c.kind == "group" and c.group in self.groups}
             self._small_groups = sorted(set(self._small_groups) | groups)
 
@@ -1179,8 +1185,8 @@ class TesterSession:
                                                    self.params)
             withheld = self._suppressed + by_size
             if by_size:
-                self._release_info["suppressed"] = list(self._release_info.get("suppressed", ())) + [
-                    plan.cell_label(c) for c in plan.cells if c.item in set(by_size)]
+                self._release_info["suppressed"] = list(self._release_info.get("suppressed", ())) + \
+                    plan.labels_of(by_size)
             values, corrected = moments.finish_release(
                 plan, self._correction, slots, self._noise_sd, replicates, withheld=withheld,
                 correct=self.spec.correction != "none",

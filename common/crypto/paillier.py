@@ -384,6 +384,16 @@ def multi_exp(bases: Sequence[int], exponents: Sequence[int], modulus: int) -> i
     return int(result)
 
 
+def multi_exp_columns(bases: Sequence[Sequence[int]], exponents: Sequence[Sequence[int]], modulus: int) -> list[list[int]]:
+    """Per exponent column e and base column t, prod_i bases[i][t]^exponents[i][e] mod
+    modulus (`multi_exp`), as [e][t]: rows i are members, say, each with its ciphertexts
+    and its exponents. Top-level, so that an executor can send it to a worker process."""
+    n_bases = len(bases[0]) if len(bases) else 0
+    n_exps = len(exponents[0]) if len(exponents) else 0
+    return [[multi_exp([row[t] for row in bases], [e[col] for e in exponents], modulus) for t in range(n_bases)]
+            for col in range(n_exps)]
+
+
 def ciphertexts_to_bytes(ciphertexts: Iterable[int], width: int) -> bytes:
     return b"".join(int(c).to_bytes(width, "big") for c in ciphertexts)
 

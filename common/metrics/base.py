@@ -372,6 +372,11 @@ class Plan:
             values[:, cols] = np.nan
         return values
 
+    def labels_of(self, items: Sequence[int]) -> list[str]:
+        """How a report names the cells of `items` (withheld ones), in the plan's order."""
+        chosen = set(items)
+        return [self.cell_label(c) for c in self.cells if c.item in chosen]
+
     def cell_label(self, cell: Cell) -> str:
         """How a report names a cell (release notes, suppression)."""
         if cell.kind == "pair":

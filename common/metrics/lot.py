@@ -301,14 +301,17 @@ class Lot(Metric):
     def tail_pairs(self, groups, params) -> tuple[tuple[int, int], ...]:
         """The tail groups (h, h') whose products p_bh·p_bh' the second moments of
         `moment_plan` need, each once (h ≤ h')."""
-        cells = self.cell_pairs(groups, params)
-        return tuple(sorted({tuple(sorted((cells[c][1], cells[d][1]))) for c, d in self.moment_pairs(len(cells))}))
+        return self._moment_group_pairs(groups, params, 1)
 
     def head_pairs(self, groups, params) -> tuple[tuple[int, int], ...]:
         """The head groups (g, g') whose weights round(p_ag·p_ag'/2^32) the second moments
         need, each once (g ≤ g')."""
+        return self._moment_group_pairs(groups, params, 0)
+
+    def _moment_group_pairs(self, groups, params, end: int) -> tuple[tuple[int, int], ...]:
+        """The pairs of one end's groups (0 the head, 1 the tail) over `moment_plan`'s pairs of cells."""
         cells = self.cell_pairs(groups, params)
-        return tuple(sorted({tuple(sorted((cells[c][0], cells[d][0]))) for c, d in self.moment_pairs(len(cells))}))
+        return tuple(sorted({tuple(sorted((cells[c][end], cells[d][end]))) for c, d in self.moment_pairs(len(cells))}))
 
     def blind_plan(self, groups, strata: int, option, params, *, n_rows: int, n_members: int,
                    tester_modulus_bits: int) -> BlindPairs:
