@@ -22,6 +22,10 @@
 #               build/wheels .`): they are installed without a package index, for
 #               builds that cannot reach one.
 #   INDEX_URL   a package index to install from instead of PyPI (a local mirror).
+#   EXTRAS      the project's extras to install (default ifma: the AVX-512 IFMA backend of
+#               the batch primitives, Intel's crypto_mb and compiler runtime; see the
+#               README's "Licences" for theirs; EXTRAS= leaves them out, and the services
+#               then run the portable backend).
 #   e.g. docker build --build-arg BASE_IMAGE=ppre-base:bookworm --build-arg WHEELS=build/wheels .
 ARG BASE_IMAGE=python:3.11-slim
 
@@ -55,13 +59,22 @@ RUN groupadd --system --gid 10001 ppre \
 FROM runtime AS build
 ARG WHEELS=
 ARG INDEX_URL=
+ARG EXTRAS=ifma
 WORKDIR /src
 # The context is the repository less what .dockerignore leaves out (tests, data, venvs).
+# Installing from source, this stage gets a C compiler for the IFMA kernel (setup.py; it
+# is optional: without one the install goes on and the fixed-base products and the
+# aggregation stay on gmpy2); wheels (WHEELS) carry the kernel already built. This stage
+# is not the image.
 COPY . .
 RUN if [ -n "$WHEELS" ]; then \
-        pip install --no-index --find-links "/src/$WHEELS" ppre; \
+        pip install --no-index --find-links "/src/$WHEELS" "ppre${EXTRAS:+[$EXTRAS]}"; \
     else \
-        pip install ${INDEX_URL:+--index-url "$INDEX_URL"} .; \
+        if ! command -v gcc >/dev/null 2>&1; then \
+            apt-get update \
+         && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc libc6-dev || true; \
+        fi; \
+        pip install ${INDEX_URL:+--index-url "$INDEX_URL"} ".${EXTRAS:+[$EXTRAS]}"; \
     fi
 
 # ---- the image ----------------------------------------------------------------------

@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     # parties' tables, `bisg`, `synth`, `demo` and `validate-bisg` members' data (design §7)
     protect_process()
     try:
+        from common.crypto import batch
+        batch.backend()  # the batch primitives' backend, chosen (or refused) before any work
         return int(args.func(args) or 0)
     except PPREError as exc:
         print(f"ppre {args.command}: error: {exc}", file=sys.stderr)

@@ -1043,7 +1043,8 @@ def test_compose_build_args_default_to_the_online_build_and_read_the_offline_var
     for arg, value in build["args"].items():
         assert interpolate(str(value), {}) == defaults[arg], (arg, value, defaults[arg])
     variables = build_variables(compose)
-    assert variables == {"BASE_IMAGE": "PPRE_BASE_IMAGE", "WHEELS": "PPRE_WHEELS", "INDEX_URL": "PPRE_INDEX_URL"}
+    assert variables == {"BASE_IMAGE": "PPRE_BASE_IMAGE", "WHEELS": "PPRE_WHEELS", "INDEX_URL": "PPRE_INDEX_URL",
+                         "EXTRAS": "PPRE_EXTRAS"}
     # The offline route: the env file scripts/offline-build writes sets the base image and
     # the wheels, and the wheels' folder is one .dockerignore lets into the build context.
     script = OFFLINE_BUILD.read_text()
@@ -1067,13 +1068,15 @@ def test_compose_resolves_the_published_address_and_build_args_as_documented():
     """Compose itself (no engine needed) reads the variables docs/deployment.md names."""
     default = _compose_config({})
     offline = _compose_config({"PPRE_BASE_IMAGE": "ppre-base:bookworm", "PPRE_WHEELS": "build/wheels",
-                               "PPRE_PUBLISH_ADDRESS": "0.0.0.0"})
+                               "PPRE_PUBLISH_ADDRESS": "0.0.0.0", "PPRE_EXTRAS": ""})
     for name in ("tester", "client"):
         assert published_addresses(default[name]) == ["127.0.0.1"], default[name]["ports"]
         assert published_addresses(offline[name]) == ["0.0.0.0"], offline[name]["ports"]
-        assert default[name]["build"]["args"] == {"BASE_IMAGE": "python:3.11-slim", "WHEELS": "", "INDEX_URL": ""}
+        assert default[name]["build"]["args"] == {"BASE_IMAGE": "python:3.11-slim", "WHEELS": "", "INDEX_URL": "",
+                                                  "EXTRAS": "ifma"}
+        # an empty PPRE_EXTRAS leaves the extra out (`${PPRE_EXTRAS-ifma}`: only unset means ifma)
         assert offline[name]["build"]["args"] == {"BASE_IMAGE": "ppre-base:bookworm", "WHEELS": "build/wheels",
-                                                  "INDEX_URL": ""}
+                                                  "INDEX_URL": "", "EXTRAS": ""}
 
 
 def test_offline_build_refuses_clearly_without_an_engine(tmp_path):

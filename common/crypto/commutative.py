@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import gmpy2
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from common.crypto import batch
 from common.errors import ProtocolError
 
 P = 2**255 - 19
@@ -161,34 +162,32 @@ class CommutativeKey:
 
     def encrypt_points(self, points: list[bytes]) -> bytes:
         """Com.Enc_sk on already validated points; returns packed points."""
-        return _multiply(self._key, points)
+        return _multiply(self._key.private_bytes_raw(), points)
 
     def encrypt_packed(self, packed: bytes) -> bytes:
         """Validate a peer's packed points and encrypt them."""
         return self.encrypt_points(validate_points(packed))
 
 
-def _multiply(key: X25519PrivateKey, points: Sequence[bytes], first: int = 0) -> bytes:
-    out = bytearray()
-    exchange = key.exchange
-    from_bytes = X25519PublicKey.from_public_bytes
-    for i, pt in enumerate(points):
-        try:
-            out += exchange(from_bytes(pt))
-        except ValueError as exc:  # small-order point -> all-zero shared value
-            raise ProtocolError(f"point {first + i} has small order") from exc
-    return bytes(out)
+def _multiply(scalar: bytes, points: Sequence[bytes], first: int = 0) -> bytes:
+    """[k]P for each point, on the process's batch backend (`common.crypto.batch`); a point
+    of small order (all-zero result) is a ProtocolError naming it."""
+    try:
+        return batch.x25519_many(scalar, points)
+    except batch.SmallOrderPoint as exc:
+        raise ProtocolError(f"point {first + exc.index} has small order") from None
 
 
 class ScalarMultiplication:
     """Com.Enc_sk as a task an executor can send to a worker process: carries the X25519
     scalar and nothing else. Deliberately picklable (built for workers); prints no secret."""
 
-    __slots__ = ("_scalar", "_key")
+    __slots__ = ("_scalar",)
 
     def __init__(self, scalar: bytes) -> None:
+        if len(scalar) != POINT_BYTES:
+            raise ValueError("an X25519 scalar is 32 bytes")
         self._scalar = bytes(scalar)
-        self._key = X25519PrivateKey.from_private_bytes(self._scalar)
 
     def __repr__(self) -> str:
         return "ScalarMultiplication(<X25519 scalar, secret>)"
@@ -200,9 +199,9 @@ class ScalarMultiplication:
 
     def points(self, points: Sequence[bytes]) -> bytes:
         """[sk]P for points we made ourselves (already on the curve)."""
-        return _multiply(self._key, points)
+        return _multiply(self._scalar, points)
 
     def __call__(self, packed: bytes, first: int = 0) -> bytes:
         """Validate a peer's packed points (`validate_points`; `first`: the index of the
         chunk's first point, for the error message) and multiply them: packed result."""
-        return _multiply(self._key, validate_points(packed, first), first)
+        return _multiply(self._scalar, validate_points(packed, first), first)

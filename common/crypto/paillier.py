@@ -37,7 +37,6 @@ their secrets in fields left out of repr; `PrivateKey` refuses pickling and copy
 """
 from __future__ import annotations
 
-import math
 import secrets
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -46,6 +45,7 @@ from typing import Iterable, Sequence
 import gmpy2
 from gmpy2 import mpz
 
+from common.crypto import batch
 from common.errors import ProtocolError
 
 MIN_MODULUS_BITS = 2048
@@ -193,57 +193,32 @@ def randomizer_base(n: int) -> int:
     return int(gmpy2.powmod(x, 2 * n, n * n))
 
 
-class FixedBase:
-    """Windowed fixed-base exponentiation table: base^e mod m for e < 2^bits."""
-
-    def __init__(self, base: int, modulus: int, bits: int = RANDOMIZER_BITS, window: int = _WINDOW) -> None:
-        self.modulus = mpz(modulus)
-        self.window = window
-        self.rows = math.ceil(bits / window)
-        self.table: list[list[mpz]] = []
-        g = mpz(base) % self.modulus
-        for _ in range(self.rows):
-            row = [mpz(1), g]
-            for _ in range(2, 1 << window):
-                row.append(row[-1] * g % self.modulus)
-            self.table.append(row)
-            g = row[-1] * g % self.modulus  # g^(2^window)
-
-    def pow(self, e: int) -> mpz:
-        mask = (1 << self.window) - 1
-        acc = mpz(1)
-        m = self.modulus
-        for row in self.table:
-            d = e & mask
-            if d:
-                acc = acc * row[d] % m
-            e >>= self.window
-        return acc
+FixedBase = batch.FixedBase
 
 
 @lru_cache(maxsize=4)
-def _randomizer_table(n: int, h: int) -> FixedBase:
-    return FixedBase(h, n * n)
+def _randomizer_table(n: int, h: int, backend: str):
+    """h^alpha mod n^2 for the process's backend (`batch.fixed_base`; the backend is part
+    of the cache's key, so a process that switches gets the other's table)."""
+    return batch.fixed_base(h, n * n, RANDOMIZER_BITS, _WINDOW)
 
 
 def encrypt_chunk(n: int, h: int, plaintexts: Sequence[int]) -> list[int]:
     """Enc(m) = (1 + m*n) * h^alpha mod n^2 for each m (already reduced mod n)."""
     n_ = mpz(n)
     n2 = n_ * n_
-    table = _randomizer_table(n, h)
-    out = []
-    for m in plaintexts:
-        if not 0 <= m < n:
-            raise ValueError("plaintext out of range: encode it first")
-        out.append(int((1 + m * n_) % n2 * table.pow(secrets.randbits(RANDOMIZER_BITS)) % n2))
-    return out
+    if any(not 0 <= m < n for m in plaintexts):
+        raise ValueError("plaintext out of range: encode it first")
+    powers = _randomizer_table(n, h, batch.backend()).pow_many([secrets.randbits(RANDOMIZER_BITS) for _ in plaintexts])
+    return [int((1 + m * n_) % n2 * x % n2) for m, x in zip(plaintexts, powers)]
 
 
 #: window of the key owner's fixed-base tables (one per prime square; 2^w entries per
-#: row, ceil(RANDOMIZER_BITS / w) rows: 47 x 2048 x 256 bytes x 2 = 49 MB at 2048 bits)
+#: row, ceil(RANDOMIZER_BITS / w) rows: 47 x 2048 x 256 bytes x 2 = 49 MB at 2048 bits
+#: on gmpy2, 47 x 2048 x 40 digits x 8 bytes x 2 = 62 MB in the IFMA kernel's form)
 OWNER_WINDOW = 11
-#: the owner's tables of the current session, per worker process: {session token: tables}
-_owner_tables: dict[bytes, tuple] = {}
+#: the owner's tables of the current session, per worker process: {(session token, backend): tables}
+_owner_tables: dict[tuple, tuple] = {}
 
 
 class OwnerEncryption:
@@ -275,29 +250,37 @@ class OwnerEncryption:
         return (OwnerEncryption, (self._p, self._q, self._h, self._token, self._width))
 
     def _tables(self) -> tuple:
-        tables = _owner_tables.get(self._token)
+        key = (self._token, batch.backend())
+        tables = _owner_tables.get(key)
         if tables is None:
             _owner_tables.clear()  # never more than one session's tables in a process
             p, q = mpz(self._p), mpz(self._q)
             p2, q2 = p * p, q * q
-            tables = (p2, q2, p * q, FixedBase(self._h % p2, p2, window=OWNER_WINDOW),
-                      FixedBase(self._h % q2, q2, window=OWNER_WINDOW), gmpy2.invert(p2, q2))
-            _owner_tables[self._token] = tables
+            tables = (p2, q2, p * q, batch.fixed_base(self._h % p2, p2, RANDOMIZER_BITS, OWNER_WINDOW),
+                      batch.fixed_base(self._h % q2, q2, RANDOMIZER_BITS, OWNER_WINDOW), gmpy2.invert(p2, q2))
+            _owner_tables[key] = tables
         return tables
 
     def __call__(self, plaintexts: Sequence[int]) -> bytes:
         """Packed ciphertexts (big-endian, the key's ciphertext width) of `plaintexts`,
         each already reduced mod n."""
+        n = self._p * self._q
+        if any(not 0 <= m < n for m in plaintexts):
+            raise ValueError("plaintext out of range: encode it first")
+        return self.with_randomizers(plaintexts, [secrets.randbits(RANDOMIZER_BITS) for _ in plaintexts])
+
+    def with_randomizers(self, plaintexts: Sequence[int], alphas: Sequence[int]) -> bytes:
+        """The ciphertexts of `plaintexts` under the given randomizer exponents (each below
+        2^RANDOMIZER_BITS): (1 + m n) h^alpha mod p^2 and mod q^2 from the fixed-base
+        tables (`batch.fixed_base`: gmpy2's, or the IFMA kernel's eight at a time), joined
+        by the CRT."""
         p2, q2, n, tp, tq, p2_inv = self._tables()
         width = self._width
         out = bytearray()
-        for m in plaintexts:
-            if not 0 <= m < n:
-                raise ValueError("plaintext out of range: encode it first")
-            alpha = secrets.randbits(RANDOMIZER_BITS)
+        for m, xp, xq in zip(plaintexts, tp.pow_many(alphas), tq.pow_many(alphas)):
             gm = 1 + m * n  # (1 + n)^m mod n^2
-            cp = gm % p2 * tp.pow(alpha) % p2
-            cq = gm % q2 * tq.pow(alpha) % q2
+            cp = gm % p2 * xp % p2
+            cq = gm % q2 * xq % q2
             c = cp + p2 * ((cq - cp) * p2_inv % q2)
             out += int(c).to_bytes(width, "big")
         return bytes(out)
@@ -306,8 +289,8 @@ class OwnerEncryption:
 def rerandomize_chunk(n: int, h: int, ciphertexts: Sequence[int]) -> list[int]:
     """Multiply each ciphertext by a fresh encryption of zero."""
     n2 = mpz(n) * n
-    table = _randomizer_table(n, h)
-    return [int(mpz(c) * table.pow(secrets.randbits(RANDOMIZER_BITS)) % n2) for c in ciphertexts]
+    powers = _randomizer_table(n, h, batch.backend()).pow_many([secrets.randbits(RANDOMIZER_BITS) for _ in ciphertexts])
+    return [int(mpz(c) * x % n2) for c, x in zip(ciphertexts, powers)]
 
 
 def add_plain(n: int, c: int, m: int) -> int:
@@ -322,13 +305,22 @@ def scalar_pow(n: int, c: int, k: int) -> int:
     return int(gmpy2.powmod(mpz(c), mpz(k), mpz(n) * n))
 
 
+def scalar_pow_many(n: int, ciphertexts: Sequence[int], factors: Sequence[int], bits: int) -> list[int]:
+    """Enc(x_i) -> Enc(k_i*x_i) for factors 0 <= k_i < 2^bits, as one batch read at that
+    width (`batch.powmod_many`: on the IFMA backend its time does not show any k_i's length)."""
+    return batch.powmod_many(ciphertexts, factors, n * n, bits)
+
+
 def _h_p(p: mpz, q: mpz) -> mpz:
     """h_p = L_p(g^(p-1) mod p^2)^-1 mod p for g = n + 1, i.e. ((p-1) q)^-1 mod p."""
     return gmpy2.invert((p - 1) * q % p, p)
 
 
 def _decrypt_mod_p(p: mpz, p2: mpz, pm1: mpz, hp: mpz, ciphertexts: Sequence[int]) -> list[int]:
-    return [int((gmpy2.powmod(mpz(c) % p2, pm1, p2) - 1) // p * hp % p) for c in ciphertexts]
+    """L_p(c^(p-1) mod p^2) * h_p mod p for each c, the exponentiations as one batch
+    (`batch.powmod_many`, read at p's width)."""
+    powers = batch.powmod_many([mpz(c) % p2 for c in ciphertexts], int(pm1), int(p2), int(p).bit_length())
+    return [int((mpz(x) - 1) // p * hp % p) for x in powers]
 
 
 def decrypt_mod_p_chunk(p: int, q: int, ciphertexts: Sequence[int]) -> list[int]:
@@ -340,48 +332,7 @@ def decrypt_mod_p_chunk(p: int, q: int, ciphertexts: Sequence[int]) -> list[int]
     return _decrypt_mod_p(p_, p_ * p_, p_ - 1, _h_p(p_, mpz(q)), ciphertexts)
 
 
-def _window_for(count: int, bits: int) -> int:
-    best, best_cost = 1, None
-    for w in range(1, 13):
-        cost = math.ceil(bits / w) * (count + (2 << w)) + bits
-        if best_cost is None or cost < best_cost:
-            best, best_cost = w, cost
-    return best
-
-
-def multi_exp(bases: Sequence[int], exponents: Sequence[int], modulus: int) -> int:
-    """prod bases[i]^exponents[i] mod modulus by Pippenger's bucket method (exponents >= 0)."""
-    m = mpz(modulus)
-    pairs = [(mpz(b), int(e)) for b, e in zip(bases, exponents) if e]
-    if not pairs:
-        return 1
-    if any(e < 0 for _, e in pairs):
-        raise ValueError("multi_exp takes non-negative exponents")
-    bits = max(e.bit_length() for _, e in pairs)
-    w = _window_for(len(pairs), bits)
-    mask = (1 << w) - 1
-    result = mpz(1)
-    for t in reversed(range(math.ceil(bits / w))):
-        if result != 1:
-            for _ in range(w):
-                result = result * result % m
-        shift = t * w
-        buckets: list = [None] * (mask + 1)
-        for b, e in pairs:
-            d = (e >> shift) & mask
-            if d:
-                x = buckets[d]
-                buckets[d] = b if x is None else x * b % m
-        running = acc = None
-        for d in range(mask, 0, -1):
-            x = buckets[d]
-            if x is not None:
-                running = x if running is None else running * x % m
-            if running is not None:
-                acc = running if acc is None else acc * running % m
-        if acc is not None:
-            result = result * acc % m
-    return int(result)
+multi_exp = batch.multi_exp
 
 
 def multi_exp_columns(bases: Sequence[Sequence[int]], exponents: Sequence[Sequence[int]], modulus: int) -> list[list[int]]:

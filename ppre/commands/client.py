@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from common.crypto import batch
 from common.errors import InputError
 from ppre.commands import add_names_argument, add_service_arguments, add_tls_arguments, link_settings, tls_identity
 
@@ -67,5 +68,5 @@ def run(args: argparse.Namespace) -> int:
     kept = (f"results to {results.directory}" if results.directory is not None
             else "results in memory only (--results-dir DIR keeps them)")
     print(f"client serving on {args.host}:{port}; datasets: {', '.join(registry.names()) or 'none'}; {security}; "
-          f"{kept}", flush=True)
+          f"{kept}; crypto backend {batch.backend()} ({batch.backend_reason()})", flush=True)
     return serve_forever(server, servicer, config.executor)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from common.crypto import batch
 from common.errors import InputError
 from ppre.commands import add_names_argument, add_service_arguments, add_tls_arguments, link_settings, tls_identity
 from tester_service.demographics.bisg import GEO_TABLES, GEOS
@@ -259,5 +260,6 @@ def run(args: argparse.Namespace) -> int:
     server, port, servicer = serve(config, args.port, args.host)
     security = (f"mutual TLS as {tls.identity}; operators allowed: {', '.join(config.allowed_operators)}; "
                 f"Test-Client identity {config.client_name}" if tls is not None else "INSECURE plaintext")
-    print(f"tester serving on {args.host}:{port}; Test-Client at {args.client}; {security}", flush=True)
+    print(f"tester serving on {args.host}:{port}; Test-Client at {args.client}; {security}; "
+          f"crypto backend {batch.backend()} ({batch.backend_reason()})", flush=True)
     return serve_forever(server, servicer, config.executor)
