@@ -952,6 +952,20 @@ def test_docker_compose_up_runs_an_audit(docker_stack):
 
 
 @pytest.mark.slow
+def test_the_image_runs_the_crypto_backend_this_cpu_allows(docker_stack):
+    """The image carries the `ifma` extra and the compiled IFMA kernel (Dockerfile EXTRAS,
+    the offline wheels): on a CPU with AVX-512 IFMA both services say at start-up that they
+    run it with the kernel loaded, elsewhere the portable backend (design §4.9)."""
+    from common.crypto import crypto_mb
+    expected = ("crypto backend ifma (AVX-512 IFMA found, crypto_mb loaded; IFMA kernel loaded)"
+                if crypto_mb.cpu_has_ifma() else "crypto backend portable")
+    for name, line in (("tester", "tester serving on"), ("client", "client serving on")):
+        logs = docker_stack.run("logs", "--no-color", name, timeout=60).stdout
+        starts = [entry for entry in logs.splitlines() if line in entry]
+        assert starts and all(expected in entry for entry in starts), (name, expected, starts)
+
+
+@pytest.mark.slow
 def test_docker_client_killed_mid_audit(request, docker_stack):
     """`docker kill` of the Test-Client while the Tester talks to it: the operator gets a clear
     error, promptly; the Tester stays healthy; once the Test-Client is up again, audits succeed."""
