@@ -112,25 +112,26 @@ def _kernel():
 
 
 # ---------------------------------------------------------------------- X25519
-def x25519_many(scalar: bytes, points: Sequence[bytes]) -> bytes:
-    """[scalar]P for each 32-byte u-coordinate (on the curve, below p: validated by the
-    caller), packed back to back; `SmallOrderPoint` for the first point of small order."""
+def x25519_many(scalar: bytes, packed: bytes) -> bytes:
+    """[scalar]P for each 32-byte u-coordinate of the packed table (on the curve, below p:
+    validated by the caller), packed back to back; `SmallOrderPoint` for the first point of
+    small order."""
     ifma = _ifma()
     if ifma is not None:
-        out, low = ifma.x25519(scalar, b"".join(points))
+        out, low = ifma.x25519(scalar, packed)
         if low:
             raise SmallOrderPoint(low[0])
         return out
-    return _x25519_portable(X25519PrivateKey.from_private_bytes(scalar), points)
+    return _x25519_portable(X25519PrivateKey.from_private_bytes(scalar), packed)
 
 
-def _x25519_portable(key: X25519PrivateKey, points: Sequence[bytes]) -> bytes:
+def _x25519_portable(key: X25519PrivateKey, packed: bytes) -> bytes:
     out = bytearray()
     exchange = key.exchange
     from_bytes = X25519PublicKey.from_public_bytes
-    for i, pt in enumerate(points):
+    for i in range(len(packed) // POINT_BYTES):
         try:
-            out += exchange(from_bytes(pt))
+            out += exchange(from_bytes(packed[POINT_BYTES * i:POINT_BYTES * (i + 1)]))
         except ValueError:  # the all-zero shared value
             raise SmallOrderPoint(i) from None
     return bytes(out)
@@ -249,13 +250,13 @@ def multi_exp_many(bases: Sequence[int], columns: Sequence[Sequence[int]], modul
     [0, 2^64)), else `multi_exp` per column (which also takes wider ones); the same integers
     either way."""
     kernel = _kernel()
-    cols = [[int(e) for e in col] for col in columns]
-    if kernel is not None and cols and bases and int(modulus).bit_length() <= ifma_lanes.MAX_MODULUS_BITS:
+    if kernel is not None and columns and bases and int(modulus).bit_length() <= ifma_lanes.MAX_MODULUS_BITS:
+        cols = [[int(e) for e in col] for col in columns]
         bits = max((e.bit_length() for col in cols for e in col), default=0)
         if 0 < bits <= 64 and all(e >= 0 for col in cols for e in col):
             return ifma_lanes.multi_exp_lanes(kernel, _modulus_form(kernel, int(modulus)), bases, cols, bits,
                                               _window_for(len(bases), bits))
-    return [multi_exp(bases, col, modulus) for col in cols]
+    return [multi_exp(bases, col, modulus) for col in columns]
 
 
 @lru_cache(maxsize=4)

@@ -111,7 +111,7 @@ class HashToCurve:
 
 def encrypt_ids(hash_task: HashToCurve, multiply: "ScalarMultiplication", member_ids: Sequence[str]) -> bytes:
     """Com.Enc_sk(RO(id)) for a chunk of ids, packed (one worker task for both steps)."""
-    return multiply.points(split_points(hash_task(member_ids)))
+    return multiply.points(hash_task(member_ids))
 
 
 def split_points(packed: bytes) -> list[bytes]:
@@ -162,18 +162,20 @@ class CommutativeKey:
 
     def encrypt_points(self, points: list[bytes]) -> bytes:
         """Com.Enc_sk on already validated points; returns packed points."""
-        return _multiply(self._key.private_bytes_raw(), points)
+        return _multiply(self._key.private_bytes_raw(), b"".join(points))
 
     def encrypt_packed(self, packed: bytes) -> bytes:
         """Validate a peer's packed points and encrypt them."""
-        return self.encrypt_points(validate_points(packed))
+        validate_points(packed)
+        return _multiply(self._key.private_bytes_raw(), packed)
 
 
-def _multiply(scalar: bytes, points: Sequence[bytes], first: int = 0) -> bytes:
-    """[k]P for each point, on the process's batch backend (`common.crypto.batch`); a point
-    of small order (all-zero result) is a ProtocolError naming it."""
+def _multiply(scalar: bytes, packed: bytes, first: int = 0) -> bytes:
+    """[k]P for each point of a packed table, on the process's batch backend
+    (`common.crypto.batch`); a point of small order (all-zero result) is a ProtocolError
+    naming it."""
     try:
-        return batch.x25519_many(scalar, points)
+        return batch.x25519_many(scalar, packed)
     except batch.SmallOrderPoint as exc:
         raise ProtocolError(f"point {first + exc.index} has small order") from None
 
@@ -197,11 +199,12 @@ class ScalarMultiplication:
     def __reduce__(self):
         return (ScalarMultiplication, (self._scalar,))
 
-    def points(self, points: Sequence[bytes]) -> bytes:
-        """[sk]P for points we made ourselves (already on the curve)."""
-        return _multiply(self._scalar, points)
+    def points(self, packed: bytes) -> bytes:
+        """[sk]P for a packed table of points we made ourselves (already on the curve)."""
+        return _multiply(self._scalar, packed)
 
     def __call__(self, packed: bytes, first: int = 0) -> bytes:
         """Validate a peer's packed points (`validate_points`; `first`: the index of the
         chunk's first point, for the error message) and multiply them: packed result."""
-        return _multiply(self._scalar, validate_points(packed, first), first)
+        validate_points(packed, first)
+        return _multiply(self._scalar, packed, first)

@@ -1,9 +1,11 @@
-/* Fixed-base products in eight AVX-512 IFMA lanes (design §4.9).
+/* Fixed-base products and multi-exponentiations in eight AVX-512 IFMA lanes (design §4.9).
  *
- * The key owner's Paillier randomizer h^alpha mod m (m = p^2 or q^2) is a product of one
- * table entry per window of alpha (common/crypto/paillier.py, FixedBase). This kernel
- * forms eight such products at once, one per 64-bit lane of a 512-bit register, each
- * lane with its own alpha and so its own entries, under one modulus:
+ * Paillier's randomizer h^alpha mod m (m = p^2, q^2 or n^2) is a product of one table
+ * entry per window of alpha (common/crypto/batch.py, FixedBase). This kernel forms eight
+ * such products at once, one per 64-bit lane of a 512-bit register, each lane with its
+ * own alpha and so its own entries, under one modulus; and the aggregation's
+ * prod_i c_i^(w_i) for eight weight columns at once over the same bases (Pippenger's
+ * method, each lane with its own buckets):
  *
  *   numbers are held in radix 2^52, n digits (52n >= bits + 2), lane-interleaved;
  *   the product is Montgomery's (R = 2^52n), "almost" reduced (results < 2m, which
@@ -194,42 +196,25 @@ int ppre_fixed_base_mb8(const uint64_t *table, int rows, int window, int n, cons
     return 0;
 }
 
-/* Eight multi-exponentiations over the same bases, one per lane: lane l computes
- * prod_i base_i^(exps[i * 8 + l]) mod m by Pippenger's bucket method with windows of
- * `window` bits over exponents below 2^exp_bits (at most 64), each lane gathering and
- * scattering its own buckets.
- *
- *   bases    count numbers of n_words little-endian words, each below m
- *   modulus  m in n digits; k0 = -m^-1 mod 2^52; r2 = R^2 mod m and one = R mod m in n digits
- *   buckets  scratch of 2^window * n * 8 words; mont: scratch of count * n words
- *   out      8 results of n_words words (below 2m: the caller reduces)
- * Returns 0, or -1 for a size this kernel does not take. */
-int ppre_multi_exp_mb8(const uint64_t *bases, size_t count, int n_words, const uint64_t *exps, int exp_bits,
-                       int window, int n, const uint64_t *modulus, uint64_t k0, const uint64_t *r2,
-                       const uint64_t *one, uint64_t *buckets, uint64_t *mont, uint64_t *out)
+/* `count` numbers (n_words little-endian words each, below m) in Montgomery form,
+ * x R mod m = mont(x, R^2), eight at a time in the lanes: n digits each into mont. */
+int ppre_to_montgomery_mb8(const uint64_t *values, size_t count, int n_words, int n, const uint64_t *modulus,
+                           uint64_t k0, const uint64_t *r2, uint64_t *mont)
 {
-    if (n < 1 || n > MAX_DIGITS || window < 1 || window > 16 || exp_bits < 1 || exp_bits > 64 || 64 * n_words < 52 * n - 52)
+    if (n < 1 || n > MAX_DIGITS)
         return -1;
-    __m512i m[MAX_DIGITS], vr2[MAX_DIGITS], vone[MAX_DIGITS], acc[MAX_DIGITS], run[MAX_DIGITS], sum[MAX_DIGITS];
-    __m512i x[MAX_DIGITS], base[MAX_DIGITS], tmp[MAX_DIGITS];
+    __m512i m[MAX_DIGITS], vr2[MAX_DIGITS], x[MAX_DIGITS];
+    uint64_t lanes[MAX_DIGITS][8];
     const __m512i vk0 = _mm512_set1_epi64((long long)k0);
     for (int k = 0; k < n; k++) {
         m[k] = _mm512_set1_epi64((long long)modulus[k]);
         vr2[k] = _mm512_set1_epi64((long long)r2[k]);
-        vone[k] = _mm512_set1_epi64((long long)one[k]);
-        acc[k] = vone[k];
     }
-    const size_t entries = (size_t)1 << window;
-    const uint64_t mask = entries - 1;
-    const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
-    __m512i *vb = (__m512i *)buckets; /* bucket d, digit k: vb[d * n + k], lane-interleaved */
-    /* the bases in Montgomery form, eight at a time in the lanes */
     for (size_t first = 0; first < count; first += 8) {
         const size_t used = count - first < 8 ? count - first : 8;
-        uint64_t lanes[MAX_DIGITS][8];
         for (size_t l = 0; l < 8; l++) {
             uint64_t d[MAX_DIGITS];
-            ppre_to_radix52(bases + (first + (l < used ? l : 0)) * (size_t)n_words, n_words, d, n, 1);
+            ppre_to_radix52(values + (first + (l < used ? l : 0)) * (size_t)n_words, n_words, d, n, 1);
             for (int k = 0; k < n; k++)
                 lanes[k][l] = d[k];
         }
@@ -242,6 +227,37 @@ int ppre_multi_exp_mb8(const uint64_t *bases, size_t count, int n_words, const u
             for (int k = 0; k < n; k++)
                 mont[(first + l) * (size_t)n + k] = lanes[k][l];
     }
+    return 0;
+}
+
+/* Eight multi-exponentiations over the same bases, one per lane: lane l computes
+ * prod_i base_i^(exps[i * 8 + l]) mod m by Pippenger's bucket method with windows of
+ * `window` bits over exponents below 2^exp_bits (at most 64), each lane gathering and
+ * scattering its own buckets.
+ *
+ *   mont     count bases in Montgomery form, n digits each (ppre_to_montgomery_mb8)
+ *   modulus  m in n digits; k0 = -m^-1 mod 2^52; one = R mod m in n digits
+ *   buckets  scratch of 2^window * n * 8 words
+ *   out      8 results of n_words words (below 2m: the caller reduces)
+ * Returns 0, or -1 for a size this kernel does not take. */
+int ppre_multi_exp_mb8(const uint64_t *mont, size_t count, int n_words, const uint64_t *exps, int exp_bits,
+                       int window, int n, const uint64_t *modulus, uint64_t k0, const uint64_t *one,
+                       uint64_t *buckets, uint64_t *out)
+{
+    if (n < 1 || n > MAX_DIGITS || window < 1 || window > 16 || exp_bits < 1 || exp_bits > 64 || 64 * n_words < 52 * n - 52)
+        return -1;
+    __m512i m[MAX_DIGITS], vone[MAX_DIGITS], acc[MAX_DIGITS], run[MAX_DIGITS], sum[MAX_DIGITS];
+    __m512i base[MAX_DIGITS], tmp[MAX_DIGITS];
+    const __m512i vk0 = _mm512_set1_epi64((long long)k0);
+    for (int k = 0; k < n; k++) {
+        m[k] = _mm512_set1_epi64((long long)modulus[k]);
+        vone[k] = _mm512_set1_epi64((long long)one[k]);
+        acc[k] = vone[k];
+    }
+    const size_t entries = (size_t)1 << window;
+    const uint64_t mask = entries - 1;
+    const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+    __m512i *vb = (__m512i *)buckets; /* bucket d, digit k: vb[d * n + k], lane-interleaved */
     const int windows = (exp_bits + window - 1) / window;
     for (int t = windows - 1; t >= 0; t--) {
         if (t != windows - 1)

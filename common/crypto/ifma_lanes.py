@@ -38,7 +38,7 @@ def _library_path() -> Path | None:
 
 
 class Kernel:
-    """The loaded kernel: its three entry points and the radix conversion."""
+    """The loaded kernel: its entry points and the radix conversion."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._radix = lib.ppre_to_radix52
@@ -48,11 +48,15 @@ class Kernel:
         self._table.restype = ctypes.c_int
         self._table.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                 ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p]
+        self._montgomery = lib.ppre_to_montgomery_mb8
+        self._montgomery.restype = ctypes.c_int
+        self._montgomery.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                     ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p]
         self._multi = lib.ppre_multi_exp_mb8
         self._multi.restype = ctypes.c_int
         self._multi.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                                 ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p,
-                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+                                ctypes.c_void_p, ctypes.c_void_p]
         self._pow = lib.ppre_fixed_base_mb8
         self._pow.restype = ctypes.c_int
         self._pow.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
@@ -79,9 +83,8 @@ class Modulus:
         self.words = -(-m.bit_length() // 64)
         r = 1 << (DIGIT_BITS * self.n)
         self.k0 = (-pow(m, -1, 1 << DIGIT_BITS)) % (1 << DIGIT_BITS)
-        self.r = r % m
         self.digits = kernel.digits([m], self.words, self.n)
-        self.r_digits = kernel.digits([self.r], self.words, self.n)
+        self.r_digits = kernel.digits([r % m], self.words, self.n)
         self.r2_digits = kernel.digits([r * r % m], self.words, self.n)
 
     def numbers(self, raw: bytes, count: int) -> list[int]:
@@ -105,8 +108,10 @@ def multi_exp_lanes(kernel: Kernel, modulus: Modulus, bases: Sequence[int], colu
         raise ValueError("the IFMA multi-exponentiation takes exponents of 1 to 64 bits")
     words, n = modulus.words, modulus.n
     packed = ctypes.create_string_buffer(b"".join((int(b) % m).to_bytes(8 * words, "little") for b in bases))
+    mont = (ctypes.c_uint64 * (count * n))()  # the bases in Montgomery form, once for every column
+    if kernel._montgomery(packed, count, words, n, modulus.digits, modulus.k0, modulus.r2_digits, mont):
+        raise ValueError("the IFMA kernel refused the sizes")
     buckets = (ctypes.c_uint64 * ((1 << window) * n * 8))()
-    mont = (ctypes.c_uint64 * (count * n))()
     out_all: list[int] = []
     for first in range(0, len(columns), 8):
         group = list(columns[first:first + 8])
@@ -116,8 +121,8 @@ def multi_exp_lanes(kernel: Kernel, modulus: Modulus, bases: Sequence[int], colu
             raise ValueError(f"every exponent column needs {count} exponents")
         exps = (ctypes.c_uint64 * (count * 8))(*[int(group[l][i]) for i in range(count) for l in range(8)])
         out = (ctypes.c_uint64 * (8 * words))()
-        status = kernel._multi(packed, count, words, exps, bits, window, n, modulus.digits, modulus.k0,
-                               modulus.r2_digits, modulus.r_digits, buckets, mont, out)
+        status = kernel._multi(mont, count, words, exps, bits, window, n, modulus.digits, modulus.k0,
+                               modulus.r_digits, buckets, out)
         if status:
             raise ValueError("the IFMA multi-exponentiation refused the sizes")
         out_all += modulus.numbers(bytes(out), lanes)
