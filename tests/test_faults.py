@@ -276,12 +276,16 @@ def test_heartbeats_keep_a_long_audit_alive_under_a_short_peer_timeout(deploy, b
                        f"audit {outcome.ended - outcome.started:.1f}s; phases (first..last event, s): "
                        + ", ".join(f"{k} {a:.1f}..{b:.1f}" for k, (a, b) in durations.items()))
     assert max(gaps) <= 1.0 + 2.0, (max(gaps), outcome.stderr)
-    expected = ["inputs", "handshake", "psi_upload", "join", "aggregation", "bootstrap", "client:decrypt", "done"]
+    expected = ["inputs", "handshake", "psi_upload", "join", "aggregation", "bootstrap", "done"]
     positions = [phases.index(p) if p in phases else -1 for p in expected]
     assert -1 not in positions and positions == sorted(positions), (expected, phases)
-    # (the Test-Client's encryption shows as the Tester's join: each chunk is sent, and
-    # joined, as soon as it is encrypted, so the Test-Client is never idle long enough
-    # for a heartbeat of its own)
+    # The Test-Client's own phases reach the operator only through its heartbeats, sent
+    # when its outbox has been idle for a heartbeat: its encryption shows as the Tester's
+    # join (each chunk is sent, and joined, as soon as it is encrypted), and its decryption
+    # only where it outlasts a heartbeat (on the IFMA backend it may not). Where it shows,
+    # it comes after the Tester's bootstrap and before the end.
+    if "client:decrypt" in phases:
+        assert phases.index("bootstrap") < phases.index("client:decrypt") < phases.index("done"), phases
     assert_dropped(tester)
     assert_dropped(client)
     assert_no_files(tester, client)
