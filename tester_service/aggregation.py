@@ -14,7 +14,7 @@ an executor (`common.execution.parallel`) can send it to worker processes.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import gmpy2
 import numpy as np
@@ -22,8 +22,10 @@ from gmpy2 import mpz
 
 from common.stats import bootstrap as boot
 from common.crypto import batch, masking, paillier
-from common.metrics.base import Derivation
 from tester_service.release import RELEASE_GROUPS, IntersectionRefused
+
+if TYPE_CHECKING:  # a worker process imports no metric catalogue (tester_service.join)
+    from common.metrics.base import Derivation
 
 
 def bucket_sums_chunk(n: int, jobs: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]]) -> list[list[int]]:
@@ -105,10 +107,18 @@ def replicate_chunk(n: int, columns: Sequence[Sequence[int]], count_rows: Sequen
     between), one table entry per subset with a bit set. With a few dozen replicates per
     chunk this is about a third fewer modular products than one multi-exponentiation per
     replicate (`paillier.multi_exp`), which stays for chunks where the tables would not
-    pay (k is chosen from the chunk's own counts). The same integers either way."""
+    pay (k is chosen from the chunk's own counts). Where the IFMA kernel runs
+    (`batch.has_lanes`), each item's replicates are instead one multi-exponentiation per
+    replicate, eight replicates to the kernel's lanes (`batch.multi_exp_many`): about a
+    quarter fewer CPU-seconds than the tables on gmpy2 (bench/RESULTS.md). The same
+    integers either way."""
     if not count_rows or not columns:
         return []
     n2 = mpz(n) * n
+    if batch.has_lanes() and all(len(column) == len(count_rows[0]) for column in columns) \
+            and all(len(row) == len(count_rows[0]) for row in count_rows):
+        per_item = [batch.multi_exp_many(column, count_rows, n2) for column in columns]
+        return [int(per_item[item][r]) for r in range(len(count_rows)) for item in range(len(columns))]
     try:
         counts = np.asarray(count_rows, dtype=np.int64)
     except (ValueError, OverflowError):  # ragged rows, or counts beyond 64 bits
@@ -255,7 +265,7 @@ def merge_piece_sums(sums: Sequence[Sequence[int]], owner: Sequence[int], n_buck
     for piece, bucket in enumerate(owner):
         for t in range(n_cts):
             row, k = sums[piece * n_cts + t], bucket * n_cts + t
-            merged[k] = list(row) if merged[k] is None else [a * b % n2 for a, b in zip(merged[k], row)]
+            merged[k] = list(row) if merged[k] is None else [int(mpz(a) * b % n2) for a, b in zip(merged[k], row)]
     return merged  # type: ignore[return-value]
 
 
@@ -354,10 +364,10 @@ def combine_bucket_sums(sums: Sequence[Sequence[int]], keys: Sequence[int], weig
         derive_sums(per_w, derived, ones, n, n2)
         for w, col in enumerate(weights):
             if isinstance(col, tuple):
-                prod = [1] * n_cts
+                prod = [mpz(1)] * n_cts
                 for other in col:
                     prod = [a * b % n2 for a, b in zip(prod, per_w[other])]
-                per_w[w] = prod
+                per_w[w] = [int(x) for x in prod]
         agg[kk] = per_w
     return agg
 
@@ -390,14 +400,14 @@ def direct_columns(plan_items: Sequence, direct: Sequence[int], agg: dict[int, l
         item = plan_items[i]
         col = []
         for u in range(n_units):
-            c = 1
+            c = mpz(1)
             strata_range = range(n_strata) if (strata_cells and item.stratum is None) else \
                 [item.stratum if strata_cells else 0]
             for s in strata_range:
                 part = agg.get(u * n_strata + s)
                 if part is not None:
                     c = c * part[item.weight][item.ciphertext] % n2
-            col.append(c)
+            col.append(int(c))
         columns.append(col)
     return columns
 
@@ -417,17 +427,18 @@ def compose_items(computed: Sequence[int], n_rows: int, direct: Sequence[int], p
                   n_items: int, n2: int) -> list[int]:
     """Design §3.6: every row's items in the plan's order, from the rows of direct items
     (`computed`: `n_rows` rows of len(direct)): an item made of others is the product of
-    its parts in the same row."""
+    its parts in the same row (gmpy2's products: a sixth of Python's at this size)."""
     slot = {i: d for d, i in enumerate(direct)}
+    modulus = mpz(n2)
     items = []
     for r in range(n_rows):
         row = computed[r * len(direct):(r + 1) * len(direct)]
         for i in range(n_items):
             if i in parts_of:
-                c = 1
+                c = mpz(1)
                 for p in parts_of[i]:
-                    c = c * row[slot[p]] % n2
-                items.append(c)
+                    c = c * row[slot[p]] % modulus
+                items.append(int(c))
             else:
                 items.append(row[slot[i]])
     return items

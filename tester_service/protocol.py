@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator
 
+import gmpy2
 import numpy as np
 import pandas as pd
 
@@ -58,6 +59,7 @@ from common.protocol.session import PhaseClock, chunk_ticks, expect_phase
 from common.crypto.symmetric import RowSealer, sealed_width
 from proto import ppre_pb2 as pb
 from tester_service import aggregation, blind_pairs
+from tester_service.join import double_client_chunk
 from tester_service.release import (RELEASE_GROUPS, REPORT_DELTA, IntersectionRefused, ReleasePolicy, gaussian,
                                     gaussian_slots, rho_to_epsilon)
 
@@ -111,17 +113,6 @@ class AuditSpec:
 
 #: chunks of the Test-Client's rows in flight on the executor at most (per worker: 2)
 JOIN_WINDOW = 4
-
-
-def double_client_chunk(multiply: commutative.ScalarMultiplication, points: bytes, first: int, ciphertexts: bytes,
-                        public_key: paillier.PublicKey | None) -> bytes:
-    """Step 5 for one chunk of the Test-Client's rows, on the executor: check its
-    ciphertexts (`common.protocol.validation.check_ciphertexts`) and return its points doubly
-    encrypted (the task checks them, `commutative.validate_points`). Top-level, so that
-    an executor can send it to a worker process."""
-    if ciphertexts:
-        validation.check_ciphertexts(ciphertexts, public_key)
-    return multiply(points, first)
 
 
 class Phase(enum.Enum):
@@ -863,10 +854,10 @@ class TesterSession:
         n2 = self._pub.n2
         point = []
         for d, col in enumerate(columns):
-            c = 1
+            c = gmpy2.mpz(1)
             for x in col:
                 c = c * x % n2
-            point.append(self._add_noise(c, scales[d], item_sigma[direct[d]]))
+            point.append(self._add_noise(int(c), scales[d], item_sigma[direct[d]]))
         if sigma_b > 0:
             columns = [[self._add_noise(x, scales[d], sigma_b) for x in col] for d, col in enumerate(columns)]
         return point, columns

@@ -15,6 +15,7 @@ import secrets
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from common.crypto import batch, commutative, crypto_mb, ifma_lanes, paillier
@@ -285,3 +286,21 @@ def test_the_aggregation_gives_the_same_bucket_sums_on_both_backends(key, backen
     assert len(set(map(repr, out.values()))) == 1
     sums = key.decrypt_signed(out["portable"][0])
     assert sums == [sum(w * v for w, v in zip(col, values)) for col in columns]
+
+
+def test_the_replicates_are_the_same_integers_on_both_backends(backend_restored):
+    """`aggregation.replicate_chunk`: the subset tables on gmpy2 (portable) and one
+    multi-exponentiation per replicate in the kernel's lanes (ifma) give every replicate
+    as the plain product Π_m C[m]^count, for multinomial-like counts, a row of zeros,
+    one replicate and a number of replicates that is no multiple of eight."""
+    modulus = secrets.randbits(2048) | (1 << 2047) | 1
+    n2 = modulus * modulus
+    rng = np.random.default_rng(11)
+    for m, rows in ((128, 13), (7, 1), (40, 9)):
+        columns = [[secrets.randbelow(n2 - 2) + 2 for _ in range(m)] for _ in range(3)]
+        counts = rng.poisson(1.0, size=(rows, m))
+        counts[0] = 0
+        expected = [math.prod(pow(b, int(e), n2) for b, e in zip(col, row)) % n2
+                    for row in counts.tolist() for col in columns]
+        out = on_each_backend(lambda: aggregation.replicate_chunk(modulus, columns, counts.tolist()))
+        assert all(v == expected for v in out.values()), {k: v == expected for k, v in out.items()}

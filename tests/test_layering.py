@@ -351,3 +351,25 @@ def test_a_network_import_in_the_message_layer_of_a_copy_of_the_tree_is_found(tm
                           + "\n\ndef _late():\n    from common.net import channels  # noqa\n    return channels\n",
                           encoding="utf-8")
     assert breaches(import_graph(root)) == ["common.protocol.validation -> common.net.channels"]
+
+
+#: the modules whose top-level functions the parties send to their worker processes in
+#: every audit (LOT's blind path adds `*.blind_pairs`, which read its slot plan from
+#: `common.metrics.lot`)
+WORKER_TASK_MODULES = ("tester_service.join", "tester_service.aggregation", "common.crypto.commutative",
+                       "common.crypto.paillier")
+
+
+@pytest.mark.parametrize("module", WORKER_TASK_MODULES)
+def test_a_worker_task_imports_no_metric_catalogue_no_pandas_and_no_protocol(module):
+    """A worker process imports the module of each task it is sent; the modules of the
+    parties' tasks stay clear of the metric catalogue, pandas and the session protocols,
+    which cost a small audit's worker most of its first second (bench/RESULTS.md, "A
+    small audit from a fresh process")."""
+    import subprocess
+    import sys
+    heavy = ("pandas", "common.metrics", "tester_service.protocol", "client_service.protocol", "grpc")
+    probe = (f"import sys, {module}; "
+             f"print(','.join(m for m in sys.modules if m.split('.')[0] in {heavy!r} or m in {heavy!r}))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"

@@ -111,6 +111,12 @@ def _kernel():
     return _State.kernel if backend() == "ifma" else None
 
 
+def has_lanes() -> bool:
+    """Whether `multi_exp_many` runs in the IFMA kernel's lanes in this process (else it
+    is `multi_exp` per column, and a caller may have a better portable form)."""
+    return _kernel() is not None
+
+
 # ---------------------------------------------------------------------- X25519
 def x25519_many(scalar: bytes, packed: bytes) -> bytes:
     """[scalar]P for each 32-byte u-coordinate of the packed table (on the curve, below p:

@@ -395,7 +395,7 @@ class TesterInbound(Gate):
                 raise ProtocolError("duplicate row in the shuffled table")
             return Rows()  # the handler keeps the chunk's packed points, checked here
         # the Test-Client's rows: their points and ciphertexts are checked on the executor,
-        # by the join's task for the chunk (`tester_service.protocol.double_client_chunk`:
+        # by the join's task for the chunk (`tester_service.join.double_client_chunk`:
         # `validate_points` and `check_ciphertexts`), as the points are doubly encrypted
         units = wire.unpack_indices(chunk.units) if layout.units else None
         strata = wire.unpack_indices(chunk.strata) if layout.strata else None
