@@ -10,6 +10,10 @@ the audit through the operator RPC and prints: wall time, rows per second, every
 timing both parties report, and the peak resident memory and the CPU seconds of each
 service during the audit (the service process and its worker processes together, sampled
 every 0.2 s from /proc; CPU of a worker that exits between two samples is partly missed).
+It also splits each service's CPU by phase (the Tester's progress events mark the
+phases) into the service process itself (its session, gRPC and join threads: what no
+executor spreads) and its workers (what more workers share): the serial part of a
+scale-out (`phase_cpu` in the JSON; bench/RESULTS.md, "Where the serial part is").
 
 `--executor SPEC` is passed to both services (`common.execution.executors.executor_from_spec`:
 `processes`, `processes:N`, `inline`, `dask://HOST:PORT`); with a Dask cluster the per-row
@@ -109,12 +113,29 @@ class PeakMemory(threading.Thread):
         self.base = {name: tree_stats(pid)[1] for name, pid in pids.items()}  # CPU before the audit
         self.last = {name: dict(cpu) for name, cpu in self.base.items()}
         self.stop = threading.Event()
+        #: (monotonic time, {service: (own CPU s, workers' CPU s)}) since the start
+        self.series: list[tuple[float, dict[str, tuple[float, float]]]] = []
 
     def sample(self) -> None:
+        point = {}
         for name, pid in self.pids.items():
             rss, cpu = tree_stats(pid)
             self.peak[name] = max(self.peak[name], rss)
             self.last[name].update(cpu)
+            base = self.base[name]
+            own = self.last[name].get(pid, 0.0) - base.get(pid, 0.0)
+            total = sum(v - base.get(p, 0.0) for p, v in self.last[name].items())
+            point[name] = (own, total - own)
+        self.series.append((time.monotonic(), point))
+
+    def at(self, when: float) -> dict[str, tuple[float, float]]:
+        """The last sample at or before `when` (the first one before any)."""
+        best = self.series[0][1] if self.series else {}
+        for t, point in self.series:
+            if t > when:
+                break
+            best = point
+        return best
 
     def cpu(self) -> dict[str, float]:
         return {name: sum(s - self.base[name].get(p, 0.0) for p, s in last.items())
@@ -143,6 +164,34 @@ def wait_healthy(address: str, proc: subprocess.Popen, timeout: float = 120.0, t
             return
         time.sleep(0.2)
     raise RuntimeError(f"{address} not healthy after {timeout} s")
+
+
+def cpu_by_phase(memory: PeakMemory, starts: list[tuple[str, float]], ended: float) -> list[dict]:
+    """Per phase (the Tester's progress events, in order; a phase seen again later is
+    another span): its wall seconds and each service's CPU seconds in its own process
+    and in its workers, from the 0.2 s samples (so to about ±0.2 s per span)."""
+    spans = []
+    for i, (phase, start) in enumerate(starts):
+        end = starts[i + 1][1] if i + 1 < len(starts) else ended
+        a, b = memory.at(start), memory.at(end)
+        row = {"phase": phase, "wall_s": round(end - start, 2)}
+        for name in memory.pids:
+            (own0, work0), (own1, work1) = a.get(name, (0.0, 0.0)), b.get(name, (0.0, 0.0))
+            row[f"{name}_own_s"] = round(own1 - own0, 2)
+            row[f"{name}_workers_s"] = round(work1 - work0, 2)
+        spans.append(row)
+    return spans
+
+
+def phase_table(rows: list[dict]) -> str:
+    """`cpu_by_phase` as a Markdown table, with a total row."""
+    if not rows:
+        return ""
+    keys = [k for k in rows[0] if k != "phase"]
+    lines = ["| phase | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
+    lines += ["| " + r["phase"] + " | " + " | ".join(f"{r[k]:.1f}" for k in keys) + " |" for r in rows]
+    lines.append("| total | " + " | ".join(f"{sum(r[k] for r in rows):.1f}" for k in keys) + " |")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -203,8 +252,11 @@ def main() -> int:
         request = pb.AuditRequest(metric="ero", client_dataset="ero", bootstrap=args.bootstrap, confidence=0.95,
                                   has_seed=True, seed=1, result_recipient="tester")
         last = {"phase": None}
+        phase_starts: list[tuple[str, float]] = []  # (phase, monotonic time of its first event)
 
         def show(p):
+            if p.phase != last["phase"]:
+                phase_starts.append((p.phase, time.monotonic()))
             if p.phase != last["phase"] or (p.total and p.done == p.total):
                 print(f"[{p.elapsed_s:8.1f}s] {p.phase}: {p.message}", flush=True)
                 last["phase"] = p.phase
@@ -212,8 +264,10 @@ def main() -> int:
         t0 = time.perf_counter()
         event = run_audit(f"127.0.0.1:{tester_port}", request, on_progress=show, tls=operator)
         wall = time.perf_counter() - t0
+        ended = time.monotonic()
         memory.stop.set()
         memory.join()
+        phase_cpu = cpu_by_phase(memory, phase_starts, ended)
     finally:
         for p in procs.values():
             p.terminate()
@@ -236,9 +290,11 @@ def main() -> int:
         "peak_rss_mib": {k: round(v / 2**20) for k, v in memory.peak.items()},
         "cpu_s": {k: round(v, 1) for k, v in memory.cpu().items()},
         "phase_seconds": {k: round(v, 1) for k, v in r.phase_seconds.items()},
+        "phase_cpu": phase_cpu,
         "estimates": {g.group: round(g.estimate, 5) for g in r.groups},
     }
     print(json.dumps(out, indent=1))
+    print(phase_table(phase_cpu))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0

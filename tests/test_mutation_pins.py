@@ -1278,7 +1278,9 @@ def test_the_test_client_refuses_aggregates_beyond_the_header_as_they_arrive():
 
 def test_the_testers_row_checks_say_what_is_wrong_in_their_own_words():
     """The Tester's checks of the Test-Client's rows and of the shuffled table, whole: a
-    repeated shuffled point, a bucket and a stratum out of range."""
+    shuffled chunk's points (checked on the executor, not in the gate: a repeat is
+    refused when the table is indexed, `tests/test_protocol.py`), a bucket and a stratum
+    out of range."""
     from types import SimpleNamespace
     from common.errors import ProtocolError
     from common.protocol import wire
@@ -1291,8 +1293,15 @@ def test_the_testers_row_checks_say_what_is_wrong_in_their_own_words():
     shuffled = _reader_session(wire.shuffled_rows(width))
     base = (9).to_bytes(32, "little")  # Curve25519's base point
     twice = pb.TableChunk(table=pb.SHUFFLED_ROWS, rows=2, points=base * 2, sealed=b"\0" * (2 * width))
-    with pytest.raises(ProtocolError, match=r"^duplicate row in the shuffled table$"):
-        inbound._chunk(shuffled, twice)
+    inbound._chunk(shuffled, twice)  # its size only: the points are the executor's
+    from common.crypto import commutative
+    from tester_service.join import check_shuffled_chunk
+    assert check_shuffled_chunk(base * 2, 0) is None
+    small = max(commutative.SMALL_ORDER_U).to_bytes(32, "little")
+    with pytest.raises(ProtocolError, match=r"^point 8 has small order$"):
+        check_shuffled_chunk(base + small, 7)
+    with pytest.raises(ProtocolError, match=r"^point 7 is not on Curve25519$"):
+        check_shuffled_chunk((0).to_bytes(32, "little"), 7)
     metric = SimpleNamespace(resampling="unit", random_groups=0)
     layout = wire.client_rows(1, 0, 0, units=True, strata=True)
 

@@ -14,6 +14,7 @@ from client_service.protocol import ClientSession
 from common.protocol import wire
 from common.crypto import commutative, symmetric
 from common.errors import InputError, ProtocolError
+from common.protocol.session import PhaseError
 from tests.helpers import plain_ratio
 from common.races import RACES
 from proto import ppre_pb2 as pb
@@ -231,6 +232,8 @@ def test_wrong_table_and_bad_hello_are_protocol_errors():
 
 
 def test_ciphertexts_out_of_range_from_the_client_are_refused():
+    """The Test-Client's ciphertexts (here all >= n²) are refused where the rows that
+    join are first used, in the aggregation, before any weight is applied."""
     t, c, ack = _client_after_hello()
     out = list(t.receive(ack))
     replies = [m for msg in out for m in c.receive(msg)]
@@ -239,14 +242,16 @@ def test_ciphertexts_out_of_range_from_the_client_are_refused():
         if m.HasField("chunk") and m.chunk.table == pb.CLIENT_ROWS:
             m.chunk.ciphertexts = b"\xff" * len(m.chunk.ciphertexts)  # >= n^2
     assert shuffled
-    with pytest.raises(ProtocolError, match="out of range"):
+    with pytest.raises(ProtocolError, match="ciphertext 0 is out of range"):
         for m in replies:
-            t.receive(m)
+            list(t.receive(m))
 
 
 def test_a_shuffled_row_repeated_across_chunks_is_refused():
     """Step 3: the shuffled table is a permutation of our rows; a point sent twice, in two
-    chunks, is refused when the table ends (within one chunk the gate refuses it at once)."""
+    chunks or in one, is refused when the table ends, before any row is joined (the
+    chunks' points are checked on the executor as they arrive, the repeats when the
+    table is indexed)."""
     t, c, ack = _client_after_hello()
     out = list(t.receive(ack))
     replies = [m for msg in out for m in c.receive(msg)]
@@ -265,9 +270,36 @@ def test_a_shuffled_row_repeated_across_chunks_is_refused():
     t2, c2, ack2 = _client_after_hello()
     for msg in t2.receive(ack2):
         c2.receive(msg)
+    t2.receive(pb.PeerMessage(chunk=pb.TableChunk(table=pb.SHUFFLED_ROWS, rows=20,
+                                                  points=chunk.points[:32] * 2 + chunk.points[64:],
+                                                  sealed=chunk.sealed)))
     with pytest.raises(ProtocolError, match="duplicate row in the shuffled table"):
-        t2.receive(pb.PeerMessage(chunk=pb.TableChunk(table=pb.SHUFFLED_ROWS, rows=2, points=chunk.points[:32] * 2,
-                                                      sealed=chunk.sealed[:2 * width])))
+        t2.receive(pb.PeerMessage(table_end=pb.TableEnd(table=pb.SHUFFLED_ROWS, rows=20)))
+
+
+@pytest.mark.parametrize("bad, expected", [("twist", "point 13 is not on Curve25519"),
+                                            ("small", "point 13 has small order"),
+                                            ("wide", "point 13 is not canonically encoded")])
+def test_a_bad_point_in_the_shuffled_table_is_refused_by_its_place_before_the_join(bad, expected):
+    """Step 3: the shuffled table's points are checked on the executor as its chunks
+    arrive (`tester_service.join.check_shuffled_chunk`): a point off the curve, of small
+    order or not canonically encoded, in the second of two chunks, is refused when the
+    table ends, named by its place in the whole table, and the session stays failed."""
+    t, c, ack = _client_after_hello()
+    replies = [m for msg in t.receive(ack) for m in c.receive(msg)]
+    [chunk] = [m.chunk for m in replies if m.HasField("chunk") and m.chunk.table == pb.SHUFFLED_ROWS]
+    width = len(chunk.sealed) // chunk.rows
+    u = {"twist": next(u for u in range(2, 1000) if not commutative._on_curve(u)),
+         "small": max(commutative.SMALL_ORDER_U), "wide": commutative.P + 3}[bad]
+    points = chunk.points[:13 * 32] + u.to_bytes(32, "little") + chunk.points[14 * 32:]
+    t.receive(pb.PeerMessage(chunk=pb.TableChunk(table=pb.SHUFFLED_ROWS, rows=10, points=points[:320],
+                                                 sealed=chunk.sealed[:10 * width])))
+    t.receive(pb.PeerMessage(chunk=pb.TableChunk(table=pb.SHUFFLED_ROWS, rows=10, points=points[320:],
+                                                 sealed=chunk.sealed[10 * width:])))
+    with pytest.raises(ProtocolError, match=expected):
+        t.receive(pb.PeerMessage(table_end=pb.TableEnd(table=pb.SHUFFLED_ROWS, rows=20)))
+    with pytest.raises(PhaseError, match="already failed"):
+        t.receive(pb.PeerMessage(table_end=pb.TableEnd(table=pb.SHUFFLED_ROWS, rows=20)))
 
 
 def test_weak_paillier_key_from_the_client_is_refused():

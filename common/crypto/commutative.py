@@ -120,6 +120,27 @@ def split_points(packed: bytes) -> list[bytes]:
     return [packed[i:i + POINT_BYTES] for i in range(0, len(packed), POINT_BYTES)]
 
 
+#: u-coordinates of the points of small order on Curve25519 that are on the curve
+#: itself (order 4 and 8; 0 and the twist's are refused as off the curve)
+SMALL_ORDER_U = frozenset({
+    1,
+    325606250916557431795983626356110631294008115727848805560023387167927233504,
+    39382357235489614581723060781553021112529911719440698176882885853963445705823,
+})
+
+
+def check_points(packed: bytes, first: int = 0) -> list[bytes]:
+    """A peer's packed points that no scalar multiplication will check (the shuffled
+    table, compared only): `validate_points`, and none of small order (`first`: the
+    index of the first point, for the error message). Top-level, so that the Tester
+    can run it on its executor as the table arrives."""
+    points = validate_points(packed, first)
+    for i, pt in enumerate(points):
+        if int.from_bytes(pt, "little") in SMALL_ORDER_U:
+            raise ProtocolError(f"point {first + i} has small order")
+    return points
+
+
 def validate_points(packed: bytes, first: int = 0) -> list[bytes]:
     """Check a peer's packed points: canonical, on the curve, not the identity (`first`:
     the index of the first point, for the error message).

@@ -47,10 +47,13 @@ class RowSealer:
         raise TypeError("the row-sealing key is never serialised")
 
     def seal_rows(self, rows: np.ndarray) -> bytes:
+        """Each row sealed under its own random nonce (all the chunk's nonces read from
+        the OS in one call: a third of the per-row cost was the call)."""
         rows = np.ascontiguousarray(rows, dtype="<f8")
+        nonces = secrets.token_bytes(NONCE_BYTES * len(rows))
         out = bytearray()
-        for row in rows:
-            nonce = secrets.token_bytes(NONCE_BYTES)
+        for i, row in enumerate(rows):
+            nonce = nonces[i * NONCE_BYTES:(i + 1) * NONCE_BYTES]
             out += nonce + self._aead.encrypt(nonce, row.tobytes(), _AAD)
         return bytes(out)
 
@@ -58,12 +61,10 @@ class RowSealer:
         width = sealed_width(k)
         if len(packed) % width:
             raise ProtocolError(f"sealed table of {len(packed)} bytes is not a multiple of {width}")
-        rows = np.empty((len(packed) // width, k))
-        for i in range(rows.shape[0]):
-            blob = packed[i * width:(i + 1) * width]
+        view, decrypt, plains = memoryview(packed), self._aead.decrypt, []
+        for i, start in enumerate(range(0, len(packed), width)):
             try:
-                plain = self._aead.decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], _AAD)
+                plains.append(decrypt(view[start:start + NONCE_BYTES], view[start + NONCE_BYTES:start + width], _AAD))
             except InvalidTag:
                 raise ProtocolError(f"sealed row {i} failed authentication") from None
-            rows[i] = np.frombuffer(plain, dtype="<f8")
-        return rows
+        return np.frombuffer(b"".join(plains), dtype="<f8").reshape(len(plains), k).astype(np.float64)

@@ -31,13 +31,18 @@ checks the content, and an error state sticks. In order:
    buckets and strata in range, the Test-Client's timings (never a result: design §3.7) and
    masked plaintexts against the audit.
 
-The two tables of a million rows whose points are multiplied by the receiver (the
-Tester's rows at the Test-Client, the Test-Client's rows at the Tester) are the one
-exception to "checked here": their points (and the Test-Client's ciphertexts) are
-checked by the same functions (`commutative.validate_points`, `check_ciphertexts`)
-inside the executor's task for each chunk, where the per-row work runs on all cores;
-the layout, the counts and the buckets and strata are still checked here as each chunk
-arrives, and a bad point or ciphertext fails the session the same way.
+The three tables of a million points are the one exception to "checked here": the two
+whose points the receiver multiplies (the Tester's rows at the Test-Client, the
+Test-Client's rows at the Tester) and the shuffled table (the Tester's rows come back,
+compared only). Their points are checked by the same functions
+(`commutative.validate_points`, `commutative.check_points`) inside the executor's task
+for each chunk, where the per-row work runs on all cores and off the session's thread
+(a scale-out's serial part: bench/RESULTS.md, "Where the serial part is"); the shuffled
+table's checks are waited for when it ends, before it is indexed. The Test-Client's
+ciphertexts are checked (`paillier.check_units`) where those of the rows that join are
+first used, in the aggregation's tasks; the others are dropped unread. The layout, the
+counts and the buckets and strata are still checked here as each chunk arrives, and a
+bad point or ciphertext fails the session the same way.
 
 The handler (`_on_<kind>(body, checked)` of each session) then uses what the validator
 returned and does not check again. Malformed content is a `ProtocolError` (the
@@ -97,13 +102,8 @@ _ABORT_CODE = re.compile(r"[a-z_]{1,40}")
 MAX_ABORT_CHARS = 2000
 MAX_HEARTBEAT_PHASE_CHARS = 64
 
-#: u-coordinates of the points of small order on Curve25519 that are on the curve
-#: itself (order 4 and 8; 0 and the twist's are refused as off the curve)
-SMALL_ORDER_U = frozenset({
-    1,
-    325606250916557431795983626356110631294008115727848805560023387167927233504,
-    39382357235489614581723060781553021112529911719440698176882885853963445705823,
-})
+#: the points of small order on Curve25519 itself (`commutative.check_points` refuses them)
+SMALL_ORDER_U = commutative.SMALL_ORDER_U
 
 #: Which message each party accepts from its peer in each phase (by the phase's value);
 #: "abort" and "heartbeat" are accepted in every phase until the session fails.
@@ -164,14 +164,10 @@ class HelloChoice:
 
 
 # ------------------------------------------------------------------ field checks
-def check_points(packed: bytes) -> list[bytes]:
+def check_points(packed: bytes, first: int = 0) -> list[bytes]:
     """A peer's packed points: 32-byte canonical u-coordinates of Curve25519 (not its
-    twist), not of small order."""
-    points = commutative.validate_points(packed)
-    for i, pt in enumerate(points):
-        if int.from_bytes(pt, "little") in SMALL_ORDER_U:
-            raise ProtocolError(f"point {i} has small order")
-    return points
+    twist), not of small order (`commutative.check_points`)."""
+    return commutative.check_points(packed, first)
 
 
 def check_ciphertexts(packed: bytes, public_key: paillier.PublicKey) -> list[int]:
@@ -390,13 +386,14 @@ class TesterInbound(Gate):
             return Rows(ciphertexts=check_ciphertexts(chunk.ciphertexts, s._pub) if chunk.ciphertexts else None,
                         tester_ciphertexts=check_ciphertexts(chunk.tester_ciphertexts, s._tester_key.public))
         if reader.table == pb.SHUFFLED_ROWS:
-            points = check_points(chunk.points)
-            if len(set(points)) != len(points):  # across chunks: when the table is indexed
-                raise ProtocolError("duplicate row in the shuffled table")
-            return Rows()  # the handler keeps the chunk's packed points, checked here
-        # the Test-Client's rows: their points and ciphertexts are checked on the executor,
-        # by the join's task for the chunk (`tester_service.join.double_client_chunk`:
-        # `validate_points` and `check_ciphertexts`), as the points are doubly encrypted
+            # the chunk's size is checked above; its points on the executor as the table
+            # arrives (`commutative.check_points`, waited for at the table's end, before
+            # the index is built), and a point sent twice when the table is indexed
+            return Rows()
+        # the Test-Client's rows: their points are checked on the executor, by the join's
+        # task for the chunk (`tester_service.join.double_client_chunk`: `validate_points`),
+        # as they are doubly encrypted; the ciphertexts of the rows that join where they
+        # are aggregated (`tester_service.aggregation.bucket_sums_packed`: `check_units`)
         units = wire.unpack_indices(chunk.units) if layout.units else None
         strata = wire.unpack_indices(chunk.strata) if layout.strata else None
         metric = s.metric
