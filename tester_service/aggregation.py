@@ -57,12 +57,9 @@ def signed_multi_exp(bases: Sequence[int], exponents: Sequence[int], n2: int) ->
 def bucket_sums_packed(n: int, width: int, jobs: Sequence[tuple[bytes, Sequence[Sequence[int]]]]) -> list[list[int]]:
     """`bucket_sums_chunk` on packed ciphertexts (`width` bytes each, big-endian) and
     weight columns as arrays: both travel to the worker as buffers (no list of a million
-    Python integers pickled on the Tester's own thread) and become integers there.
-    The ciphertexts are the Test-Client's, of the rows that joined, and this is where
-    they are checked (`paillier.check_units`: each a unit of Z_{n²}; design §4.7): the
-    first use of each, before any is raised to a weight."""
-    return bucket_sums_chunk(n, [(paillier.check_units([int.from_bytes(packed[i:i + width], "big")
-                                                        for i in range(0, len(packed), width)], n),
+    Python integers pickled on the Tester's own thread) and become integers there (the
+    ciphertexts were checked as they arrived, `tester_service.join.double_client_chunk`)."""
+    return bucket_sums_chunk(n, [([int.from_bytes(packed[i:i + width], "big") for i in range(0, len(packed), width)],
                                   [column.tolist() if isinstance(column, np.ndarray) else column for column in columns])
                                  for packed, columns in jobs])
 

@@ -7,16 +7,19 @@ imports (bench/RESULTS.md, "A small audit from a fresh process").
 """
 from __future__ import annotations
 
-from common.crypto import commutative
+from common.crypto import commutative, paillier
 
 
-def double_client_chunk(multiply: commutative.ScalarMultiplication, points: bytes, first: int) -> bytes:
-    """Step 5 for one chunk of the Test-Client's rows: their points doubly encrypted (the
-    task checks them, `commutative.validate_points`; `first`: the chunk's first row, for
-    the error). The rows' ciphertexts stay with the session: only the rows that join are
-    ever used, and their ciphertexts are checked where they are aggregated
-    (`tester_service.aggregation.bucket_sums_packed`), so the others never travel to a
-    worker. Top-level, so that an executor can send it to a worker process."""
+def double_client_chunk(multiply: commutative.ScalarMultiplication, points: bytes, first: int, ciphertexts: bytes,
+                        public_key: paillier.PublicKey | None) -> bytes:
+    """Step 5 for one chunk of the Test-Client's rows: check its ciphertexts, every row's
+    whether it joins or not (`paillier.ciphertexts_from_bytes`, as
+    `common.protocol.validation.check_ciphertexts` does: a check of the joined rows alone
+    would tell a Test-Client which of its members we hold, by failing or not), and return
+    its points doubly encrypted (the task checks them, `commutative.validate_points`).
+    Top-level, so that an executor can send it to a worker process."""
+    if ciphertexts:
+        paillier.ciphertexts_from_bytes(ciphertexts, public_key)
     return multiply(points, first)
 
 

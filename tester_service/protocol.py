@@ -421,7 +421,7 @@ class TesterSession:
         if self.phase is Phase.WAIT_MEMBERS:  # doubly encrypted (and checked) on the executor
             first = self._reader.rows - chunk.rows
             self._pending.append((self._executor.submit(double_client_chunk, self._com_key.multiply_task(),
-                                                        chunk.points, first),))
+                                                        chunk.points, first, b"", None),))
             return []
         if self.phase is Phase.WAIT_TOTALS:  # checked by the gate (`validation.TesterInbound`)
             self._blind_totals.append((chunk.tester_ciphertexts, chunk.ciphertexts))
@@ -430,11 +430,12 @@ class TesterSession:
             self._blind_cts.append(chunk.tester_ciphertexts)
             self._progress("join", "", self._reader.rows, self._blind_members)
             return []
-        # step 5, one chunk: its points doubly encrypted (and checked) on the executor while
-        # the next chunks arrive; the chunks are joined in order as their points come back,
-        # and the ciphertexts of the rows that join are checked where they are aggregated
+        # step 5, one chunk: doubly encrypted (and checked, its ciphertexts too) on the
+        # executor while the next chunks arrive; the chunks are joined in order as their
+        # points come back
         first = self._reader.rows - chunk.rows
-        future = self._executor.submit(double_client_chunk, self._com_key.multiply_task(), chunk.points, first)
+        future = self._executor.submit(double_client_chunk, self._com_key.multiply_task(), chunk.points, first,
+                                       chunk.ciphertexts, self._pub)
         self._pending.append((future, chunk.rows, chunk.ciphertexts, rows.units, rows.strata))
         while self._pending and (len(self._pending) > self._executor.chunk_count(JOIN_WINDOW)
                                  or self._pending[0][0].done()):

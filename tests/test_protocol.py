@@ -232,8 +232,8 @@ def test_wrong_table_and_bad_hello_are_protocol_errors():
 
 
 def test_ciphertexts_out_of_range_from_the_client_are_refused():
-    """The Test-Client's ciphertexts (here all >= n²) are refused where the rows that
-    join are first used, in the aggregation, before any weight is applied."""
+    """The Test-Client's ciphertexts (here all >= n²) are refused by the join's task for
+    their chunk, the first one named."""
     t, c, ack = _client_after_hello()
     out = list(t.receive(ack))
     replies = [m for msg in out for m in c.receive(msg)]
@@ -245,6 +245,40 @@ def test_ciphertexts_out_of_range_from_the_client_are_refused():
     with pytest.raises(ProtocolError, match="ciphertext 0 is out of range"):
         for m in replies:
             list(t.receive(m))
+
+
+@pytest.mark.parametrize("joins", [True, False])
+def test_a_bad_ciphertext_fails_the_audit_whether_its_row_joins_or_not(joins):
+    """One row's ciphertext out of range (all its bytes 0xff) ends the audit with the same
+    protocol error whether its member is one of the Tester's or not: a check of the
+    joined rows alone would answer, by failing or not, whether a chosen member is one of
+    ours (a membership oracle). The row is picked by doubling the Test-Client's points
+    with the Tester's key, as the join does."""
+    tester_df, client_df = make_inputs(20, 20, 10)
+    t = exact_session(AuditSpec(metric="ero", client_dataset="d", bootstrap=5), tester_df, min_modulus_bits=TEST_BITS)
+    c = _client(client_df)
+    [hello] = t.start()
+    [ack] = c.receive(hello)
+    replies = [m for msg in t.receive(ack) for m in c.receive(msg)]
+    rows = [m.chunk for m in replies if m.HasField("chunk") and m.chunk.table == pb.CLIENT_ROWS]
+    assert len(rows) == 1
+    for m in replies:  # the shuffled table, indexed
+        if not (m.HasField("chunk") and m.chunk.table == pb.CLIENT_ROWS) and \
+                not (m.HasField("table_end") and m.table_end.table == pb.CLIENT_ROWS):
+            list(t.receive(m))
+    doubled = np.frombuffer(t._com_key.multiply_task()(rows[0].points, 0), dtype="S32")
+    member = np.isin(doubled, t._index[0])
+    assert member.sum() == 10
+    row = int(np.flatnonzero(member == joins)[0])
+    width = len(rows[0].ciphertexts) // rows[0].rows
+    cts = bytearray(rows[0].ciphertexts)
+    cts[row * width:(row + 1) * width] = b"\xff" * width
+    rows[0].ciphertexts = bytes(cts)
+    with pytest.raises(ProtocolError, match=f"ciphertext {row} is out of range"):
+        for m in replies:
+            if (m.HasField("chunk") and m.chunk.table == pb.CLIENT_ROWS) or \
+                    (m.HasField("table_end") and m.table_end.table == pb.CLIENT_ROWS):
+                list(t.receive(m))
 
 
 def test_a_shuffled_row_repeated_across_chunks_is_refused():

@@ -39,8 +39,9 @@ compared only). Their points are checked by the same functions
 for each chunk, where the per-row work runs on all cores and off the session's thread
 (a scale-out's serial part: bench/RESULTS.md, "Where the serial part is"); the shuffled
 table's checks are waited for when it ends, before it is indexed. The Test-Client's
-ciphertexts are checked (`paillier.check_units`) where those of the rows that join are
-first used, in the aggregation's tasks; the others are dropped unread. The layout, the
+ciphertexts are checked (`check_ciphertexts`) in the join's task for their chunk, every
+row's whether it joins or not: a check of the joined rows alone would answer, by failing
+or not, whether a row's member is one of ours. The layout, the
 counts and the buckets and strata are still checked here as each chunk arrives, and a
 bad point or ciphertext fails the session the same way.
 
@@ -390,10 +391,10 @@ class TesterInbound(Gate):
             # arrives (`commutative.check_points`, waited for at the table's end, before
             # the index is built), and a point sent twice when the table is indexed
             return Rows()
-        # the Test-Client's rows: their points are checked on the executor, by the join's
-        # task for the chunk (`tester_service.join.double_client_chunk`: `validate_points`),
-        # as they are doubly encrypted; the ciphertexts of the rows that join where they
-        # are aggregated (`tester_service.aggregation.bucket_sums_packed`: `check_units`)
+        # the Test-Client's rows: their points and ciphertexts are checked on the executor,
+        # by the join's task for the chunk (`tester_service.join.double_client_chunk`:
+        # `validate_points` and `check_ciphertexts`, every row's, joined or not), as the
+        # points are doubly encrypted
         units = wire.unpack_indices(chunk.units) if layout.units else None
         strata = wire.unpack_indices(chunk.strata) if layout.strata else None
         metric = s.metric
