@@ -417,3 +417,29 @@ def test_a_million_rows_never_make_a_large_message():
     assert len(sizes) > 100 and max(sizes) < wire.CHUNK_BYTES + 1024 < wire.MAX_MESSAGE_BYTES
     # the widest row (a 4096-bit ciphertext and a point) too
     assert wire.rows_per_chunk(512 + 32) * (512 + 32) <= wire.CHUNK_BYTES
+
+
+def test_distinct_points_partition_the_points_as_numpys_unique_does():
+    """`distinct_points` (the multiplicity count's integer sort of the points' first 8
+    bytes) groups exactly the equal points and counts them, as `np.unique` does, also
+    where two different points share their first 8 bytes (it falls back to the byte
+    strings) and for an empty table; `exact_sum` is exact past int64 (Python integers)."""
+    import secrets
+
+    from tester_service.protocol import distinct_points, exact_sum
+    rng = np.random.default_rng(5)
+    distinct = np.frombuffer(secrets.token_bytes(32 * 500), dtype="S32")
+    twin = bytearray(distinct[0])
+    twin[31] ^= 1  # same first 8 bytes, another point
+    pool = np.concatenate([distinct, np.array([bytes(twin)], dtype="S32")])
+    for points in (pool[rng.integers(0, 500, 2000)], pool[rng.integers(0, 501, 2000)], pool[[0, 500, 0, 500, 3]]):
+        member, counts = distinct_points(points)
+        _, expected_member, expected_counts = np.unique(points, return_inverse=True, return_counts=True)
+        pairs = set(zip(member.tolist(), expected_member.tolist()))
+        assert len(pairs) == len(counts) == len(expected_counts)  # the same partition
+        assert sorted(counts.tolist()) == sorted(expected_counts.tolist())
+        assert all(counts[a] == expected_counts[b] for a, b in pairs)
+    assert len(distinct_points(np.empty(0, dtype="S32"))[1]) == 0
+    big = np.array([1 << 62, 1 << 62, 5], dtype=np.int64)
+    assert exact_sum(big) == (1 << 63) + 5
+    assert exact_sum(np.array([3, 4], dtype=np.int64)) == 7 and exact_sum(np.array([-2, 5])) == 3
