@@ -111,40 +111,6 @@ class AuditSpec:
         return dataclasses.replace(self, metric_option=option, params=dict(self.params), correction=correction_method)
 
 
-def distinct_points(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For 32-byte points (dtype S32): each one's index among the distinct points and
-    each distinct point's count, as `np.unique(..., return_inverse, return_counts)` gives
-    them up to the order of the distinct points. Sorted by their first 8 bytes as
-    integers (a tenth of the time of sorting the byte strings); where two different
-    points share those bytes (no peer can aim at it: the points are multiplied by our
-    secret key), the byte strings themselves."""
-    if points.dtype.itemsize != commutative.POINT_BYTES or not len(points):
-        _, member, counts = np.unique(points, return_inverse=True, return_counts=True)
-        return member, counts
-    keys = np.ascontiguousarray(points).view(np.uint64).reshape(len(points), -1)[:, 0]
-    order = np.argsort(keys)
-    sorted_keys, sorted_points = keys[order], points[order]
-    same_key = sorted_keys[1:] == sorted_keys[:-1]
-    if bool((same_key & (sorted_points[1:] != sorted_points[:-1])).any()):
-        _, member, counts = np.unique(points, return_inverse=True, return_counts=True)
-        return member, counts
-    starts = np.concatenate(([True], ~same_key))
-    group = np.cumsum(starts) - 1
-    member = np.empty(len(points), dtype=np.int64)
-    member[order] = group
-    return member, np.bincount(group)
-
-
-def exact_sum(values: np.ndarray) -> int:
-    """Σ of integer weights, exactly: in int64 where no partial sum can overflow it
-    (non-negative weights below 2^63 / rows), else as Python integers."""
-    if values.dtype.kind in "iu" and len(values):
-        low, high = int(values.min()), int(values.max())
-        if low >= 0 and high <= ((1 << 63) - 1) // len(values):
-            return int(values.sum(dtype=np.int64))
-    return sum(int(v) for v in values)
-
-
 #: chunks of the Test-Client's rows in flight on the executor at most (per worker: 2)
 JOIN_WINDOW = 4
 
@@ -557,7 +523,7 @@ class TesterSession:
         self._row_points, self._row_strata = [], []
         if not len(points):
             return 1, 1.0
-        member, counts = distinct_points(points)
+        member, counts = aggregation.distinct_points(points)
         multiplicity = int(counts.max())
         if not self.metric.strata_cells or strata is None:
             return multiplicity, float(multiplicity)
@@ -990,7 +956,7 @@ class TesterSession:
                         count = int(np.count_nonzero(rows)) if not isinstance(rows, slice) else n
                         sizes[(w, stratum)] = col * count / scale
                     else:
-                        sizes[(w, stratum)] = float(exact_sum(np.asarray(col)[rows])) / scale
+                        sizes[(w, stratum)] = float(aggregation.exact_sum(np.asarray(col)[rows])) / scale
             return sizes[(w, stratum)]
 
         minimum = self.release.min_effective_size

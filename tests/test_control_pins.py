@@ -599,7 +599,7 @@ def test_small_order_points_enumerated_from_the_curve_are_all_refused():
                 continue
             packed = encoding_.to_bytes(32, "little")
             with pytest.raises(ProtocolError):
-                validation.check_points(packed)
+                commutative.check_points(packed)
             with pytest.raises(ProtocolError):
                 commutative.CommutativeKey.generate().encrypt_packed(packed)
 

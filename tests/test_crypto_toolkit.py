@@ -302,6 +302,21 @@ def test_masked_ratio_round_trip_is_exact(key):
 
 
 # ---------------------------------------------------------------- AES-GCM rows
+def test_every_sealed_row_of_a_chunk_has_a_nonce_of_its_own():
+    """The chunk's nonces are read from the OS in one call and cut per row: identical
+    vectors in one chunk still seal to different blobs (a shared nonce would show the
+    Test-Client which members share a vector, and break AES-GCM)."""
+    from common.crypto.symmetric import NONCE_BYTES
+    sealer = RowSealer.generate()
+    rows = np.tile(np.full(6, 1 / 6), (400, 1))
+    blob = sealer.seal_rows(rows)
+    width = sealed_width(6)
+    blobs = {blob[i:i + width] for i in range(0, len(blob), width)}
+    nonces = {blob[i:i + NONCE_BYTES] for i in range(0, len(blob), width)}
+    assert len(blobs) == len(nonces) == 400
+    assert np.array_equal(sealer.open_rows(blob, 6), rows)
+
+
 def test_sealed_rows_round_trip_and_tampering_is_detected():
     sealer = RowSealer.generate()
     rows = np.random.default_rng(1).dirichlet(np.ones(6), 5)

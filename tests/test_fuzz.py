@@ -39,7 +39,7 @@ from client_service.server import ClientConfig
 from client_service.server import serve as serve_client
 from common.net import channels
 from common.protocol import validation, wire
-from common.crypto import paillier
+from common.crypto import commutative, paillier
 from common.net.channels import LinkSettings
 from common.errors import InputError, PeerAborted, ProtocolError
 from common.protocol.session import PhaseError
@@ -405,9 +405,9 @@ def test_a_failed_session_refuses_the_next_real_message():
 
 
 def test_small_order_points_and_oversized_keys_are_refused():
-    for u in validation.SMALL_ORDER_U - {1}:
+    for u in commutative.SMALL_ORDER_U - {1}:
         with pytest.raises(ProtocolError, match="small order"):
-            validation.check_points(u.to_bytes(32, "little"))
+            commutative.check_points(u.to_bytes(32, "little"))
     key = paillier.generate_keypair(TEST_BITS, allow_insecure=True).public
     n_bytes, h_bytes = key.to_bytes()
     assert validation.check_public_key(n_bytes, h_bytes, min_bits=TEST_BITS) == key

@@ -426,7 +426,7 @@ def test_distinct_points_partition_the_points_as_numpys_unique_does():
     strings) and for an empty table; `exact_sum` is exact past int64 (Python integers)."""
     import secrets
 
-    from tester_service.protocol import distinct_points, exact_sum
+    from tester_service.aggregation import distinct_points, exact_sum
     rng = np.random.default_rng(5)
     distinct = np.frombuffer(secrets.token_bytes(32 * 500), dtype="S32")
     twin = bytearray(distinct[0])

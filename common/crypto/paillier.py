@@ -357,21 +357,15 @@ def ciphertexts_from_bytes(packed: bytes, pub: PublicKey) -> list[int]:
     width = pub.ciphertext_bytes
     if len(packed) % width:
         raise ProtocolError(f"ciphertext table of {len(packed)} bytes is not a multiple of {width}")
-    return check_units([int.from_bytes(packed[i:i + width], "big") for i in range(0, len(packed), width)], pub.n)
-
-
-def check_units(ciphertexts: list[int], n: int) -> list[int]:
-    """`ciphertexts`, each checked to be a unit of Z_{n²} (in (0, n²), prime to n) with one
-    gcd for all of them (`ciphertexts_from_bytes`); a ProtocolError names the first that
-    is not, by its place in the list."""
-    n_ = mpz(n)
-    n2 = n_ * n_
+    n2 = pub.n2
+    n = mpz(pub.n)
+    out = [int.from_bytes(packed[i:i + width], "big") for i in range(0, len(packed), width)]
     product = mpz(1)
-    for i, c in enumerate(ciphertexts):
+    for i, c in enumerate(out):
         if not 0 < c < n2:
             raise ProtocolError(f"ciphertext {i} is out of range")
-        product = product * (c % n_) % n_
-    if gmpy2.gcd(product, n_) != 1:
-        bad = next(i for i, c in enumerate(ciphertexts) if gmpy2.gcd(c, n_) != 1)
+        product = product * (c % n) % n
+    if gmpy2.gcd(product, n) != 1:
+        bad = next(i for i, c in enumerate(out) if gmpy2.gcd(c, n) != 1)
         raise ProtocolError(f"ciphertext {bad} is out of range")
-    return ciphertexts
+    return out

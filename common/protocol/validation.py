@@ -26,7 +26,8 @@ checks the content, and an error state sticks. In order:
    member table received, their totals one per rank pair), field sizes, the
    release fields of the AggregatesHeader (suppressed items, plain rows, zero tests,
    noise standard deviations: `tester_service.release`), points (32-byte
-   canonical u-coordinates on Curve25519, not of small order), ciphertexts (0 < c < n^2,
+   canonical u-coordinates on Curve25519, not of small order: on the executor, below),
+   ciphertexts (0 < c < n^2,
    gcd(c, n) = 1), key sizes (`min_modulus_bits` .. `MAX_MODULUS_BITS`), resampling
    buckets and strata in range, the Test-Client's timings (never a result: design §3.7) and
    masked plaintexts against the audit.
@@ -62,7 +63,7 @@ import numpy as np
 
 from common.protocol import wire
 from common.stats import correction
-from common.crypto import commutative, paillier
+from common.crypto import paillier
 from common.errors import EncodingOverflowError, InputError, PeerAborted, ProtocolError
 from common.logs import valid_audit_id
 from common.metrics import get_metric
@@ -102,9 +103,6 @@ _SECONDS_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _ABORT_CODE = re.compile(r"[a-z_]{1,40}")
 MAX_ABORT_CHARS = 2000
 MAX_HEARTBEAT_PHASE_CHARS = 64
-
-#: the points of small order on Curve25519 itself (`commutative.check_points` refuses them)
-SMALL_ORDER_U = commutative.SMALL_ORDER_U
 
 #: Which message each party accepts from its peer in each phase (by the phase's value);
 #: "abort" and "heartbeat" are accepted in every phase until the session fails.
@@ -165,12 +163,6 @@ class HelloChoice:
 
 
 # ------------------------------------------------------------------ field checks
-def check_points(packed: bytes, first: int = 0) -> list[bytes]:
-    """A peer's packed points: 32-byte canonical u-coordinates of Curve25519 (not its
-    twist), not of small order (`commutative.check_points`)."""
-    return commutative.check_points(packed, first)
-
-
 def check_ciphertexts(packed: bytes, public_key: paillier.PublicKey) -> list[int]:
     """A peer's packed ciphertexts under `public_key`: each a unit of Z_{n^2}."""
     return paillier.ciphertexts_from_bytes(packed, public_key)
