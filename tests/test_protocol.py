@@ -429,7 +429,7 @@ def test_distinct_points_partition_the_points_as_numpys_unique_does():
     from tester_service.aggregation import distinct_points, exact_sum
     rng = np.random.default_rng(5)
     distinct = np.frombuffer(secrets.token_bytes(32 * 500), dtype="S32")
-    twin = bytearray(distinct[0])
+    twin = bytearray(distinct[:1].tobytes())  # all 32 bytes (an S32 item drops trailing NULs)
     twin[31] ^= 1  # same first 8 bytes, another point
     pool = np.concatenate([distinct, np.array([bytes(twin)], dtype="S32")])
     for points in (pool[rng.integers(0, 500, 2000)], pool[rng.integers(0, 501, 2000)], pool[[0, 500, 0, 500, 3]]):
