@@ -9,3 +9,68 @@ import pytest
 @pytest.fixture(autouse=True)
 def _private_data_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("xdg-data")))
+
+
+#: tests that are work units of their own under `--dist loadfile` (every nodeid that starts
+#: so, each parametrisation apart): long and independent, they would hold one worker for
+#: longer than the rest of the suite takes on the other
+OWN_UNITS = (
+    "tests/test_utility_bar.py::test_the_defaults_keep_every_large_group_within_001_of_the_noiseless_estimate[",
+    "tests/test_faults.py::test_soak_",
+)
+
+
+def unit_of(nodeid: str) -> str:
+    """The work unit of a test: its file (whose module fixtures are built once, on one
+    worker), unless it is one of `OWN_UNITS`."""
+    return nodeid if nodeid.startswith(OWN_UNITS) else nodeid.split("::")[0]
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` (the README's test command) with `OWN_UNITS` apart and the units
+    in the order the workers collected them (`pytest_collection_modifyitems`: longest
+    first by their `cost` marks)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    config.option.loadscopereorder = False
+    return WorkUnitScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """On an xdist worker: the work units (`unit_of`) longest first by their tests' `cost`
+    marks, so that no long unit starts last and leaves the other worker idle; unmarked units
+    after them, those with more tests first (xdist's own order). A run without workers keeps
+    the collection's order."""
+    if not hasattr(config, "workerinput"):
+        return
+    items[:] = by_cost(items)
+
+
+def by_cost(items: list) -> list:
+    units: dict[str, list] = {}
+    for item in items:
+        units.setdefault(unit_of(item.nodeid), []).append(item)
+    cost = {name: _unit_cost(name, unit) for name, unit in units.items()}
+    # then, as xdist orders units, those with more tests first (stable: ties keep the collection's order)
+    order = sorted(units, key=lambda name: (-cost[name], -len(units[name])))
+    return [item for name in order for item in units[name]]
+
+
+def _unit_cost(name: str, unit: list) -> float:
+    """Seconds of a work unit: its tests' own `cost` marks, and, for a file's own unit, the
+    mark in the module's `pytestmark` (what its fixtures and unmarked tests take together)."""
+    own = sum(float(mark.args[0]) for item in unit for mark in item.own_markers if mark.name == "cost")
+    modules = {item.module for item in unit if item.nodeid.split("::")[0] == name}
+    shared = 0.0
+    for module in modules:
+        marks = getattr(module, "pytestmark", [])
+        for mark in marks if isinstance(marks, list) else [marks]:
+            if mark.name == "cost":
+                shared += float(mark.args[0])
+    return own + shared

@@ -53,7 +53,7 @@ from tests.processes import (ACTIVE_SESSIONS_RE, Dataset, FreezableProxy, Operat
                              VethNamespace, group_pids, health_status, make_client, make_tester,
                              sweep_stale_namespaces, wait_for, write_dataset)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cost(370)]
 
 #: the fault tests' audit: long enough that every phase lasts a few seconds here
 N_BIG = 12_000
@@ -685,6 +685,7 @@ SOAK_HANDLER_WORKERS = channels.handler_workers(max(tester_server.TesterConfig.m
 
 
 @pytest.mark.timeout(1200)
+@pytest.mark.cost(355)
 def test_soak_200_audits_do_not_grow_memory_fds_or_threads(deploy, tiny, request):
     """No fault: 200 consecutive tiny audits (200 members, B = 20, 2048-bit Paillier)
     against one pair of long-running service processes; each audit starts once both

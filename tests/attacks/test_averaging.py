@@ -7,7 +7,7 @@ from tester_service.demographics import preparation
 from tests.attacks import averaging
 from tests.attacks.harness import Population, make_population
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cost(125)]
 N_TARGETS = 10
 #: a population of its own (the harness's is seed 11): half the members in Self-ID
 POPULATION = dict(members=600, seed=1818, self_id_share=0.5)

@@ -6,7 +6,7 @@ import pytest
 from tests.attacks import differencing
 from tests.attacks.checks import DEFAULTS, OFF, Attacker, assert_attack_works, assert_defended
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cost(105)]
 N_TARGETS = 10
 
 

@@ -6,7 +6,7 @@ import pytest
 from tests.attacks import reconstruction
 from tests.attacks.checks import DEFAULTS, OFF, Attacker, assert_attack_works, assert_defended
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cost(135)]
 N_TARGETS = 12
 
 
