@@ -23,7 +23,11 @@ OWN_UNITS = (
 def unit_of(nodeid: str) -> str:
     """The work unit of a test: its file (whose module fixtures are built once, on one
     worker), unless it is one of `OWN_UNITS`."""
-    return nodeid if nodeid.startswith(OWN_UNITS) else nodeid.split("::")[0]
+    return nodeid if nodeid.startswith(OWN_UNITS) else _file_of(nodeid)
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::")[0]
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -65,12 +69,5 @@ def by_cost(items: list) -> list:
 def _unit_cost(name: str, unit: list) -> float:
     """Seconds of a work unit: its tests' own `cost` marks, and, for a file's own unit, the
     mark in the module's `pytestmark` (what its fixtures and unmarked tests take together)."""
-    own = sum(float(mark.args[0]) for item in unit for mark in item.own_markers if mark.name == "cost")
-    modules = {item.module for item in unit if item.nodeid.split("::")[0] == name}
-    shared = 0.0
-    for module in modules:
-        marks = getattr(module, "pytestmark", [])
-        for mark in marks if isinstance(marks, list) else [marks]:
-            if mark.name == "cost":
-                shared += float(mark.args[0])
-    return own + shared
+    modules = {item.getparent(pytest.Module) for item in unit if _file_of(item.nodeid) == name}
+    return sum(float(mark.args[0]) for node in [*unit, *modules] for mark in node.own_markers if mark.name == "cost")

@@ -685,7 +685,7 @@ SOAK_HANDLER_WORKERS = channels.handler_workers(max(tester_server.TesterConfig.m
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.cost(355)
+@pytest.mark.cost(320)
 def test_soak_200_audits_do_not_grow_memory_fds_or_threads(deploy, tiny, request):
     """No fault: 200 consecutive tiny audits (200 members, B = 20, 2048-bit Paillier)
     against one pair of long-running service processes; each audit starts once both

@@ -18,14 +18,14 @@ from tests.helpers import TEST_BITS
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 
-@pytest.mark.cost(300)
+@pytest.mark.cost(390)
 def test_ero_at_one_million_members_completes_under_the_default_controls(tmp_path, monkeypatch):
     import ppre.local
     from common.execution.parallel import ProcessExecutor, worker_count
     from ppre import audit_local
+    from ppre.synth import SynthConfig, synthesize
     monkeypatch.setattr(ppre.local, "local_services",
                         partial(ppre.local.local_services, modulus_bits=TEST_BITS, allow_insecure=True))
-    from ppre.synth import SynthConfig, synthesize
     data = synthesize(SynthConfig(members=1_000_000, seed=2))
     executor = ProcessExecutor(worker_count())
     try:

@@ -128,8 +128,8 @@ def verdict_disagreements(report: dict) -> list[str]:
 
 
 #: seconds one metric's audit pair takes on the 2-core machine (`--durations`), its `cost` mark
-PAIR_SECONDS = {"lot": 860, "mqos-auc": 300, "pot": 345, "output": 110, "mqos-ndcg": 85, "ero": 80,
-                "prob-count": 75}
+PAIR_SECONDS = {"lot": 750, "pot": 380, "mqos-auc": 355, "output": 115, "mqos-ndcg": 95, "ero": 90,
+                "prob-count": 80}
 
 
 def audit_pairs() -> list:
