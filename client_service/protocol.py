@@ -41,7 +41,7 @@ from common.crypto.masking import masked_ratio
 from common.crypto.symmetric import sealed_width
 from common.metrics.base import Layout, Metric
 from common.stats.results import AuditReport, finish, with_withheld
-from common.protocol.session import PhaseClock, chunk_ticks, expect_phase
+from common.protocol.session import PartySession, PhaseClock, chunk_ticks
 from proto import ppre_pb2 as pb
 from client_service import blind_pairs
 
@@ -82,7 +82,7 @@ class Phase(enum.Enum):
     CLOSED = "closed"
 
 
-class ClientSession:
+class ClientSession(PartySession):
     def __init__(self, load_dataset: DatasetLoader, *, modulus_bits: int = paillier.MIN_MODULUS_BITS,
                  allow_insecure: bool = False, checkpoint: Callable[[], None] | None = None,
                  progress: Callable[[str, int, int], None] | None = None,
@@ -152,19 +152,11 @@ class ClientSession:
         self._blind_groups: tuple[str, ...] = ()
         self._member_vectors: list[int] = []
 
-    def _lap(self, name: str) -> None:
-        self._clock.lap(name)
-
-    def _tick(self, phase: str, done: int, total: int) -> None:
+    def _report_rows(self, phase: str, done: int, total: int, message: str) -> None:
         self._progress(phase, done, total)
-        if self._checkpoint is not None:
-            self._checkpoint()
 
-    def _expect(self, *phases: Phase) -> None:
-        expect_phase(self.phase, *phases)
-
-    def close(self) -> None:
-        """Drop keys and all member-level data, however the session ended."""
+    def _drop_secrets(self) -> None:
+        """Keys and all member-level data (`close`, however the session ended)."""
         self._com_key = None
         self._paillier = None
         self._ids = None
@@ -181,18 +173,6 @@ class ClientSession:
         self._aggregates = []
         self._blind_rows = None
         self._member_vectors = []
-        if self.phase is not Phase.DONE:
-            self.phase = Phase.CLOSED
-
-    def receive(self, msg: pb.PeerMessage) -> Iterable[pb.PeerMessage]:
-        """Consume one message from the Tester; returns the messages to send back.
-        `common.protocol.validation.ClientInbound` checks it (phase, order, content) before its
-        `_on_<kind>` handler runs; a session that failed refuses every later message."""
-        return self._inbound.receive(self, msg)
-
-    @property
-    def failed(self) -> bool:
-        return self._inbound.failed
 
     # ---------------------------------------------------------------- step 1
     def _on_hello(self, hello: pb.Hello, choice: validation.HelloChoice) -> list[pb.PeerMessage]:

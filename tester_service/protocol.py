@@ -55,7 +55,7 @@ from common.metrics import correcting_metrics, get_metric
 from common.metrics.base import RELEASE_NOISE, SECOND_MOMENTS, Layout, composite_items, sensitivity_rows
 from common.stats.correction import finish_corrected
 from common.stats.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, AuditReport, finish, receipt, small_for_verdict
-from common.protocol.session import PhaseClock, chunk_ticks, expect_phase
+from common.protocol.session import PartySession, PhaseClock, chunk_ticks
 from common.crypto.symmetric import RowSealer, sealed_width
 from proto import ppre_pb2 as pb
 from tester_service import aggregation, blind_pairs
@@ -136,7 +136,7 @@ ProgressFn = Callable[..., None]
 UPLOAD_STEP_ROWS = 32_768
 
 
-class TesterSession:
+class TesterSession(PartySession):
     __test__ = False  # not a pytest class
 
     def __init__(self, spec: AuditSpec, probabilities: pd.DataFrame, *,
@@ -252,20 +252,11 @@ class TesterSession:
         self._blind_totals: list[tuple[bytes, bytes]] = []
 
     # ------------------------------------------------------------------ helpers
-    def _lap(self, name: str) -> None:
-        self._clock.lap(name)
-
-    def _tick(self, phase: str, done: int, total: int, message: str = "") -> None:
-        """Progress within a long step, then the checkpoint."""
+    def _report_rows(self, phase: str, done: int, total: int, message: str) -> None:
         self._progress(phase, message, done, total)
-        if self._checkpoint is not None:
-            self._checkpoint()
 
-    def _expect(self, *phases: Phase) -> None:
-        expect_phase(self.phase, *phases)
-
-    def close(self) -> None:
-        """Drop every key and every member-level table (runs however the session ends)."""
+    def _drop_secrets(self) -> None:
+        """Every key and every member-level table (`close`, however the session ends)."""
         self._com_key = None
         self._sealer = None
         self._ids = None
@@ -291,8 +282,6 @@ class TesterSession:
         self._member_q = None
         self._blind_cts = []
         self._blind_totals = []
-        if self.phase is not Phase.DONE:
-            self.phase = Phase.CLOSED
 
     # ------------------------------------------------------------------ protocol
     def start(self) -> list[pb.PeerMessage]:
@@ -315,16 +304,6 @@ class TesterSession:
             return {}
         n, h = self._tester_key.public.to_bytes()
         return {"tester_paillier_n": n, "tester_paillier_h": h}
-
-    def receive(self, msg: pb.PeerMessage) -> Iterable[pb.PeerMessage]:
-        """Consume one message from the Test-Client; returns the messages to send back.
-        `common.protocol.validation.TesterInbound` checks it (phase, order, content) before its
-        `_on_<kind>` handler runs; a session that failed refuses every later message."""
-        return self._inbound.receive(self, msg)
-
-    @property
-    def failed(self) -> bool:
-        return self._inbound.failed
 
     def _on_hello_ack(self, ack: pb.HelloAck, facts: validation.AckFacts) -> Iterator[pb.PeerMessage]:
         self._client_rows = facts.rows

@@ -5,13 +5,15 @@ no data). `expect_phase` checks that a step runs in a phase that allows it; whic
 message each phase accepts is `common.protocol.validation`'s table, and a message at the wrong
 moment is a `PhaseError` (a ProtocolError: "right content, wrong time", where malformed
 content is a plain ProtocolError). `chunk_ticks` is the checkpoint of a long step cut
-into chunks: it reports each chunk done.
+into chunks: it reports each chunk done. `PartySession` is what the Tester's and the
+Test-Client's sessions share: their clock, progress ticks, phase checks, the gate every
+received message passes, and `close`.
 """
 from __future__ import annotations
 
 import enum
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 from common.errors import ProtocolError
 
@@ -51,3 +53,51 @@ def chunk_ticks(total: int, tick: Callable[[int, int], None]) -> Callable[[], No
         done += 1
         tick(done, total)
     return checkpoint
+
+
+class PartySession:
+    """The shared part of both parties' sans-I/O sessions (design §3): each has a phase
+    (`phase`), a `PhaseClock` (`_clock`, its laps are `phase_seconds`), an optional
+    checkpoint run between chunks of its long steps (`_checkpoint`), and the gate of
+    `common.protocol.validation` that every message from its peer passes (`_inbound`).
+    A subclass says how a progress tick reaches its owner (`_report_rows`) and what its
+    `close` drops (`_drop_secrets`)."""
+
+    phase: enum.Enum
+    _clock: PhaseClock
+    _checkpoint: Callable[[], None] | None
+    _inbound: "Gate"  # noqa: F821 (common.protocol.validation.Gate)
+
+    def _lap(self, name: str) -> None:
+        self._clock.lap(name)
+
+    def _tick(self, phase: str, done: int, total: int, message: str = "") -> None:
+        """Progress within a long step (`done` of `total`), then the checkpoint."""
+        self._report_rows(phase, done, total, message)
+        if self._checkpoint is not None:
+            self._checkpoint()
+
+    def _report_rows(self, phase: str, done: int, total: int, message: str) -> None:
+        raise NotImplementedError
+
+    def _expect(self, *phases: enum.Enum) -> None:
+        expect_phase(self.phase, *phases)
+
+    def receive(self, msg) -> Iterable:
+        """Consume one message from the peer; returns the messages to send back. The gate
+        (`common.protocol.validation`) checks it (phase, order, content) before its handler
+        runs; a session that failed refuses every later message."""
+        return self._inbound.receive(self, msg)
+
+    @property
+    def failed(self) -> bool:
+        return self._inbound.failed
+
+    def close(self) -> None:
+        """Drop every key and all member-level data, however the session ended."""
+        self._drop_secrets()
+        if self.phase is not type(self.phase).DONE:
+            self.phase = type(self.phase).CLOSED
+
+    def _drop_secrets(self) -> None:
+        raise NotImplementedError
