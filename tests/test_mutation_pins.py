@@ -6,68 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import hmac
-import json
 import re
 
 import pytest
 
-from tester_service import audit_log as al
 from tests.helpers import CallContext
-
-
-# ---------------------------------------------------------------- the audit log
-def test_an_unreadable_log_does_not_verify(tmp_path):
-    """A log that cannot be read is not "intact": `verify` says it is broken and why."""
-    result = al.verify(tmp_path / "missing.log")
-    assert result.ok is False and result.records == 0 and "cannot be read" in result.reason, result
-
-
-def test_a_head_of_one_record_detects_a_rewritten_first_record(tmp_path):
-    """The exported head anchors a log of a single record too: rewriting and re-hashing
-    that record passes the plain chain but not the head."""
-    plain = tmp_path / "plain.log"
-    al.AuditLog(plain).append({"n": 0})
-    head = (1, al.verify(plain).last)
-    entry = json.loads(plain.read_text())
-    entry["record"] = {"n": 99}
-    entry["hash"] = al.record_hash(entry["prev"], entry["seq"], entry["time"], entry["record"])
-    plain.write_text(json.dumps(entry) + "\n")
-    assert al.verify(plain).ok  # the chain alone is intact ...
-    result = al.verify(plain, None, head)
-    assert not result.ok and result.broken_line == 1 and "rewritten" in result.reason, result
-
-
-@pytest.mark.parametrize("link", ["hash", "mac"])
-@pytest.mark.parametrize("field", ["prev", "seq", "time", "record"])
-def test_the_link_of_a_record_depends_on_each_of_its_fields(link, field):
-    """The link (plain hash or MAC) changes when any one field changes, the sequence
-    number included (not only through the verifier's separate position check)."""
-    key = bytes(range(al.KEY_BYTES))
-    fields = {"prev": al.GENESIS, "seq": 1, "time": "2026-01-01T00:00:00.000000Z", "record": {"n": 1}}
-    changed = {"prev": "1" * 64, "seq": 2, "time": "2026-01-01T00:00:01.000000Z", "record": {"n": 2}}
-    other = dict(fields, **{field: changed[field]})
-
-    def of(f):
-        args = (f["prev"], f["seq"], f["time"], f["record"])
-        return al.record_hash(*args) if link == "hash" else al.record_mac(key, *args)
-    assert of(fields) != of(other)
-
-
-def test_the_mac_is_the_documented_hmac_over_canonical_json():
-    """m = HMAC-SHA256(key, prev ‖ canonical JSON of {"seq", "time", "record"}) (sorted
-    keys, no spaces, UTF-8 as is), so that any verifier built from the docs agrees and
-    logs stay verifiable across versions."""
-    key = bytes(range(al.KEY_BYTES))
-    record = {"who": "opérateur", "metric": "ero", "b": [1, 2]}
-    prev, seq, time = "a" * 64, 7, "2026-01-01T00:00:00.000000Z"
-    body = json.dumps({"seq": seq, "time": time, "record": record}, sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False).encode("utf-8")
-    assert body.startswith(b'{"record":{"b":[1,2],"metric":"ero","who":"op\xc3\xa9rateur"},"seq":7,')
-    assert al.record_mac(key, prev, seq, time, record) == hmac.new(key, prev.encode() + body,
-                                                                  hashlib.sha256).hexdigest()
-    assert al.record_hash(prev, seq, time, record) == hashlib.sha256(prev.encode() + body).hexdigest()
 
 
 # ---------------------------------------------------------------- TLS identities and allow-lists
@@ -582,7 +525,6 @@ def test_a_comparison_with_an_uninformative_group_counts_only_when_its_band_clea
     assert v.significant and v.severity == "low"  # with release noise: compared like the others
 
 
-
 def test_announced_labels_are_few_non_empty_and_short():
     """Group and strata labels from the peer: at most `most` of them, none empty, none
     longer than MAX_LABEL_CHARS."""
@@ -1040,93 +982,6 @@ def test_an_allow_list_refusal_names_the_identity_the_role_and_the_flag():
     assert tls.peer_common_name(CallContext()) == ""
 
 
-# ---------------------------------------------------------------- the audit log's key, head and records
-def test_a_new_key_only_for_a_log_without_records(tmp_path):
-    """`load_key(create=True)` makes a key (64 hex digits, 0600, its directories too) for
-    a missing or empty log, and refuses one for a log holding anything, one byte included:
-    a new key cannot vouch for old records."""
-    from tester_service import audit_log as al
-    log = tmp_path / "state" / "audit.log"
-    log.parent.mkdir()
-    log.write_bytes(b"")
-    key_path = tmp_path / "keys" / "deep" / "audit.key"
-    key = al.load_key(key_path, log, create=True)
-    assert len(key) == al.KEY_BYTES and key_path.read_text() == key.hex() + "\n"
-    assert key_path.stat().st_mode & 0o777 == 0o600
-    second = tmp_path / "keys" / "other.key"  # its directory exists already
-    assert len(al.load_key(second, None, create=True)) == al.KEY_BYTES
-    log.write_bytes(b"\n")
-    with pytest.raises(al.AuditLogError, match="holds records but its key .* is missing"):
-        al.load_key(tmp_path / "keys" / "third.key", log, create=True)
-    assert not (tmp_path / "keys" / "third.key").exists()
-    with pytest.raises(al.AuditLogError, match=r"cannot be read \(Is a directory\)"):
-        al.load_key(tmp_path / "keys", None)
-
-
-def test_the_head_lies_beside_the_key_and_records_are_stamped_in_utc(tmp_path, monkeypatch):
-    import re
-    import time as time_module
-
-    from tester_service import audit_log as al
-    assert al.head_path(tmp_path / "k" / "audit.key") == tmp_path / "k" / "audit.key.head"
-    monkeypatch.setenv("TZ", "Asia/Tokyo")  # nine hours from UTC: a local stamp would show it
-    time_module.tzset()
-    try:
-        before = time_module.time()
-        entry = al.AuditLog(tmp_path / "audit.log").append({"n": 1})
-    finally:
-        monkeypatch.delenv("TZ")
-        time_module.tzset()
-    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z", entry["time"])
-    import datetime as dt
-    stamped = dt.datetime.strptime(entry["time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.timezone.utc)
-    assert abs(stamped.timestamp() - before) < 60
-
-
-def test_an_incomplete_record_fails_verification_as_false_not_unknown(tmp_path):
-    from tester_service import audit_log as al
-    path = tmp_path / "audit.log"
-    al.AuditLog(path).append({"n": 1})
-    path.write_bytes(path.read_bytes()[:-1])
-    result = al.verify(path)
-    assert result.ok is False and result.records == 0 and result.broken_line == 1
-    empty = tmp_path / "empty.log"
-    empty.write_bytes(b"")
-    assert al.verify(empty) == al.Verification(True, 0, None, "empty log", False, al.GENESIS)
-
-
-def test_a_verification_against_the_exported_head_names_what_it_found(tmp_path):
-    """Every field of the verdict, whole: a removed tail (the records left, the range
-    removed), a head that names another record (the line before it intact), an
-    anchored and an unanchored intact chain, an unkeyed one, and a head of 0 records on
-    an empty log."""
-    from tester_service import audit_log as al
-    log_path, key_path = tmp_path / "state" / "audit.log", tmp_path / "keys" / "audit.key"
-    log_path.parent.mkdir()
-    log = al.AuditLog.keyed(log_path, key_path)
-    entries = [log.append({"n": i}) for i in range(4)]
-    key = al.load_key(key_path)
-    head = (4, entries[3]["mac"])
-    assert al.verify(log_path, key, head) == al.Verification(
-        True, 4, None, "chain intact, every MAC checked; the exported head matches", True, entries[3]["mac"])
-    assert al.verify(log_path, key) == al.Verification(
-        True, 4, None, f"chain intact, every MAC checked; {al.UNANCHORED}", True, entries[3]["mac"])
-    assert al.verify(log_path, key, (3, entries[1]["mac"])) == al.Verification(
-        False, 2, 3, "is not the record the exported head names (the log was rewritten from here on)", True,
-        entries[3]["mac"])
-    lines = log_path.read_bytes().splitlines(keepends=True)
-    log_path.write_bytes(b"".join(lines[:2]))
-    assert al.verify(log_path, key, head) == al.Verification(
-        False, 2, None, "truncated: the log holds 2 records, its exported head 4 (records 3-4 were removed)", True,
-        entries[1]["mac"])
-    plain = tmp_path / "plain.log"
-    last = [al.AuditLog(plain).append({"n": i}) for i in range(2)][-1]
-    assert al.verify(plain) == al.Verification(True, 2, None, al.UNKEYED, False, last["hash"])
-    empty = tmp_path / "state" / "empty.log"
-    empty.write_bytes(b"")
-    assert al.verify(empty, key, (0, al.GENESIS)).ok
-
-
 def test_bad_tls_material_is_refused_naming_the_file_and_what_is_wrong(tmp_path):
     """Each refusal whole, with the file it names: a missing file (which of the three), a
     path that is no directory, a certificate or key that is not PEM, a key of another
@@ -1164,57 +1019,6 @@ def test_bad_tls_material_is_refused_naming_the_file_and_what_is_wrong(tmp_path)
     text, file = refusal(lambda: tls.TlsIdentity(stranger.cert_pem, good.cert_pem, good.key_pem, source="S"))
     assert f"the certificate ('{tls.role_identity('tester')}') was not issued by the CA ('another CA')" in text
     assert file == "S"
-
-
-def test_the_audit_logs_refusals_name_the_file_and_the_fix(tmp_path):
-    """What an operator reads when the log cannot go on, each message whole: it names the
-    file and what to do."""
-    from tester_service import audit_log as al
-    state, keys = tmp_path / "state", tmp_path / "keys"
-    state.mkdir()
-    log_path, key_path = state / "audit.log", keys / "audit.key"
-    al.AuditLog.keyed(log_path, key_path).append({"n": 1})
-
-    def message(call) -> str:
-        with pytest.raises(al.AuditLogError) as refused:
-            call()
-        return str(refused.value)
-
-    missing_dir = tmp_path / "absent" / "audit.head"
-    assert message(lambda: al._write_head(missing_dir, 1, al.GENESIS)) == \
-        f"the audit log's head {missing_dir} cannot be written (No such file or directory); --audit-log-head FILE"
-    bad_head = tmp_path / "bad.head"
-    bad_head.write_bytes(b"\xff\xfe")
-    assert message(lambda: al.parse_head(str(bad_head))).startswith(f"the log head {bad_head} cannot be read (")
-    assert message(lambda: al.AuditLog(tmp_path).append({"n": 1})) == \
-        f"the audit log {tmp_path} cannot be opened (Is a directory)"
-    assert message(lambda: al.AuditLog(log_path).append({"n": 2})) == \
-        f"the audit log {log_path} is keyed: give its key (--audit-log-key)"
-    assert message(lambda: al.AuditLog(log_path, bytes(al.KEY_BYTES)).append({"n": 2})) == \
-        (f"the last record of the audit log {log_path} was not made with this key (another key, or the record was "
-         "changed): run `ppre log verify --key FILE`")
-    head_inside = state / "audit.head"
-    assert message(lambda: al.AuditLog.keyed(log_path, key_path, head=head_inside)) == \
-        (f"the audit log's head {head_inside} lies in the log's directory {state.resolve()}: export it where "
-         "whoever can write the log cannot (--audit-log-head FILE)")
-    key_inside = state / "audit.key"
-    assert message(lambda: al.load_key(key_inside, log_path)) == \
-        (f"the audit log's key {key_inside} lies in the log's directory {state.resolve()}: keep it where whoever "
-         "can write the log cannot read it (another directory or volume), --audit-log-key FILE")
-    plain = tmp_path / "plain" / "audit.log"
-    plain.parent.mkdir()
-    al.AuditLog(plain).append({"n": 1})
-    assert message(lambda: al.AuditLog.keyed(plain, keys / "other.key")) == al.UNKEYED_LOG.format(path=plain)
-    assert message(lambda: al.AuditLog(plain, al.load_key(key_path)).append({"n": 2})) == \
-        al.UNKEYED_LOG.format(path=plain)
-    broken = tmp_path / "broken.log"
-    broken.write_text("{not a record\n")
-    assert message(lambda: al.AuditLog(broken).append({"n": 1})) == \
-        f"the last record of the audit log {broken} cannot be read; run `ppre log verify`"
-    assert al.verify(log_path).reason == \
-        "a keyed record: give the log's key (--key FILE, env PPRE_AUDIT_LOG_KEY_FILE) to check it"
-    assert al.verify(plain, al.load_key(key_path)).reason == \
-        "has no MAC (an unkeyed record: the log was written without a key, or rewritten by someone without it)"
 
 
 # ---------------------------------------------------------------- the validators' tables
