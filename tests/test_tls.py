@@ -9,7 +9,14 @@
   PERMISSION_DENIED naming its identity before any protocol message (the Tester's
   RunAudit for operators, the Test-Client's Exchange for Testers);
 * a service without certificates and without --insecure does not start; --insecure
-  says so loudly.
+  says so loudly;
+* the identity check itself: every kind of handler guarded before its behaviour runs
+  (health alone open), deny by default, any verified name of the peer may be the
+  allow-listed one but only exactly, each refusal whole (identity, role, flag) and heard
+  by the audit log;
+* the development CA: a CA that issues only leaves that cannot issue (usages, names,
+  validity whatever the local time zone), its files round trip, and bad TLS material is
+  refused naming the file and what is wrong.
 """
 from __future__ import annotations
 
@@ -35,7 +42,7 @@ from tester_service.audit_log import AuditLog, verify
 from tester_service.inputs import read_probability_table
 from tester_service import server as tester_server
 from tester_service.server import run_audit
-from tests.helpers import TEST_BITS, free_loopback_port, wait_until, write_inputs
+from tests.helpers import CallContext, TEST_BITS, free_loopback_port, wait_until, write_inputs
 from tests.processes import child_env, ppre_argv
 
 N, OVERLAP = 160, 130  # above the Tester's minimum intersection
@@ -380,3 +387,349 @@ def test_plaintext_local_services_ignore_a_tls_dial_left_for_a_reused_port(input
         assert channels.known_dial(svc.tester_address) is None and channels.known_dial(svc.client_address) is None
     finally:
         channels.forget_dial(f"127.0.0.1:{port}")
+
+
+# --------------------------------------------------------------------------- identities, allow-lists, the development CA
+def _operators():
+    from common.net.tls import AllowList
+    return AllowList.of("operator", ["operator.ppre.local"], "--allow-operator")
+
+
+def test_an_identity_refusal_is_recorded_with_its_method_identity_and_reason():
+    """A refused caller is aborted with PERMISSION_DENIED and told to `on_refused` (the
+    Tester's audit log) with the method, the identity and the reason."""
+    import grpc
+    from common.net.tls import IdentityInterceptor
+    recorded = []
+    interceptor = IdentityInterceptor({"/ppre.v1.Tester/": _operators()},
+                                      on_refused=lambda *args: recorded.append(args))
+    context = CallContext(x509_common_name=["evil.example"], x509_subject_alternative_name=["evil.example"])
+    with pytest.raises(PermissionError):
+        interceptor.check("/ppre.v1.Tester/RunAudit", context)
+    assert context.aborted[0] == grpc.StatusCode.PERMISSION_DENIED
+    assert len(recorded) == 1
+    method, identity, message = recorded[0]
+    assert (method, identity) == ("/ppre.v1.Tester/RunAudit", "evil.example") and "evil.example" in message
+
+
+def test_a_method_under_no_rule_is_refused_even_to_an_allow_listed_peer():
+    """Deny by default: a method no rule covers is refused with PERMISSION_DENIED."""
+    import grpc
+    from common.net.tls import IdentityInterceptor
+    interceptor = IdentityInterceptor({"/ppre.v1.Tester/": _operators()})
+    context = CallContext(x509_common_name=["operator.ppre.local"])
+    with pytest.raises(PermissionError):
+        interceptor.check("/ppre.v1.Other/Do", context)
+    assert context.aborted[0] == grpc.StatusCode.PERMISSION_DENIED
+
+
+@pytest.mark.parametrize("key", ["x509_subject_alternative_name", "peer_dns", "peer_uri", "peer_email", "peer_ip"])
+def test_a_peer_allow_listed_by_a_subject_alternative_name_is_admitted(key):
+    """Any verified name of the peer may be the allow-listed one, not only its CN."""
+    from common.net.tls import IdentityInterceptor
+    context = CallContext(x509_common_name=["some-host.example"], **{key: ["operator.ppre.local"]})
+    IdentityInterceptor({"/ppre.v1.Tester/": _operators()}).check("/ppre.v1.Tester/RunAudit", context)
+    assert context.aborted is None
+
+
+def test_the_audit_logs_who_is_the_name_the_caller_was_admitted_under():
+    """`caller_identity`: the allow-listed name the peer matched; without a list its CN,
+    else its first name; without TLS nothing."""
+    from common.net.tls import caller_identity
+    context = CallContext(x509_common_name=["cn.example"],
+                       x509_subject_alternative_name=["other.example", "operator.ppre.local"])
+    assert caller_identity(context, _operators()) == "operator.ppre.local"
+    assert caller_identity(context) == "cn.example"
+    assert caller_identity(CallContext(x509_subject_alternative_name=["a.example", "b.example"])) == "a.example"
+    assert caller_identity(CallContext()) == ""
+
+
+class _Details:
+    def __init__(self, method: str) -> None:
+        self.method = method
+
+
+def test_every_kind_of_handler_is_guarded_and_only_health_is_open():
+    """`intercept_service` wraps each of the four handler kinds so that the identity is
+    checked before the behaviour runs, keeps its (de)serialisers, and leaves health open."""
+    import grpc
+    from common.net.tls import IdentityInterceptor
+    interceptor = IdentityInterceptor({"/ppre.v1.Tester/": _operators()})
+    ran = []
+
+    def behaviour(request, context):
+        ran.append(request)
+        return ("answer", context)
+    makers = {"unary_unary": grpc.unary_unary_rpc_method_handler,
+              "unary_stream": grpc.unary_stream_rpc_method_handler,
+              "stream_unary": grpc.stream_unary_rpc_method_handler,
+              "stream_stream": grpc.stream_stream_rpc_method_handler}
+    for kind, make in makers.items():
+        original = make(behaviour, request_deserializer=bytes.decode, response_serializer=str.encode)
+        handler = interceptor.intercept_service(lambda details: {"/ppre.v1.Tester/RunAudit": original}[details.method],
+                                                _Details("/ppre.v1.Tester/RunAudit"))
+        assert handler is not original and getattr(handler, kind) is not None, kind
+        assert handler.request_deserializer is bytes.decode and handler.response_serializer is str.encode, kind
+        assert handler.request_streaming == original.request_streaming, kind
+        assert handler.response_streaming == original.response_streaming, kind
+        refused = CallContext(x509_common_name=["evil.example"])
+        with pytest.raises(PermissionError):
+            getattr(handler, kind)("request", refused)
+        assert ran == [], kind
+        allowed = CallContext(x509_common_name=["operator.ppre.local"])
+        assert getattr(handler, kind)("request", allowed) == ("answer", allowed)
+        assert ran == ["request"], kind
+        ran.clear()
+    health = grpc.unary_unary_rpc_method_handler(behaviour)
+    assert interceptor.intercept_service(lambda d: health, _Details("/grpc.health.v1.Health/Check")) is health
+    assert interceptor.intercept_service(lambda d: None, _Details("/ppre.v1.Tester/Nothing")) is None
+
+
+def test_an_allow_list_refusal_names_the_identity_the_role_and_the_flag():
+    """The refusal is PERMISSION_DENIED with one message, whole, naming the peer (its CN)
+    and the allow-list's role and flag, or the method when no rule covers it; the hook
+    hears (method, identity, message), and a hook that fails still refuses."""
+    import grpc
+
+    from common.errors import InputError
+    from common.net import tls
+    from tests.helpers import CallContext
+    allow = tls.AllowList.of("operator", "op.example, other.example", flag="--operators")
+    assert allow == tls.AllowList("operator", frozenset({"op.example", "other.example"}), "--operators")
+    with pytest.raises(InputError, match="the allow-list is empty") as empty:
+        tls.AllowList.of("operator", " , ", flag="--operators")
+    assert empty.value.parameter == "--operators"
+    assert tls.AllowList.of("client", "c.example").flag == ""
+    heard = []
+    interceptor = tls.IdentityInterceptor({"/ppre.v1.Tester/": allow}, on_refused=lambda *a: heard.append(a))
+    stranger = {"x509_common_name": ["mallory.example"], "x509_subject_alternative_name": ["alias.example"]}
+    context = CallContext(**stranger)
+    with pytest.raises(PermissionError):
+        interceptor.check("/ppre.v1.Tester/RunAudit", context)
+    text = "peer identity 'mallory.example' is not an allow-listed operator (--operators)"
+    assert context.aborted == (grpc.StatusCode.PERMISSION_DENIED, text)
+    assert heard == [("/ppre.v1.Tester/RunAudit", "mallory.example", text)]  # its CN, not its first SAN
+    unflagged = tls.IdentityInterceptor({"/ppre.v1.Tester/": tls.AllowList.of("operator", "op.example")})
+    context = CallContext(**stranger)
+    with pytest.raises(PermissionError):
+        unflagged.check("/ppre.v1.Tester/RunAudit", context)
+    assert context.aborted[1] == "peer identity 'mallory.example' is not an allow-listed operator"
+    context = CallContext(**stranger)
+    with pytest.raises(PermissionError):
+        interceptor.check("/ppre.v1.Other/Call", context)
+    assert context.aborted[1] == "peer identity 'mallory.example' may not call /ppre.v1.Other/Call"
+    context = CallContext()
+    with pytest.raises(PermissionError):
+        interceptor.check("/ppre.v1.Tester/RunAudit", context)
+    assert context.aborted[1] == "peer identity '(no certificate identity)' is not an allow-listed operator " \
+                                 "(--operators)"
+    no_cn = CallContext(x509_subject_alternative_name=["san-only.example"])
+    with pytest.raises(PermissionError):
+        interceptor.check("/ppre.v1.Tester/RunAudit", no_cn)
+    assert "'san-only.example'" in no_cn.aborted[1]
+
+    def failing(*args):
+        raise OSError("disk full")
+    context = CallContext(**stranger)
+    with pytest.raises(PermissionError):
+        tls.IdentityInterceptor({"/ppre.v1.Tester/": allow}, on_refused=failing).check("/ppre.v1.Tester/X", context)
+    assert context.aborted[0] == grpc.StatusCode.PERMISSION_DENIED
+    # an allowed peer passes, by any of its names
+    interceptor.check("/ppre.v1.Tester/RunAudit", CallContext(x509_subject_alternative_name=["x", "op.example"]))
+    assert tls.peer_names(CallContext(peer_dns=["d.example"], x509_common_name=["c.example"])) == \
+        ("d.example", "c.example")
+    assert tls.peer_common_name(CallContext(**stranger)) == "mallory.example"
+    assert tls.peer_common_name(CallContext()) == ""
+
+
+def test_the_development_ca_issues_leaves_that_cannot_issue():
+    """The CA: a CA of path length 0 whose key signs certificates and CRLs only; a leaf: no
+    CA, a key for signatures only, client authentication (and server for a service),
+    its name as CN and first SAN (loopback names for a service only), issued by the CA's
+    key, valid from 5 minutes ago for the days asked (P-256, SHA-256 throughout)."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID as EKU
+    from cryptography.x509.oid import NameOID
+
+    from common.net import tls
+    ca = tls.DevCA.generate(days=30)
+    cert = ca.cert
+    constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints)
+    assert constraints.critical and constraints.value.ca and constraints.value.path_length == 0
+    usage = cert.extensions.get_extension_for_class(x509.KeyUsage)
+
+    def usages(**on):
+        names = ("digital_signature", "content_commitment", "key_encipherment", "data_encipherment",
+                 "key_agreement", "key_cert_sign", "crl_sign", "encipher_only", "decipher_only")
+        return x509.KeyUsage(**{name: on.get(name, False) for name in names})
+    assert usage.critical and usage.value == usages(key_cert_sign=True, crl_sign=True)
+    assert not cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).critical
+    assert cert.subject == cert.issuer and cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == \
+        tls.DEV_CA_NAME and cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "PPRE"
+    assert cert.not_valid_after_utc - cert.not_valid_before_utc == dt.timedelta(days=30, minutes=5)
+    assert isinstance(cert.public_key(), ec.EllipticCurvePublicKey) and cert.public_key().curve.name == "secp256r1"
+    assert cert.signature_hash_algorithm.name == "sha256"
+    ski = cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value.digest
+    for server in (False, True):
+        issued = ca.issue("someone.example", server=server, extra_names=("alias.example",), days=7)
+        leaf = x509.load_pem_x509_certificate(issued.cert_pem)
+        leaf_constraints = leaf.extensions.get_extension_for_class(x509.BasicConstraints)
+        assert leaf_constraints.critical and not leaf_constraints.value.ca
+        leaf_usage = leaf.extensions.get_extension_for_class(x509.KeyUsage)
+        assert leaf_usage.critical and leaf_usage.value == usages(digital_signature=True)
+        assert not any(leaf.extensions.get_extension_for_class(kind).critical for kind in (
+            x509.ExtendedKeyUsage, x509.SubjectAlternativeName, x509.AuthorityKeyIdentifier))
+        assert issued.name == "someone.example"
+        assert leaf.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "PPRE"
+        ekus = list(leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+        assert ekus == ([EKU.CLIENT_AUTH, EKU.SERVER_AUTH] if server else [EKU.CLIENT_AUTH])
+        assert tls.certificate_names(leaf) == (("someone.example", "alias.example", "localhost", "127.0.0.1", "::1")
+                                               if server else ("someone.example", "alias.example"))
+        assert tls.primary_name(leaf) == "someone.example" and leaf.issuer == cert.subject
+        leaf.verify_directly_issued_by(cert)
+        aki = leaf.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value.key_identifier
+        assert aki == ski
+        assert leaf.not_valid_after_utc - leaf.not_valid_before_utc == dt.timedelta(days=7, minutes=5)
+        assert leaf.not_valid_before_utc < dt.datetime.now(dt.timezone.utc) < leaf.not_valid_after_utc
+        assert leaf.signature_hash_algorithm.name == "sha256"
+
+
+def test_a_certificate_without_a_common_name_goes_by_its_first_san():
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from common.net import tls
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def cert(sans):
+        builder = (x509.CertificateBuilder().subject_name(x509.Name([])).issuer_name(x509.Name([]))
+                   .public_key(key.public_key()).serial_number(1).not_valid_before(now)
+                   .not_valid_after(now + dt.timedelta(days=1)))
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        return builder.sign(key, hashes.SHA256())
+    first = cert([x509.DNSName("first.example"), x509.DNSName("second.example")])
+    assert tls.primary_name(first) == "first.example"
+    assert tls.certificate_names(first) == ("first.example", "second.example")
+    assert tls.primary_name(cert([])) == "" and tls.certificate_names(cert([])) == ()
+    from cryptography.x509.oid import NameOID
+    named = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cn.example")]))
+             .issuer_name(x509.Name([])).public_key(key.public_key()).serial_number(2).not_valid_before(now)
+             .not_valid_after(now + dt.timedelta(days=1))
+             .add_extension(x509.SubjectAlternativeName([x509.DNSName("san.example")]), critical=False)
+             .sign(key, hashes.SHA256()))
+    assert tls.primary_name(named) == "cn.example"  # the CN first, though a SAN comes first among the names
+    assert tls.certificate_names(named) == ("san.example", "cn.example")
+
+
+def test_development_certificates_are_valid_now_whatever_the_local_time_zone(monkeypatch):
+    import datetime as dt
+    import time as time_module
+
+    from cryptography import x509
+
+    from common.net import tls
+    monkeypatch.setenv("TZ", "Asia/Tokyo")  # nine hours ahead of UTC: local time taken as UTC starts in the future
+    time_module.tzset()
+    try:
+        ca = tls.DevCA.generate()
+        leaf = x509.load_pem_x509_certificate(ca.issue("x.example").cert_pem)
+    finally:
+        monkeypatch.delenv("TZ")
+        time_module.tzset()
+    now = dt.datetime.now(dt.timezone.utc)
+    for cert in (ca.cert, leaf):
+        assert now - dt.timedelta(minutes=6) < cert.not_valid_before_utc < now
+
+
+def test_the_development_ca_and_its_files_round_trip(tmp_path):
+    """`write` puts the CA and every role's certificate and key in place (keys 0600,
+    certificates 0644, parents created); `load` gives the same CA back, and a directory
+    without one is an error naming it."""
+    from common.errors import InputError
+    from common.net import tls
+    ca = tls.DevCA.generate()
+    written = ca.write(tmp_path / "nested" / "certs", days=3)
+    assert sorted(written) == sorted(tls.dev_files(tmp_path / "nested" / "certs"))
+    assert all(p.stat().st_mode & 0o777 == (0o600 if p.suffix == ".key" else 0o644) for p in written)
+    again = tls.DevCA.load(tmp_path / "nested" / "certs")
+    assert again.cert == ca.cert and again.key_pem == ca.key_pem and repr(again) == f"DevCA({tls.DEV_CA_NAME!r})"
+    import datetime as dt
+    for role in tls.ROLES:
+        identity = tls.TlsIdentity.from_dir(tmp_path / "nested" / "certs", role)
+        assert identity.identity == tls.role_identity(role) and identity.ca_pem == ca.cert_pem
+        assert identity.source == str(tmp_path / "nested" / "certs" / f"{role}.pem")
+        leaf = identity.certificate
+        assert leaf.not_valid_after_utc - leaf.not_valid_before_utc == dt.timedelta(days=3, minutes=5)
+    made = ca.identity("tester", days=2)
+    assert made.source == "development CA (tester)" and made.identity == tls.role_identity("tester")
+    assert made.certificate.not_valid_after_utc - made.certificate.not_valid_before_utc == dt.timedelta(days=2,
+                                                                                                         minutes=5)
+    with pytest.raises(InputError, match="no readable development CA") as refused:
+        tls.DevCA.load(tmp_path)
+    assert refused.value.file == str(tmp_path)
+
+
+def test_bad_tls_material_is_refused_naming_the_file_and_what_is_wrong(tmp_path):
+    """Each refusal whole, with the file it names: a missing file (which of the three), a
+    path that is no directory, a certificate or key that is not PEM, a key of another
+    certificate, a certificate another CA issued."""
+    from common.errors import InputError
+    from common.net import tls
+    ca = tls.DevCA.generate()
+    ca.write(tmp_path / "certs")
+    d = tmp_path / "certs"
+
+    def refusal(call):
+        with pytest.raises(InputError) as refused:
+            call()
+        return str(refused.value), refused.value.file
+
+    text, file = refusal(lambda: tls.TlsIdentity.from_files(d / "absent.pem", d / "tester.pem", d / "tester.key"))
+    assert "cannot read the CA certificate (No such file or directory)" in text and file == str(d / "absent.pem")
+    text, file = refusal(lambda: tls.TlsIdentity.from_files(d / "ca.pem", d / "nope.pem", d / "tester.key"))
+    assert "cannot read the certificate (No such file or directory)" in text and file == str(d / "nope.pem")
+    text, file = refusal(lambda: tls.TlsIdentity.from_files(d / "ca.pem", d / "tester.pem", d / "nope.key"))
+    assert "cannot read the private key (No such file or directory)" in text and file == str(d / "nope.key")
+    text, file = refusal(lambda: tls.TlsIdentity.from_dir(d / "ca.pem", "tester"))
+    assert "is not a directory (create one with `ppre certs init DIR`)" in text and file == str(d / "ca.pem")
+    good = tls.TlsIdentity.from_dir(d, "tester")
+    text, file = refusal(lambda: tls.TlsIdentity(b"not pem", good.cert_pem, good.key_pem, source="S"))
+    assert "is not a PEM certificate" in text and file == "S (CA)"
+    text, file = refusal(lambda: tls.TlsIdentity(good.ca_pem, b"not pem", good.key_pem))
+    assert "is not a PEM certificate" in text and file == "TLS material (certificate)"
+    text, file = refusal(lambda: tls.TlsIdentity(good.ca_pem, good.cert_pem, b"not pem", source="S"))
+    assert "is not an unencrypted PEM private key" in text and file == "S (key)"
+    other = tls.TlsIdentity.from_dir(d, "client")
+    text, file = refusal(lambda: tls.TlsIdentity(good.ca_pem, good.cert_pem, other.key_pem, source="S"))
+    assert "the private key does not belong to the certificate" in text and file == "S"
+    stranger = tls.DevCA.generate(name="another CA")
+    text, file = refusal(lambda: tls.TlsIdentity(stranger.cert_pem, good.cert_pem, good.key_pem, source="S"))
+    assert f"the certificate ('{tls.role_identity('tester')}') was not issued by the CA ('another CA')" in text
+    assert file == "S"
+
+
+def test_allow_lists_match_identities_exactly():
+    """No prefix, no suffix, no case folding, no whitespace trimming of the peer's name:
+    only the exact identity on the list is admitted."""
+    from common.net.tls import AllowList, IdentityInterceptor
+    allow = AllowList.of("operator", ["operator.ppre.local"], "--allow-operator")
+    assert allow.match(["operator.ppre.local"]) == "operator.ppre.local"
+    near = ["operator.ppre.local.evil.example", "operator.ppre.loca", "OPERATOR.ppre.local", "Operator.PPRE.Local",
+            "operator", "x.operator.ppre.local", " operator.ppre.local", "operator.ppre.local "]
+    for name in near:
+        assert allow.match([name]) is None, name
+    interceptor = IdentityInterceptor({"/ppre.v1.Tester/": allow})
+    interceptor.check("/ppre.v1.Tester/RunAudit", CallContext(x509_common_name=["operator.ppre.local"]))
+    for name in near:
+        context = CallContext(x509_common_name=[name], x509_subject_alternative_name=[name])
+        with pytest.raises(PermissionError):
+            interceptor.check("/ppre.v1.Tester/RunAudit", context)
+        assert context.aborted is not None
