@@ -578,39 +578,6 @@ def test_groups_suppressed_by_the_controls_leave_the_corrections_solve():
         assert np.allclose(got, twin, atol=1e-6, rtol=0), (got, twin)
 
 
-# ---------------------------------------------------------------- the verdict's band
-def _null_families(method: str, columns: int, rng) -> np.ndarray:
-    """(R+1, C) values of a null family: every difference's truth is 0."""
-    if method == "percentile":  # a bootstrap: replicates spread around the estimate
-        est = rng.normal(0.0, 0.01, columns)
-        return np.vstack([est, est + rng.normal(0.0, 0.01, (200, columns))])
-    groups = rng.normal(0.0, 0.03, (10, columns))  # random groups: the estimate is their mean
-    return np.vstack([groups.mean(axis=0), groups])
-
-
-@pytest.mark.parametrize("method", ["percentile", "random_groups"])
-def test_the_verdict_flags_a_null_family_at_most_at_the_nominal_rate(monkeypatch, method):
-    """15 null differences (6 groups' pairs): marginal 95% intervals exclude 0 for at
-    least one of them in about half the audits; the verdict's simultaneous band in at
-    most 5% plus 3 Monte Carlo sd."""
-    import functools
-    from common.stats import results
-    from common.stats.results import marginal_intervals, verdict_from
-    # the same quantiles, computed once each (they are slow to compute and repeat here)
-    monkeypatch.setattr(results, "t_quantile", functools.lru_cache(maxsize=None)(results.t_quantile))
-    rng = np.random.default_rng(41)
-    labels = [f"d{c}" for c in range(15)]
-    runs, flagged, marginal = 300, 0, 0
-    for _ in range(runs):
-        values = _null_families(method, len(labels), rng)
-        verdict = verdict_from("nonzero_pairs", labels, values, 0.95, method, tau=0.001, strict_significance=False)
-        flagged += bool(verdict.significant)
-        low, high = marginal_intervals(values, 0.95, method)
-        marginal += bool(np.any((low > 0) | (high < 0)))
-    assert marginal / runs > 0.3  # the simulation tells the two apart
-    assert flagged / runs <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / runs), flagged
-
-
 # ---------------------------------------------------------------- found by the mutation audit
 def test_second_moments_refuse_noise_beyond_the_slots_headroom_naming_the_flag():
     """`moment_sigmas` refuses like `sigmas` (bench/RESULTS.md, mutation audit): a rho so

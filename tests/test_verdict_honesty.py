@@ -1,9 +1,13 @@
 """Verdicts that know what they can see (`common.stats.results`): ranges, informative flags,
 the minimum detectable difference, "inconclusive", tables whose columns never run
 together, and the bootstrap's null flag rate on `ppre synth`-like data
-(`bench/bench_null.py`)."""
+(`bench/bench_null.py`). Which groups take part in the verdict (informative ones; a
+bounded group's half-width judged at the overall's spread), when a comparison with an
+uninformative group counts, which significant comparison gives the severity, and the
+simultaneous band's flag rate on null families at most the nominal rate."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -297,3 +301,159 @@ def test_a_significant_gap_of_uncertain_size_says_so_and_under_noise_no_band_mus
     sharp = _finish(_values([0.1, 0.3, 0.1, 0.1, 0.1, 0.1, 0.1], [0.002] * 7, replicates=2000, seed=4),
                     interval="percentile", noisy=True).verdict
     assert sharp.severity == "high" and "as small as" not in sharp.message
+
+
+# ---------------------------------------------------------------- who takes part, which comparison decides
+def test_a_group_is_informative_when_its_half_width_is_at_most_half_tau():
+    from common.stats.results import INFORMATIVE_SHARE, is_informative
+    tau = 0.05
+    edge = INFORMATIVE_SHARE * tau
+    assert is_informative(0.1, 0.1 + 2 * edge, tau)
+    assert not is_informative(0.1, 0.1 + 2 * edge + 1e-6, tau)
+    assert not is_informative(None, 0.2, tau) and not is_informative(0.1, None, tau)
+    assert not is_informative(float("nan"), 0.2, tau)
+
+
+def test_only_informative_groups_of_an_unbounded_metric_take_part_in_the_verdict():
+    """Without bounds, `_eligible` follows the group's informative flag and half-width:
+    a wide (uninformative) group never takes part, a narrow one does, and a group
+    missing its estimate or either end of its interval never does."""
+    from common.stats.results import GroupResult, _eligible
+    tau = 0.05
+    narrow = GroupResult("a", 0.3, 0.29, 0.31, informative=True)
+    wide = GroupResult("b", 0.3, 0.1, 0.5, informative=False)
+    overall = GroupResult("overall", 0.3, 0.295, 0.305, informative=True)
+    assert _eligible(narrow, overall, None, tau)
+    assert not _eligible(wide, overall, None, tau)
+    assert not _eligible(dataclasses.replace(narrow, informative=False), overall, None, tau)
+    for missing in ("estimate", "ci_low", "ci_high"):
+        assert not _eligible(dataclasses.replace(narrow, **{missing: None}), overall, None, tau), missing
+        assert not _eligible(dataclasses.replace(narrow, **{missing: None}), overall, (0.0, 1.0), tau), missing
+
+
+def _eligible_by_the_docs(g, overall, bounds, tau) -> bool:
+    """`_eligible` as its docstring states it, written independently."""
+    import math
+    if g.estimate is None or g.ci_low is None or g.ci_high is None:
+        return False
+    if bounds is None and not g.informative:
+        return False
+    half = (g.ci_high - g.ci_low) / 2
+    if bounds is not None and overall is not None and overall.estimate is not None:
+        lo, hi = bounds
+        own = (g.estimate - lo) * (hi - g.estimate)
+        if own <= 0:
+            return False
+        half = half * math.sqrt((overall.estimate - lo) * (hi - overall.estimate) / own)
+    return half <= 0.5 * tau + 1e-12
+
+
+@pytest.mark.parametrize("bounds", [(0.0, 1.0), (0.2, 1.2), (-1.0, 1.0), None])
+def test_a_bounded_groups_half_width_is_judged_at_the_overalls_spread(bounds):
+    """A rate near a bound has a narrow interval because of where it sits, not because
+    it is well measured: its half-width is rescaled from its own spread (x − lo)(hi − x)
+    to the overall's before it is compared with half of tau. Checked against the rule
+    written out independently, for groups and overalls on both sides of the threshold
+    (and without an overall, or without bounds, no rescaling)."""
+    import numpy as np
+    from common.stats.results import GroupResult, _eligible
+    tau = 0.05
+    lo, hi = bounds if bounds is not None else (0.0, 1.0)
+    rng = np.random.default_rng(44)
+    agree = decided = 0
+    for _ in range(400):
+        x, o = lo + (hi - lo) * rng.uniform(0.01, 0.99, 2)
+        half = 0.5 * tau * rng.uniform(0.3, 2.5)
+        g = GroupResult("g", float(x), float(x - half), float(x + half), informative=bool(rng.random() < 0.5))
+        overall = None if rng.random() < 0.1 else GroupResult("overall", float(o), float(o) - 0.01, float(o) + 0.01)
+        expected = _eligible_by_the_docs(g, overall, bounds, tau)
+        assert _eligible(g, overall, bounds, tau) == expected, (g, overall, bounds)
+        agree += 1
+        decided += expected
+    assert 0 < decided < agree  # both outcomes occur
+    if bounds is not None:  # at a bound a group is never eligible
+        edge = GroupResult("e", lo, lo, lo + 0.001, informative=True)
+        assert not _eligible(edge, GroupResult("overall", (lo + hi) / 2, 0.0, 0.0), bounds, tau)
+
+
+@pytest.mark.parametrize("rule, below_tau, beyond_tau", [
+    ("range", 0.03, 0.10), ("below_overall", 0.03, 0.10), ("negative_cells", -0.03, -0.10),
+    ("nonzero_pairs", -0.03, -0.10), ("nonzero_pairs", 0.03, 0.10)])
+def test_a_comparison_with_an_uninformative_group_counts_only_when_its_band_clears_tau(rule, below_tau, beyond_tau):
+    """Without release noise (`strict_significance`), a comparison involving a group left
+    out as not informative is significant only when its whole band lies beyond tau; a
+    gap whose band excludes 0 but not tau does not count (its interval may under-cover)."""
+    from common.stats.results import verdict_from
+    tau, sure = 0.05, [0.002]
+    v = verdict_from(rule, ["a - b"], _values([below_tau], sure), 0.95, "percentile", tau)
+    assert v.significant and v.severity == "low"  # a full member of the family: counts
+    v = verdict_from(rule, ["a - b"], _values([below_tau], sure), 0.95, "percentile", tau, strict=[True])
+    assert not v.significant and v.severity not in ("low", "moderate", "high"), v
+    v = verdict_from(rule, ["a - b"], _values([beyond_tau], sure), 0.95, "percentile", tau, strict=[True])
+    assert v.significant and v.severity == "high"
+    v = verdict_from(rule, ["a - b"], _values([below_tau], sure), 0.95, "percentile", tau, strict=[True],
+                     strict_significance=False)
+    assert v.significant and v.severity == "low"  # with release noise: compared like the others
+
+
+def test_no_green_none_when_a_judged_difference_has_no_band():
+    """"none" needs every judged difference to have a defined band and a detectable gap
+    of tau among the informative groups' comparisons: a difference without a band (too
+    few defined replicates) beside a comparison with a group left out as not informative
+    leaves the audit inconclusive."""
+    import numpy as np
+    from common.stats.results import verdict_from
+    values = _values([0.0, 0.005], [0.004, 0.004])
+    values[1:, 0] = np.nan  # no defined replicate: no band
+    v = verdict_from("range", ["no band", "with an uninformative group"], values, 0.95, "percentile", 0.05,
+                     strict=[False, True])
+    assert v.severity == "inconclusive" and v.mdd is None, v
+
+
+def test_the_severity_comes_from_the_informative_groups_significant_comparison_first():
+    """Among significant comparisons, those between informative groups are picked first
+    and give the severity; a larger gap that is not significant never does; only
+    without such a comparison does one with an uninformative group (clearing tau) count."""
+    from common.stats.results import verdict_from
+    tau, sd = 0.05, 0.002
+    labels = ["informative, low", "uninformative, beyond tau", "informative, not significant"]
+    values = _values([0.03, 0.12, 0.2], [sd, sd, 0.3])
+    v = verdict_from("range", labels, values, 0.95, "percentile", tau, strict=[False, True, False])
+    assert v.compared["label"] == labels[0] and v.severity == "low" and not v.flagged, v
+    assert set(v.significant_comparisons) == set(labels[:2])
+    values = _values([0.005, 0.12], [0.004, sd])
+    v = verdict_from("range", [labels[2], labels[1]], values, 0.95, "percentile", tau, strict=[False, True])
+    assert v.compared["label"] == labels[1] and v.severity == "high", v
+
+
+# ---------------------------------------------------------------- the simultaneous band
+def _null_families(method: str, columns: int, rng) -> np.ndarray:
+    """(R+1, C) values of a null family: every difference's truth is 0."""
+    if method == "percentile":  # a bootstrap: replicates spread around the estimate
+        est = rng.normal(0.0, 0.01, columns)
+        return np.vstack([est, est + rng.normal(0.0, 0.01, (200, columns))])
+    groups = rng.normal(0.0, 0.03, (10, columns))  # random groups: the estimate is their mean
+    return np.vstack([groups.mean(axis=0), groups])
+
+
+@pytest.mark.parametrize("method", ["percentile", "random_groups"])
+def test_the_verdict_flags_a_null_family_at_most_at_the_nominal_rate(monkeypatch, method):
+    """15 null differences (6 groups' pairs): marginal 95% intervals exclude 0 for at
+    least one of them in about half the audits; the verdict's simultaneous band in at
+    most 5% plus 3 Monte Carlo sd."""
+    import functools
+    from common.stats import results
+    from common.stats.results import marginal_intervals, verdict_from
+    # the same quantiles, computed once each (they are slow to compute and repeat here)
+    monkeypatch.setattr(results, "t_quantile", functools.lru_cache(maxsize=None)(results.t_quantile))
+    rng = np.random.default_rng(41)
+    labels = [f"d{c}" for c in range(15)]
+    runs, flagged, marginal = 300, 0, 0
+    for _ in range(runs):
+        values = _null_families(method, len(labels), rng)
+        verdict = verdict_from("nonzero_pairs", labels, values, 0.95, method, tau=0.001, strict_significance=False)
+        flagged += bool(verdict.significant)
+        low, high = marginal_intervals(values, 0.95, method)
+        marginal += bool(np.any((low > 0) | (high < 0)))
+    assert marginal / runs > 0.3  # the simulation tells the two apart
+    assert flagged / runs <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / runs), flagged
