@@ -32,6 +32,7 @@ from tester_service import protocol as tester_protocol
 from tester_service.protocol import AuditSpec, TesterSession
 from tester_service.release import BudgetExhausted, IntersectionRefused, PrivacyAccountant, ReleasePolicy
 from tests.helpers import TEST_BITS, make_inputs, run_sessions
+from tests.curve25519 import small_order_u  # noqa: F401  tests/test_crypto_backends.py imports it from here
 from tests.metric_data import random_ranked_lists
 
 GROUPS = list(RACES)
@@ -488,66 +489,6 @@ def test_a_table_that_ends_with_fewer_rows_than_announced_is_refused(table):
         client.close()
 
 
-# ---------------------------------------------------------------- small-order points
-CURVE_P = 2**255 - 19
-CURVE_A = 486662
-#: the order of Curve25519's prime subgroup (RFC 7748, section 4.1)
-CURVE_L = 2**252 + 27742317777372353535851937790883648493
-
-
-def _ladder(u: int, k: int) -> int | None:
-    """x-only Montgomery ladder on v² = u³ + A·u² + u (RFC 7748's formulas, affine u in,
-    None for the point at infinity), written here from the curve equation."""
-    p, a24 = CURVE_P, (CURVE_A - 2) // 4  # 121665
-    x2, z2, x3, z3 = 1, 0, u, 1
-    for bit in reversed(range(k.bit_length())):
-        if (k >> bit) & 1:
-            x2, z2, x3, z3 = x3, z3, x2, z2
-        # differential addition and doubling
-        a, b = (x2 + z2) % p, (x2 - z2) % p
-        c, d = (x3 + z3) % p, (x3 - z3) % p
-        da, cb = d * a % p, c * b % p
-        x3, z3 = (da + cb) ** 2 % p, u * (da - cb) ** 2 % p
-        aa, bb = a * a % p, b * b % p
-        e = (aa - bb) % p
-        x2, z2 = aa * bb % p, e * (aa + a24 * e) % p
-        if (k >> bit) & 1:
-            x2, z2, x3, z3 = x3, z3, x2, z2
-    return None if z2 == 0 else x2 * pow(z2, p - 2, p) % p
-
-
-def small_order_u() -> set[int]:
-    """The u-coordinates of Curve25519's points of order dividing 8, found as [L]·P for
-    points P of the curve (the curve's group is Z/8 × Z/L): every small-order point is
-    such a multiple, and 40 random points reach each of the 4 u-values."""
-    found: set[int] = set()
-    u = 2
-    while len(found) < 4 and u < 400:
-        rhs = (u**3 + CURVE_A * u * u + u) % CURVE_P
-        if pow(rhs, (CURVE_P - 1) // 2, CURVE_P) == 1:  # on the curve, not its twist
-            low = _ladder(u, CURVE_L)
-            if low is not None:
-                found.add(low)
-        u += 1
-    return found
-
-
-def test_small_order_points_enumerated_from_the_curve_are_all_refused():
-    from common.crypto import commutative
-    found = small_order_u()
-    assert len(found) == 4 and {0, 1} <= found  # order 2 (u = 0), 4 (u = 1) and the two of order 8
-    for u in found:
-        assert _ladder(u, 8) is None  # each has order dividing 8
-        for encoding_ in {u, u + CURVE_P}:  # canonical, and non-canonical where it fits
-            if encoding_ >= 2**256:
-                continue
-            packed = encoding_.to_bytes(32, "little")
-            with pytest.raises(ProtocolError):
-                commutative.check_points(packed)
-            with pytest.raises(ProtocolError):
-                commutative.CommutativeKey.generate().encrypt_packed(packed)
-
-
 # ---------------------------------------------------------------- the correction's solve
 @pytest.mark.slow
 def test_groups_suppressed_by_the_controls_leave_the_corrections_solve():
@@ -589,15 +530,6 @@ def test_second_moments_refuse_noise_beyond_the_slots_headroom_naming_the_flag()
         policy.moment_sigmas(2.0, squares=1)
     assert refused.value.parameter == "noise rho"
     assert "parameter 'noise rho'" in str(refused.value) and "use a larger rho" in str(refused.value)
-
-
-def test_a_masked_ratio_is_none_only_for_a_zero_denominator():
-    """The Test-Client's ratio of a masked pair: None for a masked Den of exactly 0 (a
-    cell the Tester never releases), the plain quotient for every other one, 1 included."""
-    from common.crypto.masking import masked_ratio
-    assert masked_ratio(7, 0) is None
-    assert masked_ratio(7, 1) == 7.0
-    assert masked_ratio(-3, 2) == -1.5
 
 
 def test_noise_slots_with_no_scale_add_nothing():

@@ -1,4 +1,7 @@
-"""The HE toolkit and primitives of design §3-§4."""
+"""The HE toolkit and primitives of design §3-§4: commutative encryption (every
+small-order point of Curve25519, enumerated from the curve's equation, refused), Paillier,
+the encodings, the masks (a slot holds the largest value its recipient's mask makes; a
+masked ratio is None only for a zero denominator) and the sealed rows."""
 from __future__ import annotations
 
 import hashlib
@@ -14,6 +17,7 @@ from common.crypto import commutative, encoding, paillier
 from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.crypto.masking import PRECISION_BITS, AdditiveMask, RatioMask, masked_ratio
 from common.crypto.symmetric import RowSealer, sealed_width
+from tests.curve25519 import CURVE_P, ladder, small_order_u
 from tests.helpers import apply_ratio_mask
 
 BITS = 1024
@@ -85,6 +89,22 @@ def test_peer_points_are_validated():
 def test_keys_do_not_print():
     assert "secret" in repr(commutative.CommutativeKey.generate())
     assert "secret" in repr(RowSealer.generate())
+
+
+def test_small_order_points_enumerated_from_the_curve_are_all_refused():
+    from common.crypto import commutative
+    found = small_order_u()
+    assert len(found) == 4 and {0, 1} <= found  # order 2 (u = 0), 4 (u = 1) and the two of order 8
+    for u in found:
+        assert ladder(u, 8) is None  # each has order dividing 8
+        for encoding_ in {u, u + CURVE_P}:  # canonical, and non-canonical where it fits
+            if encoding_ >= 2**256:
+                continue
+            packed = encoding_.to_bytes(32, "little")
+            with pytest.raises(ProtocolError):
+                commutative.check_points(packed)
+            with pytest.raises(ProtocolError):
+                commutative.CommutativeKey.generate().encrypt_packed(packed)
 
 
 # ---------------------------------------------------------------- Paillier
@@ -299,6 +319,37 @@ def test_masked_ratio_round_trip_is_exact(key):
     assert layout.unpack(seen_by_p2) != [num, den]
     n2, d2 = mask.remove(layout.unpack(seen_by_p2))
     assert Fraction(n2, d2) == Fraction(num, den)
+
+
+@pytest.mark.parametrize("recipient", ["client", "tester"])
+@pytest.mark.parametrize("item_bits", [40, 96, 200])
+def test_a_slot_holds_the_largest_masked_value_its_recipients_mask_makes(recipient, item_bits):
+    """The layout's slot width (`choose_layout` with `mask_bits(recipient)`) holds, signed,
+    the largest value the recipient's mask can make of a cell value of `item_bits` bits:
+    the ratio mask's r·v + e with r < 2^R_MAX_BITS and e < r·2^PRECISION_BITS (the
+    Test-Client learns the result), the additive pad's v + s with s < 2^(item_bits +
+    STATISTICAL_BITS) (the Tester does). Checked at the largest value itself: values far
+    below the bound would not tell the two masks' widths apart."""
+    from common.crypto.masking import PRECISION_BITS, R_MAX_BITS, STATISTICAL_BITS, mask_bits
+    from common.metrics.base import choose_layout
+    layout = choose_layout(item_bits, mask_bits(recipient), 4, 8192)
+    v = (1 << item_bits) - 1
+    if recipient == "client":
+        r = (1 << R_MAX_BITS) - 1
+        largest = r * v + (r << PRECISION_BITS) - 1
+    else:
+        largest = v + (1 << (item_bits + STATISTICAL_BITS)) - 1
+    assert largest.bit_length() + 1 <= layout.slot_bits  # with its sign
+    assert mask_bits("client") > mask_bits("tester")     # the ratio mask is the wider
+
+
+def test_a_masked_ratio_is_none_only_for_a_zero_denominator():
+    """The Test-Client's ratio of a masked pair: None for a masked Den of exactly 0 (a
+    cell the Tester never releases), the plain quotient for every other one, 1 included."""
+    from common.crypto.masking import masked_ratio
+    assert masked_ratio(7, 0) is None
+    assert masked_ratio(7, 1) == 7.0
+    assert masked_ratio(-3, 2) == -1.5
 
 
 # ---------------------------------------------------------------- AES-GCM rows

@@ -536,29 +536,6 @@ def test_the_test_client_refuses_plain_rows_or_zero_tests_under_the_additive_mas
     assert str(_client_refusal(_header(edit), recipient="tester")) == "aggregates header: malformed release fields"
 
 
-# ---------------------------------------------------------------- masking
-@pytest.mark.parametrize("recipient", ["client", "tester"])
-@pytest.mark.parametrize("item_bits", [40, 96, 200])
-def test_a_slot_holds_the_largest_masked_value_its_recipients_mask_makes(recipient, item_bits):
-    """The layout's slot width (`choose_layout` with `mask_bits(recipient)`) holds, signed,
-    the largest value the recipient's mask can make of a cell value of `item_bits` bits:
-    the ratio mask's r·v + e with r < 2^R_MAX_BITS and e < r·2^PRECISION_BITS (the
-    Test-Client learns the result), the additive pad's v + s with s < 2^(item_bits +
-    STATISTICAL_BITS) (the Tester does). The mutation run found `mask_bits` swapping the two
-    masks' widths unnoticed: every test's values sit far below their bound."""
-    from common.crypto.masking import PRECISION_BITS, R_MAX_BITS, STATISTICAL_BITS, mask_bits
-    from common.metrics.base import choose_layout
-    layout = choose_layout(item_bits, mask_bits(recipient), 4, 8192)
-    v = (1 << item_bits) - 1
-    if recipient == "client":
-        r = (1 << R_MAX_BITS) - 1
-        largest = r * v + (r << PRECISION_BITS) - 1
-    else:
-        largest = v + (1 << (item_bits + STATISTICAL_BITS)) - 1
-    assert largest.bit_length() + 1 <= layout.slot_bits  # with its sign
-    assert mask_bits("client") > mask_bits("tester")     # the ratio mask is the wider
-
-
 # ---------------------------------------------------------------- the validators' tables
 def _reader_session(layout, **fields):
     """A stand-in for a session as the validators read it: its table reader and the facts
