@@ -180,8 +180,8 @@ def mask_chunk(n: int, h: int, ciphertexts: Sequence[int], ratio_masks: Sequence
 
 
 # ------------------------------------------------------------------ the steps of step 6
-# Pure steps of the Tester's aggregation (`TesterSession._aggregate`, design §3.6 and §8),
-# in the order the session runs them; each takes arrays, integers and lists only.
+# Pure steps of the Tester's aggregation (`tester_service.release_items`, design §3.6 and §8),
+# in the order step 6 runs them; each takes arrays, integers and lists only.
 
 def distinct_points(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For 32-byte points (dtype S32): each one's index among the distinct points and

@@ -33,13 +33,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
-import math
 import secrets
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator
 
-import gmpy2
 import numpy as np
 import pandas as pd
 
@@ -50,18 +48,17 @@ from common.stats import correction, moments
 from common.crypto import commutative, encoding, paillier
 from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.logs import new_audit_id
-from common.crypto.masking import AdditiveMask, RatioMask
+from common.crypto.masking import AdditiveMask
 from common.metrics import correcting_metrics, get_metric
-from common.metrics.base import RELEASE_NOISE, SECOND_MOMENTS, Layout, composite_items, sensitivity_rows
+from common.metrics.base import RELEASE_NOISE, SECOND_MOMENTS, Layout, sensitivity_rows
 from common.stats.correction import finish_corrected
-from common.stats.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, AuditReport, finish, receipt, small_for_verdict
+from common.stats.results import DEFAULT_TAU, AuditReport, finish, receipt
 from common.protocol.session import PartySession, PhaseClock, chunk_ticks
 from common.crypto.symmetric import RowSealer, sealed_width
 from proto import ppre_pb2 as pb
-from tester_service import aggregation, blind_pairs
+from tester_service import aggregation, blind_pairs, release_items
 from tester_service.join import check_shuffled_chunk, double_client_chunk
-from tester_service.release import (RELEASE_GROUPS, REPORT_DELTA, IntersectionRefused, ReleasePolicy, gaussian,
-                                    gaussian_slots, rho_to_epsilon)
+from tester_service.release import IntersectionRefused, ReleasePolicy, gaussian, gaussian_slots
 
 PROTOCOL_VERSION = 2
 MAX_REPLICATES = 100_000
@@ -181,18 +178,19 @@ class TesterSession(PartySession):
         #: how the groups were coarsened from the six races ("" for none), for the result
         self._group_mapping = group_mapping
         self.release = release if release is not None else ReleasePolicy()
-        if self._moments_form():  # rows carry f² (`moment_squares`), the Test-Client states its facts
-            self.params[SECOND_MOMENTS] = True
+        if self.release.noisy and self.metric.moment_interval:  # a release of second moments: rows carry
+            self.params[SECOND_MOMENTS] = True  # f² (`moment_squares`), the Test-Client states its facts
         if self.release.noisy and self.metric.he_under_noise:  # aggregated under encryption (design §5.8)
             self.params[RELEASE_NOISE] = True
         self.metric = self.metric.for_release(self.params)
+        #: the interval's method and the rows released (design §8.4)
+        self._form = release_items.release_form(self.metric, self.release, self.spec.bootstrap)
         self._charge = charge
+        #: the report's release information (`release_items.Released.info`, then step 7's)
         self._release_info: dict[str, Any] = {}
         self._multiplicity = 1
         #: the row count the slots' noise is sized by (`_rows_l2`; else the multiplicity)
         self._sensitivity_rows: float = 1
-        self._suppressed: list[int] = []
-        self._noise_sd: list[float] = []  # per item slot: the estimate's, then the groups'
         self.phase = Phase.START
         #: every message from the Test-Client is checked here first (common.protocol.validation)
         self._inbound = validation.TesterInbound(max_received_bytes=max_received_bytes)
@@ -227,16 +225,14 @@ class TesterSession(PartySession):
         self._reader: wire.TableReader | None = None
         #: chunks of the Test-Client's rows being doubly encrypted on the executor, in order
         self._pending: collections.deque = collections.deque()
-        self._plan = None
-        #: the weight columns the metric says are formed from others (`Metric.weight_derivations`)
-        self._derivations: dict = {}
+        #: step 6's values (`tester_service.release_items`): the plan, built once; the
+        #: square requests of MQOS-AUC exact; what was released, and its additive masks
+        self._plans: release_items.AuditPlan | None = None
+        self._asked: release_items.SquareRequests | None = None
+        self._released: release_items.Released | None = None
         self._pads: list[AdditiveMask] | None = None
         self._masked_values: list[int] = []
-        self._squares_state: Any = None
         self._squares: list[int] = []
-        self._small_groups: list[str] = []
-        self._unidentifiable: list[str] = []
-        self._correction: correction.CorrectionPlan | None = None
         self._n_sent = 0
         #: the blind path (`common.metrics.lot`, "The Tester blind to the pairs"): our own
         #: Paillier key for this audit, its slot plan, and per member of the Test-Client's
@@ -276,7 +272,7 @@ class TesterSession(PartySession):
         self._matched_strata = []
         self._pads = None
         self._masked_values = []
-        self._squares_state = None
+        self._asked = None
         self._squares = []
         self._tester_key = None
         self._member_q = None
@@ -532,10 +528,11 @@ class TesterSession(PartySession):
                                           self.params, self._info, confidence=self.spec.confidence,
                                           tau=self.spec.tau, min_size=self.release.min_effective_size,
                                           suppressed=suppressed)
-        self._note_noise(1, 0.0, 0.0, [])
+        _, self._release_info = release_items.noise_note(self._audit(), 1, 0.0, 0.0, [])
         if suppressed:
             self._release_info["suppressed"] = suppressed
-        self._spend_budget()  # a no-op without noise, the one way here; charged before any release regardless
+        # a no-op without noise, the one way here; charged before any release regardless
+        self._release_info.update(release_items.spend_budget(self.release, self._charge))
         self._lap("local_statistic")
         return self._finish(report, {})
 
@@ -589,7 +586,7 @@ class TesterSession(PartySession):
         """The blind path's step 6 (`tester_service.blind_pairs`): the totals of the masked
         sums of the members we hold, weighted by their head weights, decrypted with the
         Test-Client's masked totals; from them the items the plaintext path would have
-        formed, released as it releases them (`_release`). Nothing is withheld here: we know
+        formed, released as it releases them (`release_items.release`). Nothing is withheld here: we know
         no cell's size; the finishing party withholds a cell whose noised size is below
         the minimum (`Lot.withheld_by_size`)."""
         plan, metric, pub, key = self._blind_plan, self.metric, self._pub, self._tester_key
@@ -607,10 +604,8 @@ class TesterSession(PartySession):
         ticks = chunk_ticks(len(tasks), partial(self._tick, "aggregation"))
         totals = self._executor.run_chunks(paillier.multi_exp_columns, tasks, checkpoint=ticks)
         del tasks, sums, weights
-        self._plan = metric.plan(self.groups, self._strata_labels, self._layout, self.spec.metric_option,
-                                 self.params, self._info)
-        self._plan, self._correction = metric.moment_plan(self._plan, self.groups, self.spec.metric_option,
-                                                          self.params, self._info, self._layout)
+        audit = self._audit()
+        plans = self._plan_once(audit)
         items = metric.blind_items(self.groups, self.params)
         _, num_slot = self._layout.position(0)
         ct, den_slot = self._layout.position(1)
@@ -635,498 +630,83 @@ class TesterSession(PartySession):
         self._lap("aggregation")
         self._progress("aggregation", f"aggregated {len(held)} members' masked sums into {len(agg)} rank pairs")
         no_rows = [None] * len(items)  # no row's weight is known here
-        yield from self._release(agg, no_rows, 1, np.random.default_rng(self.spec.seed), False)
+        yield from self._send(release_items.release(audit, self._work(), plans, agg, no_rows, 1,
+                                                    np.random.default_rng(self.spec.seed), release_items.Suppression(),
+                                                    [], self._charge))
 
-    # ------------------------------------------------------------------ step 6: aggregate
+    # ------------------------------------------------------------------ step 6
+    def _audit(self) -> release_items.Audit:
+        """What step 6 reads of this session (`tester_service.release_items`)."""
+        return release_items.Audit(
+            spec=self.spec, metric=self.metric, params=self.params, groups=self.groups,
+            strata_labels=self._strata_labels, info=self._info, layout=self._layout, pub=self._pub,
+            release=self.release, form=self._form, multiplicity=self._multiplicity,
+            sensitivity_rows=self._sensitivity_rows, client_rows=self._client_rows, n_buckets=self._n_buckets,
+            draws=release_items.Draws(gaussian, gaussian_slots))
+
+    def _work(self) -> release_items.Work:
+        return release_items.Work(self._executor, self._clock, self._progress, self._checkpoint)
+
+    def _plan_once(self, audit: release_items.Audit) -> release_items.AuditPlan:
+        """The audit's plan (`release_items.audit_plan`), built once and kept for step 7."""
+        self._plans = release_items.audit_plan(audit)
+        return self._plans
+
     def _aggregate(self) -> Iterator[pb.PeerMessage]:
-        """Step 6 (design §3.6, release controls §8): the named steps below, in order."""
-        q, units, strata, canonical = self._ordered_rows()
+        """Step 6 (design §3.6, release controls §8): the opened rows, then the values of
+        `tester_service.release_items` in order; the session keeps what they return."""
+        audit, work = self._audit(), self._work()
+        plans = self._plan_once(audit)
         rng = np.random.default_rng(self.spec.seed)
-        groups_instead = self._groups_instead()
-        units, n_units = self._resampling_units(units, self.n_matched, rng, groups_instead)
-        facts, weights = self._weights_and_plan(q, strata, units)
-        del q
-        self._suppress_small(weights, strata)
-        self._lap("open_probabilities")
-        agg = self._bucket_sums(weights, units, strata, canonical)
-        if self.metric.needs_squares:
-            del weights
-            yield from self._request_squares(agg, n_units, facts)
-            return
-        yield from self._release(agg, weights, n_units, rng, groups_instead)
-
-    def _release(self, agg: dict, weights: list, n_units: int, rng: np.random.Generator,
-                 groups_instead: bool) -> Iterator[pb.PeerMessage]:
-        """Design §3.6, §8: from the bucket sums to what is sent: the replicates' counts,
-        the direct items, their noise, the estimate and the replicates, and the masked table."""
-        count_rows = self._count_rows(n_units, rng, groups_instead)
-        parts_of, direct, columns = self._direct_items(agg, weights, n_units)
-        sigma0, sigma_b, item_sigma, scales, beta = self._item_noise(direct, weights)
-        del weights
-        point, columns = self._noised_point_and_groups(columns, direct, scales, item_sigma, sigma_b)
-        computed = point + self._replicate_rows(columns, count_rows)
-        n_items = len(self._plan.items)
-        self._note_noise(round(beta, 3), sigma0, sigma_b,
-                         aggregation.composite_scales(scales, direct, parts_of, n_items),
-                         item_sigma if self._moments_form() else None)
-        items = aggregation.compose_items(computed, len(count_rows), direct, parts_of, n_items, self._pub.n2)
-        yield from self._send_items(items, self._replicates())
-
-    def _ordered_rows(self) -> tuple[list[np.ndarray], np.ndarray | None, np.ndarray | None, np.ndarray]:
-        """Design §3.6: open the joined rows (`_open`), quantize their probabilities, and
-        put rows, units and strata in our canonical order; also that order (`canonical`:
-        the rows' places as they arrived)."""
-        probs, units, strata = self._open()
-        q = [encoding.quantize_probabilities(p, encoding.PROBABILITY_BITS) for p in probs]
-        del probs
-        # The Test-Client sends its rows in a random order; put them in an order of our
-        # own (by probability vectors) so that --seed fixes the buckets and the resampling
-        # (rows with identical vectors keep their random order among themselves).
-        canonical = aggregation.canonical_order(q)
-        q = [qs[canonical] for qs in q]
-        units = units[canonical] if units is not None else None
-        strata = strata[canonical] if strata is not None else None
-        return q, units, strata, canonical
-
-    def _groups_instead(self) -> bool:
-        """Design §8.4: with release noise, a bootstrap metric's interval comes from disjoint
-        random groups instead (`_interval`)."""
-        # With release noise, a bootstrap metric's interval comes from disjoint random
-        # groups instead (`_interval`): the Test-Client's units go to the groups at random.
-        return self._interval() == "random_groups" and self.metric.interval == "percentile"
-
-    def _resampling_units(self, units: np.ndarray | None, n: int, rng: np.random.Generator,
-                          groups_instead: bool) -> tuple[np.ndarray | None, int]:
-        """Design §4.8 and §8.4: every row's resampling unit and their number
-        (`aggregation.resampling_units`)."""
-        return aggregation.resampling_units(self.metric.resampling, units, n, rng,
-                                            estimate_only=self._estimate_only(), groups_instead=groups_instead,
-                                            random_groups=self.metric.random_groups, n_buckets=self._n_buckets)
-
-    def _weights_and_plan(self, q: list[np.ndarray], strata: np.ndarray | None, units: np.ndarray | None) -> tuple:
-        """Design §3.6, §8.4: the groups left out of the verdict, the metric's facts and
-        weight columns, and its plan (with, for the correction or a release of second
-        moments, M's items and their weights: `Metric.moment_plan`); returns (facts,
-        weights)."""
-        metric = self.metric
-        # groups left out of the verdict (common.stats.results, "Left out"): without release noise
-        # by their exact Kish size among the joined rows (first member of a row); with it
-        # by the noised sizes only (`_suppress_small`), never by exact ones
-        self._small_groups = [] if self.release.noisy else small_for_verdict(
-            q[0], self.groups, metric.name, float(1 << encoding.PROBABILITY_BITS))
-        facts = metric.tester_facts(q, strata, units, row_bound=self._client_rows)
-        weights = metric.weights(q, strata, units, self.groups, self.spec.metric_option, self.params)
-        self._derivations = metric.weight_derivations(len(self.groups))
-        self._plan = metric.plan(self.groups, self._strata_labels, self._layout, self.spec.metric_option,
-                                 self.params, self._info)
-        if self.spec.correction != "none" or self._moments_form():
-            # M's items, which are also the second moments of the interval (`common.stats.moments`)
-            self._plan, self._correction = metric.moment_plan(self._plan, self.groups, self.spec.metric_option,
-                                                              self.params, self._info, self._layout)
-            self._derivations.update(metric.moment_derivations(len(self.groups), len(weights)))
-            weights = list(weights) + metric.moment_weights(q, self.groups, self.spec.metric_option, self.params)
-            assert max(item.weight for item in self._plan.items) < len(weights)
-            if self.spec.correction != "none" and not self.release.noisy:
-                self._check_identifiable(q[0])  # with noise: on the released M (`correction.finish_corrected`)
-        return facts, weights
-
-    def _n_strata(self) -> int:
-        """Design §3.6: the strata kept apart in the buckets: all of them for a metric
-        with `strata_cells`, else one."""
-        return len(self._strata_labels) if self.metric.strata_cells else 1
-
-    def _bucket_sums(self, weights: list, units: np.ndarray, strata: np.ndarray | None,
-                     canonical: np.ndarray) -> dict[int, list[list[int]]]:
-        """Design §3.6: agg[key][w][t], Enc(Σ w·v) per (unit, stratum) bucket, weight
-        column and row ciphertext, summed by the executor (`aggregation.bucket_sums_packed`)."""
-        metric = self.metric
-        n = self.n_matched
-        # aggregate: per (unit, stratum) and weight column and row ciphertext
-        n_cts = self._layout.n_ciphertexts
-        groups_idx, keys = aggregation.bucket_rows(units, strata, self._n_strata(), metric.strata_cells)
-        n_parts = self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS)
-        # a bucket larger than a part's share of the rows is summed in pieces on every worker
-        pieces, owner = aggregation.split_buckets(groups_idx, -(-n // n_parts))
-        # columns formed from others' sums (`Metric.weight_derivations`), where the values bear it out
-        derived = aggregation.verified_derivations(weights, self._derivations)
-        explicit, _ = aggregation.weight_kinds(weights, derived)
-        need_ones = aggregation.needs_ones(weights, derived)
-        only = metric.column_ciphertexts(len(self.groups), len(weights), self._layout)
-        per_ct = aggregation.columns_per_ciphertext(explicit, only, n_cts)
-        pub = self._pub
-        width = pub.ciphertext_bytes
-        # the joined rows' ciphertexts as they arrived (packed); a bucket's rows are picked
-        # by their place in that order (`canonical`), so the table is never copied whole
         packed, self._matched_cts = b"".join(self._matched_cts), []
-        cts = np.frombuffer(packed, dtype=f"V{width}").reshape(n, n_cts)
-        columns_of = [np.asarray(weights[w]) for w in explicit]
+        rows = release_items.order_rows(*self._open(), packed)
+        del packed
+        sums = release_items.sum_buckets(audit, work, plans, rows, rng)
+        del rows
+        if self.metric.needs_squares:
+            yield from self._request_squares(release_items.square_requests(audit, sums))
+            return
+        yield from self._send(release_items.release(audit, work, plans, sums.agg, sums.weights.columns, sums.n_units,
+                                                    rng, sums.suppression, sums.weights.unidentifiable, self._charge))
 
-        def task(part) -> tuple:
-            jobs = []
-            for idx in part:
-                columns = [col[idx] for col in columns_of]  # arrays: made lists by the worker
-                ones = [np.ones(len(idx), dtype=np.int64)] if need_ones else []
-                rows = canonical[idx]
-                jobs += [(cts[rows, t].tobytes(), [columns[e] for e in per_ct[t]] + ones) for t in range(n_cts)]
-            return pub.n, width, jobs
-
-        parts = parallel.split(pieces, n_parts)
-        ticks = chunk_ticks(len(parts), partial(self._tick, "aggregation"))
-        # built as the workers take them: a few tasks' copies of the rows at a time
-        sums = [s for part in self._executor.stream(aggregation.bucket_sums_packed, (task(p) for p in parts),
-                                                    checkpoint=ticks) for s in part]
-        del cts, packed, columns_of
-        sums = aggregation.merge_piece_sums(sums, owner, len(groups_idx), n_cts, pub.n2)
-        agg = aggregation.combine_bucket_sums(sums, keys, weights, pub.n, pub.n2, n_cts, derived, per_ct)
-        self._lap("aggregation")
-        self._progress("aggregation", f"aggregated {n} rows into {len(keys)} buckets x {len(weights)} weights")
-        return agg
-
-    def _request_squares(self, agg: dict, n_units: int, facts) -> Iterator[pb.PeerMessage]:
+    def _request_squares(self, asked: release_items.SquareRequests) -> Iterator[pb.PeerMessage]:
         """Design §5.6, MQOS-AUC exact: send the square requests (`Metric.square_requests`) and wait for
         the squares (`_after_squares`)."""
         pub = self._pub
-        self._squares_state, requests = self.metric.square_requests(agg, n_units, pub, facts, self._layout)
+        self._asked = asked
         self.phase = Phase.WAIT_SQUARES
         self._reader = wire.TableReader(wire.ciphertext_table(pb.SQUARES, pub.ciphertext_bytes))
         yield from wire.table_messages(wire.ciphertext_table(pb.SQUARE_REQUEST, pub.ciphertext_bytes),
-                                       len(requests),
-                                       ciphertexts=paillier.ciphertexts_to_bytes(requests, pub.ciphertext_bytes))
-
-    def _count_rows(self, n_units: int, rng: np.random.Generator, groups_instead: bool) -> list[list[int]]:
-        """Design §4.8, §8.4: each released row's count of every unit (`aggregation.count_rows`)."""
-        groups = self.metric.resampling == "client_groups" or groups_instead
-        return aggregation.count_rows(n_units, self._replicates() if groups else 0, self.spec.bootstrap, rng,
-                                      estimate_only=self._estimate_only(), groups=groups)
-
-    def _direct_items(self, agg: dict, weights: list, n_units: int) -> tuple[dict, list[int], list[list[int]]]:
-        """Design §3.6: the items formed from others (item -> its parts), the direct items,
-        and each direct item's ciphertext per unit (`aggregation.direct_columns`)."""
-        metric = self.metric
-        n_strata = self._n_strata()
-        # An item whose weight is a sum of other columns (e.g. "overall") is, in every
-        # replicate, the product of those columns' items: no multi-exponentiation of its own.
-        plan_items = list(self._plan.items)
-        parts_of = composite_items(plan_items, weights, strata=n_strata if metric.strata_cells else 0)
-        direct = [i for i in range(len(plan_items)) if i not in parts_of]
-        columns = aggregation.direct_columns(plan_items, direct, agg, n_units, n_strata, metric.strata_cells,
-                                             self._pub.n2)
-        return parts_of, direct, columns
-
-    def _item_noise(self, direct: list[int], weights: list) -> tuple:
-        """Design §8.3, §8.4: σ₀ and σ_b (or σ_m for the second moments), σ per item, and each
-        direct item's slot scales; returns (sigma0, sigma_b, item_sigma, scales, beta)."""
-        metric = self.metric
-        plan_items = list(self._plan.items)
-        # Release noise (design §8): the estimate is the sum of the noiseless units plus its own
-        # noise (σ₀); every replicate is formed from units that each carry noise (σ_b): with
-        # noise, the units are disjoint random groups and each replicate is one of them.
-        comps = metric.components(self.spec.metric_option, self.params, self._info)
-        beta = metric.sensitivity_components(self.spec.metric_option, self.params, self._info)
-        squares = metric.moment_components(self.spec.metric_option, self.params)
-        if self._moments_form():  # σ₀ on the group items, σ_m on the pair items (`ReleasePolicy.moment_sigmas`)
-            sigma0, sigma_m = self.release.moment_sigmas(beta, squares=squares)
-            sigma_b = 0.0
-            item_sigma = [sigma_m if i >= self._correction.first_item else sigma0 for i in range(len(plan_items))]
-        elif self._interval() == "exact":  # the estimate alone: no groups to share ρ with
-            sigma0, sigma_b = self.release.single_sigma(beta), 0.0
-            item_sigma = [sigma0] * len(plan_items)
-        else:
-            sigma0, sigma_b = self.release.sigmas(beta * (correction.SENSITIVITY_FACTOR if self._correction else 1))
-            item_sigma = [sigma0] * len(plan_items)
-        scales = [self._slot_scales(plan_items[i], weights, comps) for i in direct]
-        if squares:  # a group item's squares belong to the second moments: σ_m, not σ₀
-            scales = [self._square_scales(plan_items[i], scale, len(comps) - squares, sigma_m / sigma0)
-                      if i < self._correction.first_item else scale for i, scale in zip(direct, scales)]
-        return sigma0, sigma_b, item_sigma, scales, beta
-
-    def _noised_point_and_groups(self, columns: list[list[int]], direct: list[int], scales: list,
-                                 item_sigma: list[float], sigma_b: float) -> tuple[list[int], list[list[int]]]:
-        """Design §8.3, §8.4: the estimate's row (each direct item's product over the units, noised
-        with its σ), then every unit noised with σ_b where the replicates are random groups."""
-        n2 = self._pub.n2
-        point = []
-        for d, col in enumerate(columns):
-            c = gmpy2.mpz(1)
-            for x in col:
-                c = c * x % n2
-            point.append(self._add_noise(int(c), scales[d], item_sigma[direct[d]]))
-        if sigma_b > 0:
-            columns = [[self._add_noise(x, scales[d], sigma_b) for x in col] for d, col in enumerate(columns)]
-        return point, columns
-
-    def _replicate_rows(self, columns: list[list[int]], count_rows: list[list[int]]) -> list[int]:
-        """Design §3.6: every replicate's (or random group's) direct items, Π_u C[u]^count,
-        by the executor (`aggregation.replicate_chunk`); row 0 (the estimate) is not among them."""
-        pub = self._pub
-        tasks = [(pub.n, columns, part) for part in
-                 parallel.split(count_rows[1:], self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS))]
-        ticks = chunk_ticks(len(tasks), partial(self._tick, "bootstrap"))
-        return [c for part in self._executor.run_chunks(aggregation.replicate_chunk, tasks, checkpoint=ticks)
-                for c in part]
+                                       len(asked.requests),
+                                       ciphertexts=paillier.ciphertexts_to_bytes(asked.requests, pub.ciphertext_bytes))
 
     def _after_squares(self) -> Iterator[pb.PeerMessage]:
-        """MQOS-AUC exact: the squares are back; form the released (V, D) of every cell in
-        the full sample and each random group, each noised before packing: the estimate
-        with σ₀, each random group with σ_b (the groups are disjoint, so a member is in one
-        of them). The noise scales come from the metric's declared form and the row count
-        (`ExactAuc.squares_sensitivity`), never from a group's size."""
-        scales = self.metric.squares_sensitivity(self._squares_state, self._multiplicity)
-        slots = self._plan.item_slots
-        if self._moments_form():  # the estimate at σ₀, the pair items (S1, S0) at σ_m: β 2 and 1
-            sigma0, sigma_m = self.release.moment_sigmas(2, pair_components=1)
-            pair = self.metric.pair_sensitivity(self._multiplicity)
-            levels = [(scales[0], sigma0), (scales[1], sigma0), (pair, sigma_m), (pair, sigma_m)]
-            sigma_b = 0.0
-        else:
-            sigma0, sigma_b = self.release.sigmas(2)
-            levels = None
+        """MQOS-AUC exact: the squares are back (`release_items.release_squares`)."""
+        asked, squares = self._asked, self._squares
+        self._asked, self._squares = None, []
+        yield from self._send(release_items.release_squares(self._audit(), self._work(), self._plans, asked, squares,
+                                                            self._charge))
 
-        def noise(ciphertext: int, component: int, replicate: int) -> int:
-            one = [0] * slots
-            if levels is not None:
-                one[0], sigma = levels[component]
-            else:
-                one[0], sigma = scales[component], (sigma0 if replicate == 0 else sigma_b)
-            return self._add_noise(ciphertext, one, sigma)
-        items = self.metric.combine(self._squares_state, self._squares, self._pub, self._layout, noise)
-        cells = len(self._squares_state["facts"]["S"])
-        self._squares_state, self._squares = None, []
-        if levels is not None:
-            n_pairs = len(items) - cells
-            self._note_noise(2, sigma0, 0.0, [self.metric.slot_noise(scales)] * cells + [[float(pair)] * 2] * n_pairs,
-                             [sigma0] * cells + [sigma_m] * n_pairs)
-        else:
-            self._note_noise(2, sigma0, sigma_b, [self.metric.slot_noise(scales)] * cells)
-        self._lap("squares")
-        yield from self._send_items(items, self._replicates())
-
-    def _check_identifiable(self, q: np.ndarray) -> None:
-        """Without release noise: the groups whose identifying size (`common.stats.correction`),
-        measured on our own probabilities over the joined rows, is below the minimum:
-        their corrected values are withheld. With noise nothing of the sort is released:
-        both parties decide it on the released, noised M (`correction.finish_corrected`),
-        since an identifying size's sensitivity to one member has no useful bound (an
-        ill-conditioned M amplifies one row)."""
-        p = q / float(1 << encoding.PROBABILITY_BITS)
-        sizes = correction.identifying_sizes(correction.plain_matrix(p))
-        self._unidentifiable = [g for g, size in zip(self.groups, sizes) if not size >= correction.MIN_IDENTIFYING_SIZE]
-
-    # ------------------------------------------------------------------ release controls
-    def _suppress_small(self, weights: list, strata: np.ndarray | None) -> None:
-        """The items (and so cells) whose effective size, Σ of the size weight over the
-        rows that enter them, is below the policy's minimum: with release noise, the size
-        plus Gaussian noise (an exact comparison would be an oracle); without, the exact
-        size, and a size of 0 whatever the policy (the mask cannot show a zero)."""
-        metric, plan = self.metric, self._plan
-        scale = float(1 << (encoding.PROBABILITY_BITS * metric.n_ids))
-        n = self.n_matched
-        sizes: dict[tuple[int, int | None], float] = {}
-
-        def size(w: int, stratum: int | None) -> float:
-            if (w, stratum) not in sizes:
-                col = weights[w]
-                if isinstance(col, tuple):
-                    sizes[(w, stratum)] = sum(size(x, stratum) for x in col)
-                else:
-                    rows = (strata == stratum) if (stratum is not None and strata is not None
-                                                   and metric.strata_cells) else slice(None)
-                    if isinstance(col, int):
-                        count = int(np.count_nonzero(rows)) if not isinstance(rows, slice) else n
-                        sizes[(w, stratum)] = col * count / scale
-                    else:
-                        sizes[(w, stratum)] = float(aggregation.exact_sum(np.asarray(col)[rows])) / scale
-            return sizes[(w, stratum)]
-
-        minimum = self.release.min_effective_size
-        # M's items (the correction) are not cells: a small entry of M is no cell to
-        # withhold, and the noise below covers them
-        base = self._correction.first_item if self._correction else len(plan.items)
-        keys = [(metric.size_weight(item), item.stratum) for item in plan.items[:base]]
-        if self.release.noisy:  # decided on noisy sizes (one draw per weight and stratum)
-            sigma = self.release.threshold_sigma() * self._multiplicity
-            measured = {key: size(*key) + gaussian(sigma) for key in set(keys)}
-            self._suppressed = [i for i, key in enumerate(keys) if not measured[key] >= minimum]
-        else:
-            measured = {key: size(*key) for key in set(keys)}
-            self._suppressed = [i for i, key in enumerate(keys) if not (measured[key] >= minimum and measured[key] > 0)]
-        # the groups' effective sizes as decided on (noised under the controls: releasing
-        # the same draws costs nothing more), for the report; cut, not rounded, to 0.1, so
-        # that a size shown as 30.0 was never one decided as below 30
-        self._release_info["effective_sizes"] = {
-            cell.group: math.floor(float(measured[keys[cell.item]]) * 10.0) / 10.0 for cell in plan.cells
-            if cell.kind in ("group", "curve") and cell.group in self.groups
-            and plan.items[cell.item].stratum is None}
-        if self.release.noisy:  # left out of the verdict on the same noised sizes (common.stats.results)
-            sizes = self._release_info["effective_sizes"]
-            self._small_groups = sorted({g for g, v in sizes.items() if not v >= MIN_EFFECTIVE_SIZE})
-        if self._suppressed:
-            hidden = set(self._suppressed)
-            self._release_info["suppressed"] = plan.labels_of(self._suppressed)
-            groups = {c.group for c in plan.cells if c.item in hidden and c.kind == "group" and c.group in self.groups}
-            self._small_groups = sorted(set(self._small_groups) | groups)
-
-    def _slot_scales(self, item, weights: list, components) -> list[int]:
-        """Per slot of `item`: its sensitivity to one member (0 for weights that do not
-        depend on the members' race: constants, and "overall" as the sum of all groups)."""
-        if isinstance(weights[item.weight], (int, tuple)):
-            return [0] * self._layout.slots
-        return self.metric.slot_sensitivity(item, self._layout, components, self._sensitivity_rows)
-
-    def _square_scales(self, item, scales: list, first_square: int, factor: float) -> list:
-        """`scales` of a group item with the slots of the squared components (those from
-        `first_square` on, `Metric.moment_squares`) times `factor` = σ_m/σ₀: they are
-        released at the second moments' noise (`ReleasePolicy.moment_sigmas`)."""
-        out = list(scales)
-        for c in range(first_square, self._layout.n_components):
-            ct, slot = self._layout.position(c)
-            if ct == item.ciphertext:
-                out[slot] = out[slot] * factor
-        return out
-
-    def _add_noise(self, ciphertext: int, scales: list[int], sigma: float) -> int:
-        if sigma <= 0 or not any(scales):
-            return ciphertext
-        return paillier.add_plain(self._pub.n, ciphertext,
-                                  gaussian_slots([sigma * x for x in scales], self._layout.release_slot_bits))
-
-    def _note_noise(self, n_components: int, sigma0: float, sigma_b: float, scales: list[list[int]],
-                    item_sigmas: list[float] | None = None) -> None:
-        """What the report says about the noise (σ₀ in members, per unit of sensitivity),
-        and, for the header, the noise's sd per item slot: the estimate's, then the
-        groups' (`scales`: each item's slot sensitivities). `item_sigmas`: the release of
-        second moments (`common.stats.moments`), one multiplier per item and no groups (zeros)."""
-        if self.release.noisy and item_sigmas is not None:
-            self._noise_sd = [sig * float(x) for sig, row in zip(item_sigmas, scales) for x in row]
-            self._noise_sd += [0.0] * len(self._noise_sd)
-            self._release_info.update({"interval_from": "second moments (parametric bootstrap)",
-                                       "sigma_moments": max(item_sigmas) * self._multiplicity})
-        elif self.release.noisy:
-            self._noise_sd = [sig * float(x) for sig in (sigma0, sigma_b) for row in scales for x in row]
-        info = self._release_info
-        info["controls"] = self.release != ReleasePolicy.off()
-        info.update({"min_intersection": self.release.min_intersection,
-                     "min_effective_size": self.release.min_effective_size,
-                     "rho": self.release.rho, "epsilon": rho_to_epsilon(self.release.rho), "delta": REPORT_DELTA,
-                     "sigma_estimate": sigma0 * self._multiplicity, "components": n_components,
-                     "member_rows_max": self._multiplicity})
-
-    def _spend_budget(self) -> None:
-        """Charge this audit's ρ to the Test-Client's budget: the last step before release."""
-        if self.release.noisy and self._charge is not None:
-            self._release_info["budget_left"] = round(self._charge(self.release.rho), 12)
-
-    def _send_items(self, items: list[int], replicates: int) -> Iterator[pb.PeerMessage]:
-        """Withhold suppressed items, mask every item of every replicate, rerandomise, and
-        send (step 6's end).
-
-        With release noise, every row is released as its noised aggregates: they are what
-        the release controls protect, and their denominators tell the Test-Client which
-        cells the noise swamps (`Plan.cell_values`). Without noise, every row is a masked
-        ratio, and the estimate's items get a zero test each, Enc(ρ·X) with ρ uniform in
-        Z_n: 0 when the item is empty (a denominator of 0: the cell is undefined), else a
-        uniform value (nothing else about X)."""
-        pub, layout, plan = self._pub, self._layout, self._plan
-        self._spend_budget()
-        n_items = len(plan.items)
-        if self._suppressed:
-            for r in range(len(items) // n_items):
-                for i in self._suppressed:
-                    items[r * n_items + i] = 1  # Enc(0), rerandomised below: nothing of the cell leaves
-        noisy = self.release.noisy
-        plain_rows = self._released_rows() if noisy else 0
-        zero_tests = 0
-        if not noisy and self.spec.result_recipient == "client":
-            items = items + [paillier.scalar_pow(pub.n, items[i], 1 + secrets.randbelow(pub.n - 1))
-                             for i in range(n_items)]
-            zero_tests = n_items
-        shift = layout.release_slot_bits
-        slots = plan.item_slots
-        if self.spec.result_recipient == "client":
-            ratio = []
-            # the correction solves systems that mix a replicate's cells: one factor per
-            # replicate (each slot keeps its own noise); otherwise one per item
-            common_factor = {}
-            for idx, _ in enumerate(items):
-                if idx < plain_rows * n_items or idx >= (replicates + 1) * n_items:
-                    ratio.append((1, 0))  # released as it is (rerandomised)
-                    continue
-                if self._correction is None:
-                    r = RatioMask.draw().r
-                else:
-                    r = common_factor.setdefault(idx // n_items, RatioMask.draw().r)
-                noise = sum(RatioMask.noise(r) << (s * shift) for s in range(slots))
-                ratio.append((r, noise))
-            pads = None
-        else:
-            pad_bits = layout.release_slot_bits - AdditiveMask.max_bits(0) - 1
-            draws = [AdditiveMask.draw(slots, pad_bits) for _ in items]
-            self._pads = draws
-            pads = [sum(p << (s * shift) for s, p in enumerate(d.pads)) for d in draws]
-            ratio = None
-        h = paillier.randomizer_base(pub.n)  # our own base, never the Test-Client's h
-        parts = parallel.split(list(range(len(items))), self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS))
-        tasks = [(pub.n, h, [items[i] for i in part], [ratio[i] for i in part] if ratio else None,
-                  [pads[i] for i in part] if pads else None) for part in parts]
-        ticks = chunk_ticks(len(tasks), partial(self._tick, "bootstrap"))
-        out = [c for part in self._executor.run_chunks(aggregation.mask_chunk, tasks, checkpoint=ticks) for c in part]
-        self._lap("bootstrap_and_mask")
-        self._progress("bootstrap", (f"{replicates} replicates masked" if replicates else "the estimate noised")
-                       + "; sending to the Test-Client")
+    def _send(self, out: release_items.ReleasedItems) -> Iterator[pb.PeerMessage]:
+        """Step 6's end: keep what step 7 reads (the release, the additive masks), then
+        send the header and the masked table."""
+        self._released, self._pads = out.release, out.pads
+        self._release_info = dict(out.release.info)
         self.phase = Phase.WAIT_RESULT
-        width = pub.ciphertext_bytes
-        yield pb.PeerMessage(aggregates_header=pb.AggregatesHeader(
-            groups=list(self.groups), replicates=replicates, confidence=self.spec.confidence,
-            slot_bits=shift, mask="ratio" if ratio else "additive", items=len(plan.items), item_slots=slots,
-            tau=self.spec.tau, small_groups=self._small_groups, suppressed_items=self._suppressed,
-            interval=self._release_form(), plain_rows=plain_rows if ratio else 0, noise_sd=self._noise_sd,
-            zero_tests=zero_tests, unidentifiable=self._unidentifiable,
-            min_effective_size=self.release.min_effective_size))
-        yield from wire.table_messages(wire.ciphertext_table(pb.AGGREGATES, width), len(out),
-                                       ciphertexts=paillier.ciphertexts_to_bytes(out, width))
+        width = self._pub.ciphertext_bytes
+        yield pb.PeerMessage(aggregates_header=release_items.header(self._audit(), out.release))
+        yield from wire.table_messages(wire.ciphertext_table(pb.AGGREGATES, width), len(out.ciphertexts),
+                                       ciphertexts=paillier.ciphertexts_to_bytes(out.ciphertexts, width))
+
+    # what tests and the report read of the release (`release_items.Released`), before and after it
+    _plan = property(lambda self: self._plans.plan if self._plans else None)
+    _correction = property(lambda self: self._plans.correction if self._plans else None)
+    _suppressed = property(lambda self: self._released.suppressed if self._released else [])
+    _noise_sd = property(lambda self: self._released.noise_sd if self._released else [])
+    _small_groups = property(lambda self: self._released.small_groups if self._released else [])
+    _unidentifiable = property(lambda self: self._released.unidentifiable if self._released else [])
 
     # ------------------------------------------------------------------ step 7
-    def _interval(self) -> str:
-        """The report's interval method. With release noise a bootstrap's replicates would
-        reuse every member, so noise that keeps each of them private would swamp their
-        spread (`tester_service.release`): a metric with second moments
-        (`Metric.moment_interval`) gets percentile intervals of parametric draws from its
-        released aggregates and second moments (`common.stats.moments`), any other bootstrap
-        metric random groups."""
-        if self._moments_form():
-            return "percentile"
-        if self.metric.interval == "percentile" and self.release.noisy:
-            return "random_groups"
-        return self.metric.interval
-
-    def _moments_form(self) -> bool:
-        """Whether this audit releases its estimate and second moments (`common.stats.moments`)."""
-        return self.release.noisy and self.metric.moment_interval
-
-    def _release_form(self) -> str:
-        """The header's interval: `common.stats.moments.FORM` for a release of second moments
-        (one row of aggregates; the finishing party draws the replicates), else the
-        report's method."""
-        return moments.FORM if self._moments_form() else self._interval()
-
-    def _estimate_only(self) -> bool:
-        """Whether the estimate is released alone: second moments, or an exact interval."""
-        return self._moments_form() or self._interval() == "exact"
-
-    def _released_rows(self) -> int:
-        """Rows of items in the AGGREGATES table: the estimate alone (`_estimate_only`),
-        else the estimate and every replicate."""
-        return 1 if self._estimate_only() else self._replicates() + 1
-
-    def _replicates(self) -> int:
-        """B (bootstrap replicates, or parametric draws), or the number of random groups
-        where the interval comes from random groups."""
-        if self._interval() == "exact":  # the estimate alone (the probabilistic count)
-            return 0
-        if self._interval() != "random_groups":
-            return self.spec.bootstrap
-        return self.metric.random_groups or RELEASE_GROUPS
-
     def _finish(self, report: AuditReport, client_seconds: dict[str, float]) -> list[pb.PeerMessage]:
         self._lap("wait_for_client_result")
         seconds = dict(self.phase_seconds)
@@ -1145,8 +725,8 @@ class TesterSession(PartySession):
         """Result recipient `client`: the Test-Client kept the result (design §3.7), and
         sent its timings only (`common.protocol.validation` refuses one with a result). The
         session ends with a receipt: the audit's settings and our own facts."""
-        kept = receipt(metric=self.spec.metric, option=self.spec.metric_option, bootstrap=self._replicates(),
-                       confidence=self.spec.confidence, interval=self._interval(), tau=self.spec.tau,
+        kept = receipt(metric=self.spec.metric, option=self.spec.metric_option, bootstrap=self._form.replicates,
+                       confidence=self.spec.confidence, interval=self._form.interval, tau=self.spec.tau,
                        params=self.params, audit_id=self.audit_id)
         return self._finish(kept, dict(res.phase_seconds))
 
@@ -1154,8 +734,14 @@ class TesterSession(PartySession):
         self._masked_values += values
         if not mp.last:
             return []
-        plan = self._plan
-        replicates = self._replicates()
+        return self._finish(self._unmasked_report(), dict(mp.phase_seconds))
+
+    def _unmasked_report(self) -> AuditReport:
+        """Step 7, result recipient `tester`: remove our additive masks from the decrypted
+        values and finish the statistic from the released cells (design §3.7)."""
+        plans, released, spec, noisy = self._plans, self._released, self.spec, self.release.noisy
+        plan = plans.plan
+        replicates = self._form.replicates
         layout = encoding.SlotLayout(self._layout.release_slot_bits, plan.item_slots)
         slots = []
         for idx, value in enumerate(self._masked_values):
@@ -1163,35 +749,26 @@ class TesterSession(PartySession):
                 slots.append(self._pads[idx].remove(layout.unpack(value)))
             except EncodingOverflowError:
                 raise ProtocolError("a masked plaintext does not decode") from None
-        noisy = self.release.noisy
-        if self._moments_form():
+        bounds = moments.estimate_bounds(self.metric, spec.metric_option, self.params)
+        if self._form.moments:
             by_size = self.metric.withheld_by_size(plan, slots[:len(plan.items)], self.release.min_effective_size,
                                                    self.params)
-            withheld = self._suppressed + by_size
             if by_size:
                 self._release_info["suppressed"] = list(self._release_info.get("suppressed", ())) + \
                     plan.labels_of(by_size)
             values, corrected = moments.finish_release(
-                plan, self._correction, slots, self._noise_sd, replicates, withheld=withheld,
-                correct=self.spec.correction != "none",
-                bounds=moments.estimate_bounds(self.metric, self.spec.metric_option, self.params))
-            report = finish(self.metric, plan, values, option=self.spec.metric_option,
-                            confidence=self.spec.confidence, interval=self._interval(), tau=self.spec.tau,
-                            params=self.params, info=self._info, replicates=replicates, result_recipient="tester",
-                            small_groups=self._small_groups, corrected=corrected, noisy=noisy,
-                            min_size=self.release.min_effective_size)
-            return self._finish(report, dict(mp.phase_seconds))
-        pseudo = noisy and self.metric.interval == "percentile"
-        values = plan.suppress(plan.cell_values(slots, lambda num, den: float(num) / float(den) if den != 0 else None,
-                                                plain_rows=replicates + 1 if noisy else 0, noise_sd=self._noise_sd,
-                                                pseudo_values=pseudo),
-                               self._suppressed)
-        corrected = None if self._correction is None else finish_corrected(
-            self._correction, slots, plan, self._suppressed, self._unidentifiable, self._noise_sd if noisy else (),
-            pseudo_values=pseudo, bounds=moments.estimate_bounds(self.metric, self.spec.metric_option, self.params))
-        report = finish(self.metric, plan, values, option=self.spec.metric_option, confidence=self.spec.confidence,
-                        interval=self._interval(),
-                        tau=self.spec.tau, params=self.params, info=self._info, replicates=replicates,
-                        result_recipient="tester", small_groups=self._small_groups, corrected=corrected,
-                        noisy=noisy, min_size=self.release.min_effective_size)
-        return self._finish(report, dict(mp.phase_seconds))
+                plan, plans.correction, slots, released.noise_sd, replicates, withheld=released.suppressed + by_size,
+                correct=spec.correction != "none", bounds=bounds)
+        else:
+            pseudo = noisy and self.metric.interval == "percentile"
+            values = plan.suppress(plan.cell_values(slots, lambda num, den: float(num) / float(den) if den != 0 else None,
+                                                    plain_rows=replicates + 1 if noisy else 0,
+                                                    noise_sd=released.noise_sd, pseudo_values=pseudo),
+                                   released.suppressed)
+            corrected = None if plans.correction is None else finish_corrected(
+                plans.correction, slots, plan, released.suppressed, released.unidentifiable,
+                released.noise_sd if noisy else (), pseudo_values=pseudo, bounds=bounds)
+        return finish(self.metric, plan, values, option=spec.metric_option, confidence=spec.confidence,
+                      interval=self._form.interval, tau=spec.tau, params=self.params, info=self._info,
+                      replicates=replicates, result_recipient="tester", small_groups=released.small_groups,
+                      corrected=corrected, noisy=noisy, min_size=self.release.min_effective_size)
