@@ -1,10 +1,12 @@
 """Test support: the two services as separate OS processes, an operator process, a TCP
 proxy that can freeze, and a direct veth link into a network namespace that can go down.
 
-Used by tests/test_faults.py. Everything here is bounded (every wait has a timeout) and
-idempotent to clean up: `ServiceProcess.close()`, `FreezableProxy.close()` and
-`VethNamespace.teardown()` may be called any number of times, also after a failure, and
-never leave a stopped (SIGSTOP) process behind.
+Used by tests/test_faults.py; its network namespaces (a veth link, or one namespace per
+service on a bridge: `NetnsNetwork`) by tests/test_compose.py too. Everything here is
+bounded (every wait has a timeout) and idempotent to clean up: `ServiceProcess.close()`,
+`FreezableProxy.close()`, `VethNamespace.teardown()` and `NetnsNetwork.teardown()` may be
+called any number of times, also after a failure, and never leave a stopped (SIGSTOP)
+process behind.
 
 Services are started as `ppre -v tester serve ...` / `ppre -v client serve ...`, each in
 its own process group (its worker-pool children included), with an empty working
@@ -686,7 +688,20 @@ class FreezableProxy:
         self._accept_thread.join(timeout=5)
 
 
-# --------------------------------------------------------------------------- a namespace on a veth link
+# --------------------------------------------------------------------------- network namespaces
+# The one harness for tests that run services in network namespaces (as root, where `ip
+# netns` works: `tests.helpers.netns_usable`): one namespace on a veth link that can go
+# down (`VethNamespace`, tests/test_faults.py) and one namespace per service on a private
+# bridge (`NetnsNetwork`, tests/test_compose.py). Every name holds the test process's pid,
+# so that `sweep_stale_namespaces` removes what a run killed hard left behind.
+
+_VETH_PREFIX = "ppre-f"     # VethNamespace: ppre-f<pid>x<n>
+_BRIDGE_PREFIX = "ppre-t"   # NetnsNetwork: ppre-t<pid>x<n>-<service>
+_NS_RE = re.compile(rf"^(?:{_VETH_PREFIX}|{_BRIDGE_PREFIX})(\d+)x(\d+)(?:-|$)")
+_BRIDGE_RE = re.compile(r"\bppb([0-9a-f]+)x\d+\b")
+_ns_counter = iter(range(1, 10_000))
+_ETC_NETNS = Path("/etc/netns")
+
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
@@ -695,23 +710,85 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
-_NS_PREFIX = "ppre-f"
-_NS_RE = re.compile(rf"^{_NS_PREFIX}(\d+)x(\d+)$")
-_ns_counter = iter(range(1, 10_000))
+def _iptables(*args: str) -> subprocess.CompletedProcess | None:
+    """`iptables -w ARGS`, or None where there is no iptables (then nothing filters the bridge)."""
+    if not shutil.which("iptables"):
+        return None
+    return subprocess.run(["iptables", "-w", *args], capture_output=True, text=True, timeout=30)
+
+
+def _forward_rules(bridge: str) -> list[list[str]]:
+    """The FORWARD rules that let the test's bridge carry traffic between its namespaces.
+
+    A running Docker engine sets the FORWARD policy to DROP and loads br_netfilter, so
+    frames bridged between two namespaces are filtered like routed packets and the
+    Tester cannot reach the Test-Client. Accepting this one bridge's traffic, ahead of
+    every other rule, leaves the host's policy as it was.
+    """
+    return [["FORWARD", "-i", bridge, "-j", "ACCEPT"], ["FORWARD", "-o", bridge, "-j", "ACCEPT"]]
+
+
+def _delete_namespace(name: str) -> None:
+    """Kill the processes left in a namespace, then delete it and its /etc/netns entry."""
+    for pid in _ip("netns", "pids", name, check=False).stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    _ip("netns", "del", name, check=False)
+    shutil.rmtree(_ETC_NETNS / name, ignore_errors=True)
+
+
+def _delete_link(name: str) -> None:
+    if name and _ip("link", "show", name, check=False).returncode == 0:
+        _ip("link", "del", name, check=False)
+
+
+def _remove_etc_netns() -> None:
+    try:
+        _ETC_NETNS.rmdir()      # only if empty: someone else's namespace config may be there
+    except OSError:
+        pass
+
+
+def _free_subnet(second_octet: int, prefixlen: int) -> ipaddress.IPv4Network:
+    """A random 10.<second_octet>.X.0/<prefixlen> that no address or route here uses."""
+    used = _ip("-4", "-o", "addr", "show", check=False).stdout + \
+        _ip("-4", "route", "show", "table", "all", check=False).stdout
+    free = [x for x in range(1, 255) if f"10.{second_octet}.{x}." not in used]
+    if not free:
+        raise RuntimeError(f"no free 10.{second_octet}.X.0/{prefixlen}")
+    return ipaddress.ip_network(f"10.{second_octet}.{random.SystemRandom().choice(free)}.0/{prefixlen}")
+
+
+def _veth_into(ns: str, host_end: str, ns_end: str, address: str) -> None:
+    """A veth pair whose `ns_end` becomes `eth0` of the (new) namespace `ns`, holding
+    `address` (with its prefix length); both it and the namespace's loopback up."""
+    _ip("netns", "add", ns)
+    _ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)
+    _ip("link", "set", ns_end, "netns", ns)
+    _ip("-n", ns, "link", "set", ns_end, "name", "eth0")
+    _ip("-n", ns, "addr", "add", address, "dev", "eth0")
+    _ip("-n", ns, "link", "set", "lo", "up")
+    _ip("-n", ns, "link", "set", "eth0", "up")
 
 
 def sweep_stale_namespaces() -> None:
-    """Remove namespaces (and the processes in them) left by earlier runs that died hard."""
+    """Remove namespaces (and the processes in them), links, /etc/netns entries and
+    FORWARD rules left by earlier runs that died hard (their pid is gone)."""
     for name in _ip("netns", "list", check=False).stdout.split():
         match = _NS_RE.match(name)
         if match and not pid_alive(int(match.group(1))):
-            for pid in _ip("netns", "pids", name, check=False).stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-            _ip("netns", "del", name, check=False)
-            _ip("link", "del", f"pfh{int(match.group(1)):x}x{match.group(2)}", check=False)
+            _delete_namespace(name)
+            tag = f"{int(match.group(1)):x}x{match.group(2)}"
+            _delete_link(f"pfh{tag}")
+            _delete_link(f"ppb{tag}")
+            _remove_etc_netns()
+    listed = _iptables("-S", "FORWARD")
+    for rule in listed.stdout.splitlines() if listed is not None and listed.returncode == 0 else ():
+        match = _BRIDGE_RE.search(rule)
+        if rule.startswith("-A FORWARD ") and match and not pid_alive(int(match.group(1), 16)):
+            _iptables("-D", *rule.split()[1:])
 
 
 @dataclass
@@ -730,26 +807,12 @@ class VethNamespace:
 
     def setup(self) -> None:
         pid, n = os.getpid(), next(_ns_counter)
-        self.name = f"{_NS_PREFIX}{pid}x{n}"
+        self.name = f"{_VETH_PREFIX}{pid}x{n}"
         self.host_if = f"pfh{pid:x}x{n}"       # <= 15 characters
-        ns_if = f"pfn{pid:x}x{n}"
-        used = _ip("-4", "-o", "addr", "show", check=False).stdout + \
-            _ip("-4", "route", "show", "table", "all", check=False).stdout
-        free = [x for x in range(256) if f"10.232.{x}." not in used]
-        if not free:
-            raise RuntimeError("no free 10.232.X.0/30")
-        third = random.SystemRandom().choice(free)
-        net = ipaddress.ip_network(f"10.232.{third}.0/30")
-        hosts = list(net.hosts())
+        hosts = list(_free_subnet(232, 30).hosts())
         self.host_ip, self.ns_ip = str(hosts[0]), str(hosts[1])
         try:
-            _ip("netns", "add", self.name)
-            _ip("link", "add", self.host_if, "type", "veth", "peer", "name", ns_if)
-            _ip("link", "set", ns_if, "netns", self.name)
-            _ip("-n", self.name, "link", "set", ns_if, "name", "eth0")
-            _ip("-n", self.name, "addr", "add", f"{self.ns_ip}/30", "dev", "eth0")
-            _ip("-n", self.name, "link", "set", "lo", "up")
-            _ip("-n", self.name, "link", "set", "eth0", "up")
+            _veth_into(self.name, self.host_if, f"pfn{pid:x}x{n}", f"{self.ns_ip}/30")
             _ip("addr", "add", f"{self.host_ip}/30", "dev", self.host_if)
             _ip("link", "set", self.host_if, "up")
         except Exception:
@@ -770,13 +833,85 @@ class VethNamespace:
 
     def teardown(self) -> None:
         if self.name:
-            for pid in _ip("netns", "pids", self.name, check=False).stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-            _ip("netns", "del", self.name, check=False)
-        if self.host_if and _ip("link", "show", self.host_if, check=False).returncode == 0:
-            _ip("link", "del", self.host_if, check=False)
+            _delete_namespace(self.name)
+        _delete_link(self.host_if)
         self.name = ""
         self.host_if = ""
+
+
+@dataclass
+class NetnsNetwork:
+    """One bridge in the root namespace, one namespace + veth per service (a /24 for all:
+    the bridge holds .1, the services .10 on). Each namespace resolves the services' names
+    through its /etc/netns/<ns>/hosts (which `ip netns exec` bind-mounts)."""
+
+    service_names: list[str]
+    tag: str = ""
+    subnet: ipaddress.IPv4Network | None = None
+    bridge: str = ""
+    namespaces: dict[str, str] = field(default_factory=dict)
+    addresses: dict[str, str] = field(default_factory=dict)
+    host_links: list[str] = field(default_factory=list)
+    forward_rules: list[list[str]] = field(default_factory=list)
+    created_etc_netns: bool = False
+
+    def setup(self) -> None:
+        pid, n = os.getpid(), next(_ns_counter)
+        self.tag = f"{pid}x{n}"
+        self.bridge = f"ppb{pid:x}x{n}"                       # <= 15 characters
+        self.subnet = _free_subnet(231, 24)
+        hosts = list(self.subnet.hosts())
+        gateway = hosts[0]
+        self.addresses = {name: str(hosts[9 + i]) for i, name in enumerate(self.service_names)}
+        try:
+            _ip("link", "add", self.bridge, "type", "bridge")
+            self.host_links.append(self.bridge)
+            _ip("addr", "add", f"{gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
+            _ip("link", "set", self.bridge, "up")
+            listed = _iptables("-S", "FORWARD")
+            if listed is not None and listed.returncode == 0:     # a firewall that may filter the bridge
+                for rule in _forward_rules(self.bridge):
+                    added = _iptables("-I", *rule)
+                    if added.returncode != 0:
+                        raise RuntimeError(f"`iptables -I {' '.join(rule)}` failed: {added.stderr.strip()}")
+                    self.forward_rules.append(rule)
+            self.created_etc_netns = not _ETC_NETNS.exists()
+            _ETC_NETNS.mkdir(mode=0o755, exist_ok=True)
+            hosts_text = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" + "".join(
+                f"{addr}\t{name}\n" for name, addr in self.addresses.items())
+            for i, name in enumerate(self.service_names):
+                ns = f"{_BRIDGE_PREFIX}{self.tag}-{name}"
+                host_end = f"pph{pid:x}x{n}{i}"
+                (_ETC_NETNS / ns).mkdir(mode=0o755, parents=True)
+                (_ETC_NETNS / ns / "hosts").write_text(hosts_text)
+                self.namespaces[name] = ns
+                self.host_links.append(host_end)
+                _veth_into(ns, host_end, f"ppn{pid:x}x{n}{i}", f"{self.addresses[name]}/{self.subnet.prefixlen}")
+                _ip("link", "set", host_end, "master", self.bridge)
+                _ip("link", "set", host_end, "up")
+            # Each namespace sees the others' hostnames; verify resolution where it matters.
+            for name, ns in self.namespaces.items() if shutil.which("getent") else ():
+                for other, addr in self.addresses.items():
+                    out = subprocess.run(["ip", "netns", "exec", ns, "getent", "hosts", other],
+                                         capture_output=True, text=True, timeout=30)
+                    if addr not in out.stdout:
+                        raise RuntimeError(f"{other} does not resolve to {addr} in {ns}: {out.stdout!r}")
+        except Exception:
+            self.teardown()
+            raise
+
+    def exec_prefix(self, service: str) -> list[str]:
+        return ["ip", "netns", "exec", self.namespaces[service]]
+
+    def teardown(self) -> None:
+        for rule in self.forward_rules:
+            _iptables("-D", *rule)
+        self.forward_rules.clear()
+        for ns in list(self.namespaces.values()):
+            _delete_namespace(ns)
+        self.namespaces.clear()
+        for link in reversed(self.host_links):      # veth host ends die with their peers
+            _delete_link(link)
+        self.host_links.clear()
+        if self.created_etc_netns:
+            _remove_etc_netns()

@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import ipaddress
 import json
 import logging
 import os
@@ -74,7 +73,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.helpers import free_loopback_port, netns_usable, pid_alive
+from tests.helpers import free_loopback_port, netns_usable
+from tests.processes import NetnsNetwork, sweep_stale_namespaces
 
 log = logging.getLogger("test_compose")
 
@@ -290,161 +290,6 @@ def map_paths(value: str, mounts: dict[str, Path]) -> str:
         if value == target or value.startswith(target.rstrip("/") + "/"):
             return str(host / os.path.relpath(value, target))
     return value
-
-
-# --------------------------------------------------------------------------- networking
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"`ip {' '.join(args)}` failed ({proc.returncode}): {proc.stderr.strip()}")
-    return proc
-
-
-_NS_PREFIX = "ppre-t"
-_NS_RE = re.compile(rf"^{_NS_PREFIX}(\d+)x(\d+)-")
-_BRIDGE_RE = re.compile(r"\bppb([0-9a-f]+)x\d+\b")
-_counter = iter(range(1, 10_000))
-
-
-def _iptables(*args: str) -> subprocess.CompletedProcess | None:
-    """`iptables -w ARGS`, or None where there is no iptables (then nothing filters the bridge)."""
-    if not shutil.which("iptables"):
-        return None
-    return subprocess.run(["iptables", "-w", *args], capture_output=True, text=True, timeout=30)
-
-
-def _forward_rules(bridge: str) -> list[list[str]]:
-    """The FORWARD rules that let the test's bridge carry traffic between its namespaces.
-
-    A running Docker engine sets the FORWARD policy to DROP and loads br_netfilter, so
-    frames bridged between two namespaces are filtered like routed packets and the
-    Tester cannot reach the Test-Client. Accepting this one bridge's traffic, ahead of
-    every other rule, leaves the host's policy as it was.
-    """
-    return [["FORWARD", "-i", bridge, "-j", "ACCEPT"], ["FORWARD", "-o", bridge, "-j", "ACCEPT"]]
-
-
-def sweep_stale_namespaces() -> None:
-    """Remove leftovers of earlier runs that were killed hard (their pid is gone)."""
-    listing = _ip("netns", "list", check=False).stdout.split()
-    for name in listing:
-        match = _NS_RE.match(name)
-        if match and not pid_alive(int(match.group(1))):
-            for pid in _ip("netns", "pids", name, check=False).stdout.split():   # orphaned services
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-            _ip("netns", "del", name, check=False)
-            shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
-            _ip("link", "del", f"ppb{int(match.group(1)):x}x{match.group(2)}", check=False)
-            try:
-                Path("/etc/netns").rmdir()      # only if that run left it empty
-            except OSError:
-                pass
-    listed = _iptables("-S", "FORWARD")
-    for rule in listed.stdout.splitlines() if listed is not None and listed.returncode == 0 else ():
-        match = _BRIDGE_RE.search(rule)
-        if rule.startswith("-A FORWARD ") and match and not pid_alive(int(match.group(1), 16)):
-            _iptables("-D", *rule.split()[1:])
-
-
-@dataclass
-class NetnsNetwork:
-    """One bridge in the root namespace, one namespace + veth per service."""
-
-    service_names: list[str]
-    tag: str = ""
-    subnet: ipaddress.IPv4Network | None = None
-    bridge: str = ""
-    namespaces: dict[str, str] = field(default_factory=dict)
-    addresses: dict[str, str] = field(default_factory=dict)
-    host_links: list[str] = field(default_factory=list)
-    forward_rules: list[list[str]] = field(default_factory=list)
-    created_etc_netns: bool = False
-
-    def setup(self) -> None:
-        pid, n = os.getpid(), next(_counter)
-        self.tag = f"{pid}x{n}"
-        self.bridge = f"ppb{pid:x}x{n}"                       # <= 15 characters
-        self.subnet = self._free_subnet()
-        hosts = list(self.subnet.hosts())
-        gateway = hosts[0]
-        self.addresses = {name: str(hosts[9 + i]) for i, name in enumerate(self.service_names)}
-        try:
-            _ip("link", "add", self.bridge, "type", "bridge")
-            self.host_links.append(self.bridge)
-            _ip("addr", "add", f"{gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
-            _ip("link", "set", self.bridge, "up")
-            listed = _iptables("-S", "FORWARD")
-            if listed is not None and listed.returncode == 0:     # a firewall that may filter the bridge
-                for rule in _forward_rules(self.bridge):
-                    added = _iptables("-I", *rule)
-                    if added.returncode != 0:
-                        raise RuntimeError(f"`iptables -I {' '.join(rule)}` failed: {added.stderr.strip()}")
-                    self.forward_rules.append(rule)
-            etc_netns = Path("/etc/netns")
-            self.created_etc_netns = not etc_netns.exists()
-            etc_netns.mkdir(mode=0o755, exist_ok=True)
-            hosts_text = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" + "".join(
-                f"{addr}\t{name}\n" for name, addr in self.addresses.items())
-            for i, name in enumerate(self.service_names):
-                ns = f"{_NS_PREFIX}{self.tag}-{name}"
-                host_end, ns_end = f"pph{pid:x}x{n}{i}", f"ppn{pid:x}x{n}{i}"
-                _ip("netns", "add", ns)
-                self.namespaces[name] = ns
-                (etc_netns / ns).mkdir(mode=0o755, parents=True)
-                (etc_netns / ns / "hosts").write_text(hosts_text)
-                _ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)
-                self.host_links.append(host_end)
-                _ip("link", "set", ns_end, "netns", ns)
-                _ip("-n", ns, "link", "set", ns_end, "name", "eth0")
-                _ip("-n", ns, "addr", "add", f"{self.addresses[name]}/{self.subnet.prefixlen}", "dev", "eth0")
-                _ip("-n", ns, "link", "set", "lo", "up")
-                _ip("-n", ns, "link", "set", "eth0", "up")
-                _ip("link", "set", host_end, "master", self.bridge)
-                _ip("link", "set", host_end, "up")
-            # Each namespace sees the others' hostnames; verify resolution where it matters.
-            for name, ns in self.namespaces.items() if shutil.which("getent") else ():
-                for other, addr in self.addresses.items():
-                    out = subprocess.run(["ip", "netns", "exec", ns, "getent", "hosts", other],
-                                         capture_output=True, text=True, timeout=30)
-                    if addr not in out.stdout:
-                        raise RuntimeError(f"{other} does not resolve to {addr} in {ns}: {out.stdout!r}")
-        except Exception:
-            self.teardown()
-            raise
-
-    def _free_subnet(self) -> ipaddress.IPv4Network:
-        used = _ip("-4", "-o", "addr", "show", check=False).stdout + _ip("-4", "route", "show", "table", "all",
-                                                                      check=False).stdout
-        candidates = [x for x in range(1, 255) if f"10.231.{x}." not in used]
-        random.SystemRandom().shuffle(candidates)
-        if not candidates:
-            raise RuntimeError("no free 10.231.X.0/24")
-        return ipaddress.ip_network(f"10.231.{candidates[0]}.0/24")
-
-    def exec_prefix(self, service: str) -> list[str]:
-        return ["ip", "netns", "exec", self.namespaces[service]]
-
-    def teardown(self) -> None:
-        for rule in self.forward_rules:
-            _iptables("-D", *rule)
-        self.forward_rules.clear()
-        for ns in list(self.namespaces.values()):
-            _ip("netns", "del", ns, check=False)
-            shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
-        self.namespaces.clear()
-        for link in reversed(self.host_links):      # veth host ends die with their peers
-            if _ip("link", "show", link, check=False).returncode == 0:
-                _ip("link", "del", link, check=False)
-        self.host_links.clear()
-        if self.created_etc_netns:
-            try:
-                Path("/etc/netns").rmdir()
-            except OSError:
-                pass                                    # someone else's namespace config is there
 
 
 # --------------------------------------------------------------------------- the running stack
