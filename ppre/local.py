@@ -17,6 +17,7 @@ services returns the Test-Client's kept result with the Tester's facts
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -65,7 +66,7 @@ class LocalServices:
 
 @contextlib.contextmanager
 def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: DatasetRegistry, *,
-                   modulus_bits: int = paillier.MIN_MODULUS_BITS, allow_insecure: bool = False,
+                   modulus_bits: int | None = None, allow_insecure: bool = False,
                    n_buckets: int = boot.DEFAULT_BUCKETS,
                    client_interceptors: tuple = (),
                    settings: LinkSettings | None = None,
@@ -84,6 +85,8 @@ def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: Dat
     `executor`: where both services' per-row work runs (one pool for the two; default
     inline, `common.execution.parallel`); the caller owns it and shuts it down. `history`: the
     Tester's run history (a path or a RunHistory; default none: nothing is kept).
+    `modulus_bits`: the Paillier key size (default 2048, or `PPRE_TEST_KEY_BITS` where a
+    test process sets it, `paillier.test_key_bits`: then said on standard error).
     `accept_noiseless`: the Test-Client finishes aggregates without release noise
     (`ClientConfig.accept_noiseless`): on here, where one user holds both sides and chose
     the Tester's controls too (`ppre client serve` refuses them by default). `results`:
@@ -93,6 +96,11 @@ def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: Dat
     dumpable), as each service's is."""
     from common.execution import memory
     memory.protect_process()  # both parties' tables and keys in this one process: no core dump (design §7)
+    if modulus_bits is None:
+        test_bits = paillier.test_key_bits()
+        modulus_bits, allow_insecure = test_bits or paillier.MIN_MODULUS_BITS, allow_insecure or test_bits is not None
+        if test_bits is not None:
+            print(f"ppre: {paillier.test_keys_label()}", file=sys.stderr, flush=True)
     settings = settings or LinkSettings.from_env()
     pki = DevCA.generate("PPRE local run CA") if tls else None
     tester_tls, client_tls, operator_tls = (pki.identity(role) if pki is not None else None

@@ -40,6 +40,7 @@ import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -675,26 +676,38 @@ def test_an_audit_beyond_the_session_limit_is_refused(deploy, big, request, limi
 
 # --------------------------------------------------------------------------- soak
 
-SOAK_AUDITS = 200
-SOAK_WARMUP = 50
-SOAK_SAMPLE_EVERY = 10
-#: RSS is compared as the median of the samples in the 50 audits after warm-up and in the last 50
-SOAK_WINDOW = 50
+@dataclass(frozen=True)
+class Soak:
+    """A soak's length: its audits, the warm-up after which nothing may grow, how often it
+    samples, and the window of audits whose median RSS is compared (right after the warm-up
+    against the last)."""
+
+    audits: int
+    warmup: int
+    sample_every: int
+    window: int
+
+
+#: the long tier's soak, and the suite's: the same assertions over fewer audits
+LONG_SOAK = Soak(audits=200, warmup=50, sample_every=10, window=50)
+SUITE_SOAK = Soak(audits=60, warmup=20, sample_every=5, window=20)
 #: the most handler threads either service's pool may start (both run with the default session limit)
 SOAK_HANDLER_WORKERS = channels.handler_workers(max(tester_server.TesterConfig.max_sessions, ClientConfig.max_sessions))
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.cost(320)
-def test_soak_200_audits_do_not_grow_memory_fds_or_threads(deploy, tiny, request):
-    """No fault: 200 consecutive tiny audits (200 members, B = 20, 2048-bit Paillier)
-    against one pair of long-running service processes; each audit starts once both
+@pytest.mark.parametrize("soak", [pytest.param(LONG_SOAK, marks=[pytest.mark.long, pytest.mark.cost(320)], id="200"),
+                                  pytest.param(SUITE_SOAK, marks=pytest.mark.cost(40), id="60")])
+def test_soak_audits_do_not_grow_memory_fds_or_threads(soak, deploy, tiny, request):
+    """No fault: consecutive tiny audits (200 in the long tier, 60 in the suite; 200
+    members, B = 20, the tests' Paillier keys) against one pair of long-running service
+    processes; each audit starts once both
     services logged the previous session closed. `PPRE_WORKERS=1`: each service is one
     process, so its /proc status (VmRSS, Threads) and /proc/PID/fd cover all it holds
-    (the process group is measured too, to prove it). Sampled every 10 audits.
-    Expected, after a 50-audit warm-up (the allocator's arenas fill up over the first
+    (the process group is measured too, to prove it). Sampled every `sample_every` audits.
+    Expected, after the warm-up (the allocator's arenas fill up over the first
     tens of audits): resident memory grows by at most 10% (median of the samples of the
-    last 50 audits against the median of the 50 after warm-up: single samples swing by
+    last `window` audits against the median of the `window` after warm-up: single samples swing by
     ±10% with the allocator), and open descriptors and our threads do not grow (every
     sample after warm-up at most the warm-up's; gRPC's on-demand EventEngine pool may add
     a few, bounded)."""
@@ -705,22 +718,22 @@ def test_soak_200_audits_do_not_grow_memory_fds_or_threads(deploy, tiny, request
     samples: dict[int, tuple] = {0: (tester.usage(), client.usage())}
     durations = []
     t_start = time.monotonic()
-    for i in range(1, SOAK_AUDITS + 1):
+    for i in range(1, soak.audits + 1):
         t0 = time.monotonic()
         event = run_audit(tester.address, _request(tiny.name), timeout=120)
         durations.append(time.monotonic() - t0)
         assert event.WhichOneof("event") == "result", (i, event)
         assert tester.wait_sessions(0, DROP_S) and client.wait_sessions(0, DROP_S), (i, deploy.logs())
-        if i % SOAK_SAMPLE_EVERY == 0:
+        if i % soak.sample_every == 0:
             time.sleep(0.3)
             samples[i] = (tester.usage(), client.usage())
     total_s = time.monotonic() - t_start
-    lines = [f"soak: {SOAK_AUDITS} audits in {total_s:.0f}s (per audit: median {statistics.median(durations):.2f}s, "
+    lines = [f"soak: {soak.audits} audits in {total_s:.0f}s (per audit: median {statistics.median(durations):.2f}s, "
              f"max {max(durations):.2f}s)"]
     for i, (t, c) in sorted(samples.items()):
         lines.append(f"  after {i:3d}: Tester {t}; Test-Client {c}")
-    early = [i for i in samples if SOAK_WARMUP < i <= SOAK_WARMUP + SOAK_WINDOW]
-    late = [i for i in samples if i > SOAK_AUDITS - SOAK_WINDOW]
+    early = [i for i in samples if soak.warmup < i <= soak.warmup + soak.window]
+    late = [i for i in samples if i > soak.audits - soak.window]
     verdicts = []
     for side, name in ((0, "Tester"), (1, "Test-Client")):
         rss_early = statistics.median(samples[i][side].rss_kib for i in early)
@@ -730,8 +743,8 @@ def test_soak_200_audits_do_not_grow_memory_fds_or_threads(deploy, tiny, request
                      f"{rss_late / 1024:.1f} MiB (audits {late[0]}-{late[-1]}): {100 * (rss_late / rss_early - 1):+.1f}%")
     _announce(request, "\n".join(lines))
     for side, (name, rss_early, rss_late) in enumerate(verdicts):
-        warm = samples[SOAK_WARMUP][side]
-        after = [samples[i][side] for i in sorted(samples) if i > SOAK_WARMUP]
+        warm = samples[soak.warmup][side]
+        after = [samples[i][side] for i in sorted(samples) if i > soak.warmup]
         assert all(u.group_processes == 1 for u in after), f"{name}: PPRE_WORKERS=1 should mean one process"
         assert rss_late <= 1.10 * rss_early, f"{name}: median RSS {rss_early} -> {rss_late} KiB"
         assert max(u.fds for u in after) <= warm.fds, f"{name}: fds {warm.fds} -> {[u.fds for u in after]}"

@@ -25,15 +25,22 @@ bandwidths": in 0.5% of pairs of audits one of api's 18 curve points lies beyond
 so an unseeded run would fail now and then with nothing wrong; a noise scale that grew,
 or an estimate that drifted, still fails it.
 
+Sizes: the README's size, 100,000 members, is the `long` tier's (one audit pair per
+metric takes 1-14 minutes on two cores; each is its own work unit, tests/conftest.py). The
+suite runs the same bar on `SUITE_MEMBERS` (`ppre synth --members 20000 --seed 1`) with its
+two numbers scaled as the release noise scales: the noise on an estimate is its
+sensitivity over the effective size, so at a fifth of the members the bar applies from a
+fifth of the effective size (400) with five times the tolerance (0.05), and holds with the
+same margin (`Bar`). A noise scale that grew, or an estimate that drifted, fails in every
+run, not only in the long tier.
+
 Cost: the noiseless audit runs with `--bootstrap 10` (only its estimates are compared;
 the defaults' audit is run exactly as a user runs it), and with 1024-bit Paillier keys
-(`tests.helpers.TEST_BITS`, `allow_insecure`): the encodings, noise and finishing are
+(`PPRE_TEST_KEY_BITS`, `tests.helpers.TEST_BITS`): the encodings, noise and finishing are
 those of 2048-bit keys, only the modulus differs (the 2048-bit table is the benchmark's,
 bench/RESULTS.md). MQOS-AUC exact at 100,000 rows needs two 258-bit masked cells in a
 plaintext (`ExactAuc.layout`), more than a 1024-bit key holds, so it runs with the
-smallest key that holds them (1088 bits), not a production one. One audit pair per metric
-takes 1-14 minutes on two cores; each is its own work unit (tests/conftest.py); marked
-slow (CI runs slow tests).
+smallest key that holds them (1088 bits), not a production one.
 """
 from __future__ import annotations
 
@@ -42,6 +49,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -54,7 +62,9 @@ from tests.helpers import TEST_BITS  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
+#: the README's size (the long tier) and the suite's
 MEMBERS = 100_000
+SUITE_MEMBERS = 20_000
 #: the noiseless audit's replicates: only its estimates are compared
 NOISELESS_BOOTSTRAP = 10
 #: metrics whose masked cells at MEMBERS rows need more than TEST_BITS: the key size that holds them
@@ -62,22 +72,25 @@ KEY_BITS = {"mqos-auc": 1088}
 
 
 @pytest.fixture(scope="module")
-def population(tmp_path_factory) -> Path:
-    """(Made again where a worker comes back to this module after another's unit: 3 s.)"""
-    folder = tmp_path_factory.mktemp("utility_population")
-    bar.synth(MEMBERS, 1, folder)
-    return folder
+def population(tmp_path_factory):
+    """`ppre synth --members N --seed 1`, made once per module and size (made again where a
+    worker comes back to this module after another's unit: 3 s at 100,000)."""
+    made: dict[int, Path] = {}
+
+    def of(members: int) -> Path:
+        if members not in made:
+            made[members] = tmp_path_factory.mktemp(f"utility_population_{members}")
+            bar.synth(members, 1, made[members])
+        return made[members]
+    return of
 
 
 #: one audit in a fresh process (as bench_utility runs it), with keys of the size it is given
 AUDIT_SCRIPT = """
 import json, random, sys
-from functools import partial
-import ppre.local
 import tester_service.release
 from ppre import cli
-ppre.local.local_services = partial(ppre.local.local_services, modulus_bits=int(sys.argv[2]), allow_insecure=True)
-tester_service.release._RANDOM = random.Random(int(sys.argv[3]))
+tester_service.release._RANDOM = random.Random(int(sys.argv[2]))
 sys.exit(cli.main(json.loads(sys.argv[1])))
 """
 #: the seed of the release noise's draws in the audit's process (module docstring)
@@ -98,9 +111,9 @@ def audit(metric: str, folder: Path, home: Path, *, controls: bool) -> dict:
     bits = KEY_BITS.get(metric, TEST_BITS)
     # a fresh data directory (its own ledger); a fixed hash seed, so that the noise's draws meet the
     # cells in one order (the noisy sizes are drawn over a set)
-    env = dict(os.environ, XDG_DATA_HOME=str(home), HOME=str(home), PYTHONHASHSEED="0")
-    proc = subprocess.run([sys.executable, "-c", AUDIT_SCRIPT, json.dumps(argv), str(bits),
-                           str(NOISE_SEED)], cwd=ROOT,
+    env = dict(os.environ, XDG_DATA_HOME=str(home), HOME=str(home), PYTHONHASHSEED="0",
+               PPRE_TEST_KEY_BITS=str(bits))
+    proc = subprocess.run([sys.executable, "-c", AUDIT_SCRIPT, json.dumps(argv), str(NOISE_SEED)], cwd=ROOT,
                           env=env, capture_output=True, text=True)
     assert proc.returncode == 0, (proc.stdout[-800:], proc.stderr[-800:])
     return json.loads(proc.stdout)
@@ -132,25 +145,51 @@ PAIR_SECONDS = {"lot": 750, "pot": 380, "mqos-auc": 355, "output": 115, "mqos-nd
                 "prob-count": 80}
 
 
+#: the same at SUITE_MEMBERS
+SUITE_PAIR_SECONDS = {"lot": 135, "mqos-auc": 20, "pot": 20, "ero": 15}
+
+
+@dataclass(frozen=True)
+class Bar:
+    """The bar at a population size: the README's (`bench_utility`'s tolerance, from its
+    effective size) at `MEMBERS`; at fewer members, the effective size from which it applies
+    shrinks with the members and the tolerance grows inversely, as the noise does."""
+
+    members: int
+
+    @property
+    def tolerance(self) -> float:
+        return bar.TOLERANCE * MEMBERS / self.members
+
+    @property
+    def min_size(self) -> float:
+        return bar.MIN_SIZE_FOR_BAR * self.members / MEMBERS
+
+
 def audit_pairs() -> list:
-    """Each pair is a work unit of its own (tests/conftest.py, `OWN_UNITS`): the pairs are
-    independent, and one worker running all of them would take longer than the rest of the
-    suite."""
-    return [pytest.param(metric, marks=pytest.mark.cost(PAIR_SECONDS.get(metric, 0))) for metric in bar.METRICS]
+    """(members, metric): the long tier's at the README's size, each pair a work unit of its
+    own (tests/conftest.py, `OWN_UNITS`: one worker running all of them would take longer
+    than the rest of the suite), and the suite's at `SUITE_MEMBERS`."""
+    return [pytest.param(MEMBERS, metric, marks=[pytest.mark.long, pytest.mark.cost(PAIR_SECONDS.get(metric, 0))],
+                         id=f"{metric}-100k") for metric in bar.METRICS] + \
+        [pytest.param(SUITE_MEMBERS, metric, marks=pytest.mark.cost(SUITE_PAIR_SECONDS.get(metric, 0)),
+                      id=f"{metric}-20k") for metric in bar.METRICS]
 
 
-@pytest.mark.parametrize("metric", audit_pairs())
-def test_the_defaults_keep_every_large_group_within_001_of_the_noiseless_estimate(metric, population, tmp_path):
-    exact = audit(metric, population, tmp_path / "noiseless", controls=False)
-    noisy = audit(metric, population, tmp_path / "defaults", controls=True)
+@pytest.mark.parametrize("members,metric", audit_pairs())
+def test_the_defaults_keep_every_large_group_within_001_of_the_noiseless_estimate(members, metric, population,
+                                                                                  tmp_path):
+    exact = audit(metric, population(members), tmp_path / "noiseless", controls=False)
+    noisy = audit(metric, population(members), tmp_path / "defaults", controls=True)
     assert noisy["release"]["controls"] and not exact["release"]["controls"]
-    tolerance = bar.TOLERANCE * bar.scale(metric, noisy)
+    at = Bar(members)
+    tolerance = at.tolerance * bar.scale(metric, noisy)
     sizes = noisy["release"].get("effective_sizes") or {}
     reference = bar.quantities(exact)
     held, misses = 0, []
     for label, (estimate, _) in bar.quantities(noisy).items():
         size = bar.effective_size(label, sizes, metric)
-        if size is not None and size < bar.MIN_SIZE_FOR_BAR:
+        if size is not None and size < at.min_size:
             continue
         noiseless = reference.get(label, (None, None))[0]
         if noiseless is None:

@@ -76,7 +76,7 @@ def test_the_listed_long_tests_are_units_of_their_own_and_the_rest_their_files()
     assert unit_of(f"{pair}[lot]") == f"{pair}[lot]" != unit_of(f"{pair}[pot]")
     assert unit_of("tests/test_utility_bar.py::test_at_1000_members_no_metric_shows_a_green_finding_it_could_not_have_seen"
                    "[lot]") == "tests/test_utility_bar.py"
-    assert unit_of("tests/test_faults.py::test_soak_200_audits_do_not_grow_memory_fds_or_threads") != "tests/test_faults.py"
+    assert unit_of("tests/test_faults.py::test_soak_audits_do_not_grow_memory_fds_or_threads[60]") != "tests/test_faults.py"
     assert unit_of("tests/test_faults.py::test_tester_killed_mid_audit") == "tests/test_faults.py"
     assert len(OWN_UNITS) == 2
 

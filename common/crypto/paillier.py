@@ -5,7 +5,9 @@ functions over Python/gmpy2 integers, no encoding policy (that is `common.crypto
 and no protocol policy (that is each party's `protocol` module).
 
 * Keys: `phe` generates the primes (2048-bit modulus; smaller refused unless
-  `allow_insecure=True`, which only tests use). Keys live in memory only.
+  `allow_insecure=True`, which only tests use). Keys live in memory only. A process
+  started with `PPRE_TEST_KEY_BITS` (`test_key_bits`) makes and accepts keys of that
+  smaller size: the test suite's services and commands run so, and say so at start-up.
 * Encryption uses g = n + 1 and the Damgard-Jurik-Nielsen randomizer: instead of
   r^n mod n^2 for a fresh r, `h^alpha` with h = x^(2n) mod n^2 a fixed public n-th
   residue and alpha a fresh `RANDOMIZER_BITS`-bit secret (DJN 2010, sec. 4: short
@@ -37,6 +39,7 @@ their secrets in fields left out of repr; `PrivateKey` refuses pickling and copy
 """
 from __future__ import annotations
 
+import os
 import secrets
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -46,9 +49,13 @@ import gmpy2
 from gmpy2 import mpz
 
 from common.crypto import batch
-from common.errors import ProtocolError
+from common.errors import InputError, ProtocolError
 
 MIN_MODULUS_BITS = 2048
+#: the environment variable that sets a test process's key size (`test_key_bits`)
+TEST_KEY_ENV = "PPRE_TEST_KEY_BITS"
+#: the smallest test key: the slot plans of every metric at the suite's sizes fit in it
+MIN_TEST_MODULUS_BITS = 1024
 RANDOMIZER_BITS = 512
 _WINDOW = 8
 
@@ -167,6 +174,37 @@ class ModPDecryption:
         from common.crypto.encoding import decode_signed
         p = int(self._p)
         return [decode_signed(m, p) for m in plain]
+
+
+def test_key_bits() -> int | None:
+    """The Paillier modulus size a test process runs with: `PPRE_TEST_KEY_BITS`, read by
+    the services and the commands that make keys (`ppre tester serve`, `ppre client serve`,
+    `ppre audit --local`, `ppre demo`), None where it is unset (production: 2048 bits).
+
+    It exists so that the test suite's end-to-end runs do not pay 2048-bit key generation
+    and arithmetic in every audit; the encodings, noise and finishing are those of 2048-bit
+    keys, only the modulus differs. It is never a production setting: the commands print
+    `test_keys_label()` where they start. A value that is not a whole number of bits in
+    [1024, 2048) is refused, naming the variable."""
+    text = os.environ.get(TEST_KEY_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        bits = int(text)
+    except ValueError:
+        bits = 0
+    if not MIN_TEST_MODULUS_BITS <= bits < MIN_MODULUS_BITS:
+        raise InputError(f"expected a test key size in bits from {MIN_TEST_MODULUS_BITS} to {MIN_MODULUS_BITS - 1}"
+                         f", got {text!r} (unset it for production keys)", parameter=TEST_KEY_ENV)
+    return bits
+
+
+def test_keys_label() -> str | None:
+    """What a command that makes keys says where it starts under `PPRE_TEST_KEY_BITS`."""
+    bits = test_key_bits()
+    if bits is None:
+        return None
+    return f"TEST KEYS: {TEST_KEY_ENV}={bits}, every Paillier key is {bits} bits (insecure: for tests only)"
 
 
 def generate_keypair(bits: int = MIN_MODULUS_BITS, *, allow_insecure: bool = False) -> PrivateKey:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from common.crypto import batch
+from common.crypto import batch, paillier
 from common.errors import InputError
 from ppre.commands import add_names_argument, add_service_arguments, add_tls_arguments, link_settings, tls_identity
 
@@ -59,7 +59,10 @@ def run(args: argparse.Namespace) -> int:
     from client_service.results import ResultStore
     results = ResultStore(args.results_dir)  # checked before the service starts
     registry = DatasetRegistry(args.data_dir, _named(args.dataset), client_columns(args))
-    config = ClientConfig(registry, settings=link_settings(args), max_sessions=args.max_sessions, tls=tls,
+    test_bits = paillier.test_key_bits()
+    config = ClientConfig(registry, modulus_bits=test_bits or paillier.MIN_MODULUS_BITS,
+                          allow_insecure=test_bits is not None,
+                          settings=link_settings(args), max_sessions=args.max_sessions, tls=tls,
                           allowed_testers=parse_names(args.allow_tester), executor=make_executor(args),
                           accept_noiseless=args.accept_noiseless, results=results)
     server, port, servicer = serve(config, args.port, args.host)
@@ -68,5 +71,6 @@ def run(args: argparse.Namespace) -> int:
     kept = (f"results to {results.directory}" if results.directory is not None
             else "results in memory only (--results-dir DIR keeps them)")
     print(f"client serving on {args.host}:{port}; datasets: {', '.join(registry.names()) or 'none'}; {security}; "
-          f"{kept}; crypto backend {batch.backend()} ({batch.backend_reason()})", flush=True)
+          f"{kept}; crypto backend {batch.backend()} ({batch.backend_reason()})"
+          + (f"; {paillier.test_keys_label()}" if test_bits is not None else ""), flush=True)
     return serve_forever(server, servicer, config.executor)

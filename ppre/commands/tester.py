@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from common.crypto import batch
+from common.crypto import batch, paillier
 from common.errors import InputError
 from ppre.commands import add_names_argument, add_service_arguments, add_tls_arguments, link_settings, tls_identity
 from tester_service.demographics.bisg import GEO_TABLES, GEOS
@@ -247,6 +247,9 @@ def run(args: argparse.Namespace) -> int:
                    allowed_operators=parse_names(args.allow_operator), client_name=args.client_identity)
     service["history"] = args.history or None  # opened (and its schema checked) before anything listens
     service["executor"] = make_executor(args)
+    test_bits = paillier.test_key_bits()
+    if test_bits is not None:
+        service["min_modulus_bits"] = test_bits
     service["release"], service["accountant"] = release
     if args.probabilities:
         mapping = preparation_config(args).group_mapping
@@ -261,5 +264,6 @@ def run(args: argparse.Namespace) -> int:
     security = (f"mutual TLS as {tls.identity}; operators allowed: {', '.join(config.allowed_operators)}; "
                 f"Test-Client identity {config.client_name}" if tls is not None else "INSECURE plaintext")
     print(f"tester serving on {args.host}:{port}; Test-Client at {args.client}; {security}; "
-          f"crypto backend {batch.backend()} ({batch.backend_reason()})", flush=True)
+          f"crypto backend {batch.backend()} ({batch.backend_reason()})"
+          + (f"; {paillier.test_keys_label()}" if test_bits is not None else ""), flush=True)
     return serve_forever(server, servicer, config.executor)

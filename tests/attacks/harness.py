@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import binom
 
+from common.crypto import paillier
 from common.races import RACES
 from ppre.cli import main as ppre_main
 
@@ -180,26 +181,21 @@ class Release:
         return np.array([np.nan if self.estimates.get(r) is None else float(self.estimates[r]) for r in RACES])
 
 
-@contextlib.contextmanager
-def _key_bits(bits: int) -> Iterator[None]:
-    """`ppre audit --local` with `bits`-bit Paillier keys (the services still run whole)."""
-    import ppre.local
-
-    original = ppre.local.local_services
-    if bits >= 2048:
-        yield
-        return
-    ppre.local.local_services = functools.partial(original, modulus_bits=bits, allow_insecure=True)
-    try:
-        yield
-    finally:
-        ppre.local.local_services = original
+def key_environment(bits: int) -> dict[str, str | None]:
+    """`ppre audit --local` with `bits`-bit Paillier keys (the services still run whole):
+    the one test-key setting every process reads (`PPRE_TEST_KEY_BITS`); unset for 2048."""
+    return {paillier.TEST_KEY_ENV: str(bits) if bits < paillier.MIN_MODULUS_BITS else None}
 
 
 @contextlib.contextmanager
-def _environment(**values: str) -> Iterator[None]:
+def _environment(**values: str | None) -> Iterator[None]:
+    """The process environment with `values` set (None: unset) for the block."""
     saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     try:
         yield
     finally:
@@ -254,7 +250,7 @@ class Attacker(ReleaseTally):
                 *self.defences.flags(self.ledger)]
         out, err = io.StringIO(), io.StringIO()
         t0 = time.perf_counter()
-        with _environment(XDG_DATA_HOME=str(self.workdir / "xdg")), _key_bits(self.key_bits), \
+        with _environment(XDG_DATA_HOME=str(self.workdir / "xdg"), **key_environment(self.key_bits)), \
                 contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = ppre_main(argv)
         self.seconds += time.perf_counter() - t0
