@@ -21,12 +21,11 @@ masked plaintexts.
 from __future__ import annotations
 
 import collections
-import enum
 import json
 import secrets
 from dataclasses import replace
 from functools import partial
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -42,6 +41,7 @@ from common.crypto.symmetric import sealed_width
 from common.metrics.base import Layout, Metric
 from common.stats.results import AuditReport, finish, with_withheld
 from common.protocol.session import PartySession, PhaseClock, chunk_ticks
+from common.protocol.transitions import CLIENT, ClientPhase, Step
 from proto import ppre_pb2 as pb
 from client_service import blind_pairs
 
@@ -71,18 +71,13 @@ def secret_permutation(n: int) -> np.ndarray:
     return np.argsort(np.frombuffer(secrets.token_bytes(8 * n), dtype=np.uint64), kind="stable")
 
 
-class Phase(enum.Enum):
-    WAIT_HELLO = "wait_hello"
-    WAIT_TESTER_ROWS = "wait_tester_rows"
-    WAIT_MEMBER_VECTORS = "wait_member_vectors"
-    WAIT_SQUARE_REQUEST = "wait_square_request"
-    WAIT_AGGREGATES_HEADER = "wait_aggregates_header"
-    WAIT_AGGREGATES = "wait_aggregates"
-    DONE = "done"
-    CLOSED = "closed"
+#: the Test-Client's phases, moved only by its table of transitions (`common.protocol.transitions`)
+Phase = ClientPhase
 
 
 class ClientSession(PartySession):
+    transitions = CLIENT
+
     def __init__(self, load_dataset: DatasetLoader, *, modulus_bits: int = paillier.MIN_MODULUS_BITS,
                  allow_insecure: bool = False, checkpoint: Callable[[], None] | None = None,
                  progress: Callable[[str, int, int], None] | None = None,
@@ -114,7 +109,7 @@ class ClientSession(PartySession):
         self._progress = progress or (lambda phase, done, total: None)
         self._modulus_bits = modulus_bits
         self._allow_insecure = allow_insecure
-        self.phase = Phase.WAIT_HELLO
+        self.phase = CLIENT.initial
         #: every message from the Tester is checked here first (common.protocol.validation)
         self._inbound = validation.ClientInbound(max_received_bytes=max_received_bytes)
         self._clock = PhaseClock()
@@ -239,7 +234,6 @@ class ClientSession(PartySession):
         self._salt = commutative.session_salt(hello.salt_share, share)
         ack.salt_share = share
         self._start_own_ids()
-        self.phase = Phase.WAIT_TESTER_ROWS
         self._reader = wire.TableReader(wire.tester_rows(hello.sealed_width))
         self._lap("keygen_and_load")
         return [pb.PeerMessage(hello_ack=ack)]
@@ -273,31 +267,41 @@ class ClientSession(PartySession):
         while todo and (everything or sum(not f.done() for f in self._own_points) < self._executor.workers):
             self._own_points.append(self._executor.submit(commutative.encrypt_ids, *todo.popleft()))
 
-    def _on_chunk(self, chunk: pb.TableChunk, rows: validation.Rows) -> list[pb.PeerMessage]:
-        if self.phase is Phase.WAIT_TESTER_ROWS:
-            # step 3 on the executor, while the next chunks arrive (the points were checked
-            # by the gate, common.protocol.validation; the task checks them again where it runs)
-            first = self._reader.rows - chunk.rows
-            future = self._executor.submit(self._com_key.multiply_task(), chunk.points, first)
-            if future.done():
-                future.result()  # a chunk that failed already (e.g. inline) fails the session now
-            self._doubled.append(future)
-            self._sealed.append(chunk.sealed)
-            self._feed_own_ids()
-            self._progress("double_encrypt", self._reader.rows, 0)
-        elif self.phase is Phase.WAIT_MEMBER_VECTORS:
-            self._member_vectors += rows.ciphertexts
-        else:
-            self._aggregates += rows.ciphertexts
+    def _on_tester_rows_chunk(self, chunk: pb.TableChunk, rows: validation.Rows) -> list[pb.PeerMessage]:
+        """Step 3 on the executor, while the next chunks arrive (the points were checked by
+        the gate, common.protocol.validation; the task checks them again where it runs)."""
+        first = self._reader.rows - chunk.rows
+        future = self._executor.submit(self._com_key.multiply_task(), chunk.points, first)
+        if future.done():
+            future.result()  # a chunk that failed already (e.g. inline) fails the session now
+        self._doubled.append(future)
+        self._sealed.append(chunk.sealed)
+        self._feed_own_ids()
+        self._progress("double_encrypt", self._reader.rows, 0)
         return []
 
-    def _on_table_end(self, end: pb.TableEnd, _: None) -> Iterable[pb.PeerMessage]:
-        if self.phase is Phase.WAIT_TESTER_ROWS:
-            return self._send_tables()
-        if self.phase is Phase.WAIT_MEMBER_VECTORS:
-            return self._send_masked_sums()
-        if self.phase is Phase.WAIT_SQUARE_REQUEST:
-            return self._square()
+    def _on_member_vectors_chunk(self, chunk: pb.TableChunk, rows: validation.Rows) -> list[pb.PeerMessage]:
+        self._member_vectors += rows.ciphertexts
+        return []
+
+    def _on_ciphertexts_chunk(self, chunk: pb.TableChunk, rows: validation.Rows) -> list[pb.PeerMessage]:
+        """The square requests, or the aggregates."""
+        self._aggregates += rows.ciphertexts
+        return []
+
+    def _on_tester_rows_end(self, end: pb.TableEnd, _: None) -> Step:
+        """Steps 3-4: the shuffled table, then our own rows (on the blind path our members);
+        a metric without HE is done once they are sent."""
+        if self._tester_key is not None:
+            after = Phase.WAIT_MEMBER_VECTORS
+        elif not self._metric.encrypted(self._params):
+            after = Phase.DONE
+        else:
+            after = Phase.WAIT_SQUARE_REQUEST if self._metric.needs_squares else Phase.WAIT_AGGREGATES_HEADER
+        return Step(after, self._send_tables())
+
+    def _on_aggregates_end(self, end: pb.TableEnd, _: None) -> list[pb.PeerMessage]:
+        """Step 7 (`_finish`)."""
         return self._finish()
 
     def _wait(self, futures: list, phase: str) -> bytes:
@@ -346,7 +350,6 @@ class ClientSession(PartySession):
         encrypted = metric.encrypted(self._params)
         if encrypted:
             width, n_cts = self._paillier.public.ciphertext_bytes, self._layout.n_ciphertexts
-            self.phase = Phase.WAIT_SQUARE_REQUEST if metric.needs_squares else Phase.WAIT_AGGREGATES_HEADER
             if metric.needs_squares:
                 self._reader = wire.TableReader(wire.ciphertext_table(pb.SQUARE_REQUEST, width))
         layout = wire.client_rows(n_ids, n_cts, width, units=units is not None, strata=strata is not None)
@@ -385,10 +388,8 @@ class ClientSession(PartySession):
         yield wire.table_end(layout, n)
         del own_points
         if not encrypted:
-            # nothing more to do: P1 computes the statistic from the joined rows alone
-            self.phase = Phase.DONE
+            # nothing more to do: P1 computes the statistic from the joined rows alone (done)
             self._lap("send_rows")
-            self.close()
 
     # ---------------------------------------------------------------- the blind path
     def _send_members(self, encrypted: np.ndarray, codes: np.ndarray) -> Iterator[pb.PeerMessage]:
@@ -404,14 +405,13 @@ class ClientSession(PartySession):
         points = encrypted[order].tobytes()
         del encrypted, codes, order, place
         self._lap("psi_encrypt_own_ids")
-        self.phase = Phase.WAIT_MEMBER_VECTORS
         plan = self._blind_plan = self._metric.blind_plan(
             self._blind_groups, len(self._strata_labels), self._option, self._params, n_rows=len(strata),
             n_members=len(points) // commutative.POINT_BYTES, tester_modulus_bits=self._tester_key.n.bit_length())
         self._reader = wire.TableReader(wire.member_vectors(plan.member_cts, self._tester_key.ciphertext_bytes))
         yield from wire.table_messages(wire.member_points(), len(points) // commutative.POINT_BYTES, points=points)
 
-    def _send_masked_sums(self) -> Iterator[pb.PeerMessage]:
+    def _send_masked_sums(self, end: pb.TableEnd, _: None) -> Iterator[pb.PeerMessage]:
         """The blind path's rows and totals (`client_service.blind_pairs`): per member of the
         member table, in its order and without ids, HE_T.Enc(z + r) per rank pair; then per
         rank pair the masks' totals HE_T.Enc(Σ_a w_a·r + m) and the item masks HE.Enc(m)."""
@@ -458,14 +458,13 @@ class ClientSession(PartySession):
             own += blind_pairs.own_mask_plaintexts(items, plan.groups, m, num_slot * bits, den_slot * bits)
         own_cts = key.encrypt_task()([x % key.public.n for x in own])
         self._lap("he_encrypt_values")
-        self.phase = Phase.WAIT_AGGREGATES_HEADER
         layout = wire.blind_totals(plan.sum_slots * plan.weight_cts, tester.ciphertext_bytes, len(items),
                                    key.public.ciphertext_bytes)
         yield from wire.table_messages(layout, per, ciphertexts=own_cts,
                                        tester_ciphertexts=paillier.ciphertexts_to_bytes(tester_cts, tester.ciphertext_bytes))
 
     # ---------------------------------------------------------------- MQOS-AUC exact
-    def _square(self) -> Iterator[pb.PeerMessage]:
+    def _square(self, end: pb.TableEnd, _: None) -> Iterator[pb.PeerMessage]:
         """Decrypt each additively masked request, answer it in plaintext as the metric
         says (`ExactAuc.square_answers`: squares of t + r; with score bins also the masked
         bins' inner products and the bins one by one), encrypt the answers."""
@@ -487,7 +486,6 @@ class ClientSession(PartySession):
         squares = b"".join(self._executor.run_chunks(
             encrypt, [(part,) for part in parallel.split(answers, len(parts))]))
         del encrypt
-        self.phase = Phase.WAIT_AGGREGATES_HEADER
         self._lap("squares")
         layout = wire.ciphertext_table(pb.SQUARES, pub.ciphertext_bytes)
         yield from wire.table_messages(layout, len(answers), ciphertexts=squares)
@@ -498,7 +496,6 @@ class ClientSession(PartySession):
             raise ProtocolError(NOISELESS_REFUSED)
         self._plan, self._correction = plans
         self._header = header
-        self.phase = Phase.WAIT_AGGREGATES
         self._reader = wire.TableReader(wire.ciphertext_table(pb.AGGREGATES, self._paillier.public.ciphertext_bytes))
         self._lap("wait_for_aggregates")
         return []
@@ -521,7 +518,6 @@ class ClientSession(PartySession):
         del decrypt
         self._aggregates = []
         self._lap("decrypt")
-        self.phase = Phase.DONE
         if header.mask == "additive":
             width = max(1, max((v.bit_length() + 8) // 8 for v in signed))
             out = []
@@ -532,8 +528,7 @@ class ClientSession(PartySession):
                 out.append(pb.PeerMessage(masked_plaintexts=pb.MaskedPlaintexts(
                     values=b"".join(v.to_bytes(width, "big", signed=True) for v in part), width=width,
                     last=last, phase_seconds=self.phase_seconds if last else {})))
-            self.close()
-            return out
+            return out  # done: the table closes the session
         layout = encoding.SlotLayout(header.slot_bits, plan.item_slots)
         decoded = []
         for value in signed:
@@ -582,5 +577,4 @@ class ClientSession(PartySession):
                               audit_id=self._hello.audit_id)
         if self._deliver is not None:
             self._deliver(self._hello.audit_id, self.result)
-        self.close()
         return [pb.PeerMessage(client_result=pb.ClientResult(phase_seconds=self.phase_seconds))]

@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import enum
 import secrets
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -54,6 +53,7 @@ from common.metrics.base import RELEASE_NOISE, SECOND_MOMENTS, Layout, sensitivi
 from common.stats.correction import finish_corrected
 from common.stats.results import DEFAULT_TAU, AuditReport, finish, receipt
 from common.protocol.session import PartySession, PhaseClock, chunk_ticks
+from common.protocol.transitions import TESTER, Step, TesterPhase
 from common.crypto.symmetric import RowSealer, sealed_width
 from proto import ppre_pb2 as pb
 from tester_service import aggregation, blind_pairs, release_items
@@ -112,17 +112,8 @@ class AuditSpec:
 JOIN_WINDOW = 4
 
 
-class Phase(enum.Enum):
-    START = "start"
-    WAIT_HELLO_ACK = "wait_hello_ack"
-    WAIT_SHUFFLED = "wait_shuffled"
-    WAIT_MEMBERS = "wait_members"
-    WAIT_CLIENT_ROWS = "wait_client_rows"
-    WAIT_TOTALS = "wait_totals"
-    WAIT_SQUARES = "wait_squares"
-    WAIT_RESULT = "wait_result"
-    DONE = "done"
-    CLOSED = "closed"
+#: the Tester's phases, moved only by its table of transitions (`common.protocol.transitions`)
+Phase = TesterPhase
 
 
 #: progress(phase, message, done=0, total=0): a phase ended (no counts), or `done` of
@@ -135,6 +126,7 @@ UPLOAD_STEP_ROWS = 32_768
 
 class TesterSession(PartySession):
     __test__ = False  # not a pytest class
+    transitions = TESTER
 
     def __init__(self, spec: AuditSpec, probabilities: pd.DataFrame, *,
                  min_modulus_bits: int = paillier.MIN_MODULUS_BITS,
@@ -191,7 +183,7 @@ class TesterSession(PartySession):
         self._multiplicity = 1
         #: the row count the slots' noise is sized by (`_rows_l2`; else the multiplicity)
         self._sensitivity_rows: float = 1
-        self.phase = Phase.START
+        self.phase = TESTER.initial
         #: every message from the Test-Client is checked here first (common.protocol.validation)
         self._inbound = validation.TesterInbound(max_received_bytes=max_received_bytes)
         self._clock = PhaseClock()
@@ -281,8 +273,10 @@ class TesterSession(PartySession):
 
     # ------------------------------------------------------------------ protocol
     def start(self) -> list[pb.PeerMessage]:
-        self._expect(Phase.START)
-        self.phase = Phase.WAIT_HELLO_ACK
+        """Step 1: the Hello (the table's "start")."""
+        return self.transitions.run(self, "start")
+
+    def _hello(self) -> list[pb.PeerMessage]:
         self._progress("handshake", "session keys generated; contacting the Test-Client")
         return [pb.PeerMessage(hello=pb.Hello(
             protocol_version=PROTOCOL_VERSION, metric=self.spec.metric, client_dataset=self.spec.client_dataset,
@@ -309,8 +303,6 @@ class TesterSession(PartySession):
         self._layout = facts.layout
         salt = commutative.session_salt(self._salt_share, ack.salt_share)
         self._lap("handshake")
-
-        self.phase = Phase.WAIT_SHUFFLED
         width = sealed_width(len(self.groups))
         self._reader = wire.TableReader(wire.shuffled_rows(width))
         self._shuffled = []
@@ -349,24 +341,31 @@ class TesterSession(PartySession):
                                 units=metric.resampling in ("unit", "client_groups"),
                                 strata=metric.row_strata(self.params))
 
-    def _on_chunk(self, chunk: pb.TableChunk, rows: validation.Rows) -> list[pb.PeerMessage]:
-        if self.phase is Phase.WAIT_SQUARES:
-            self._squares += rows.ciphertexts
-            return []
-        if self.phase is Phase.WAIT_SHUFFLED:  # its points checked on the executor (`_index_shuffled`)
-            self._shuffled.append((chunk.points, chunk.sealed))
-            self._shuffled_checks.append(self._executor.submit(check_shuffled_chunk, chunk.points,
-                                                               self._reader.rows - chunk.rows))
-            self._progress("psi_shuffled", "", self._reader.rows, self._n_sent)
-            return []
-        if self.phase is Phase.WAIT_MEMBERS:  # doubly encrypted (and checked) on the executor
-            first = self._reader.rows - chunk.rows
-            self._pending.append((self._executor.submit(double_client_chunk, self._com_key.multiply_task(),
-                                                        chunk.points, first, b"", None),))
-            return []
-        if self.phase is Phase.WAIT_TOTALS:  # checked by the gate (`validation.TesterInbound`)
-            self._blind_totals.append((chunk.tester_ciphertexts, chunk.ciphertexts))
-            return []
+    def _on_squares_chunk(self, chunk: pb.TableChunk, rows: validation.Rows) -> list[pb.PeerMessage]:
+        self._squares += rows.ciphertexts
+        return []
+
+    def _on_shuffled_chunk(self, chunk: pb.TableChunk, rows: validation.Rows) -> list[pb.PeerMessage]:
+        """Step 3: its points checked on the executor (`_on_shuffled_end`)."""
+        self._shuffled.append((chunk.points, chunk.sealed))
+        self._shuffled_checks.append(self._executor.submit(check_shuffled_chunk, chunk.points,
+                                                           self._reader.rows - chunk.rows))
+        self._progress("psi_shuffled", "", self._reader.rows, self._n_sent)
+        return []
+
+    def _on_member_chunk(self, chunk: pb.TableChunk, rows: validation.Rows) -> list[pb.PeerMessage]:
+        """The blind path's member table: doubly encrypted (and checked) on the executor."""
+        first = self._reader.rows - chunk.rows
+        self._pending.append((self._executor.submit(double_client_chunk, self._com_key.multiply_task(),
+                                                    chunk.points, first, b"", None),))
+        return []
+
+    def _on_totals_chunk(self, chunk: pb.TableChunk, rows: validation.Rows) -> list[pb.PeerMessage]:
+        """The blind path's masked totals: checked by the gate (`validation.TesterInbound`)."""
+        self._blind_totals.append((chunk.tester_ciphertexts, chunk.ciphertexts))
+        return []
+
+    def _on_rows_chunk(self, chunk: pb.TableChunk, rows: validation.Rows) -> list[pb.PeerMessage]:
         if self._blind:  # the masked sums: checked by the gate
             self._blind_cts.append(chunk.tester_ciphertexts)
             self._progress("join", "", self._reader.rows, self._blind_members)
@@ -432,30 +431,26 @@ class TesterSession(PartySession):
         at = np.minimum(np.searchsorted(keys, doubled), len(keys) - 1)
         return at, keys[at] == doubled
 
-    def _on_table_end(self, end: pb.TableEnd, _: None) -> Iterable[pb.PeerMessage]:
-        if self.phase is Phase.WAIT_SHUFFLED:
-            self._index_shuffled()
-            self._lap("psi_client_double_encrypt")
-            if self._blind:
-                self.phase = Phase.WAIT_MEMBERS
-                self._reader = wire.TableReader(wire.member_points())
-                return []
-            self.phase = Phase.WAIT_CLIENT_ROWS
-            self._reader = wire.TableReader(self._client_layout())
-            return []
-        if self.phase is Phase.WAIT_MEMBERS:
-            return self._member_vectors()
-        if self.phase is Phase.WAIT_SQUARES:
-            return self._after_squares()
-        if self.phase is Phase.WAIT_TOTALS:
-            return self._aggregate_blind()
-        if self._blind:  # the masked sums are in; their totals' masks come next
-            self.phase = Phase.WAIT_TOTALS
+    def _on_shuffled_end(self, end: pb.TableEnd, _: None) -> Step:
+        """Step 3 done: the shuffled table indexed; the Test-Client's rows come next (on the
+        blind path its members first)."""
+        self._index_shuffled()
+        self._lap("psi_client_double_encrypt")
+        if self._blind:
+            self._reader = wire.TableReader(wire.member_points())
+            return Step(Phase.WAIT_MEMBERS, [])
+        self._reader = wire.TableReader(self._client_layout())
+        return Step(Phase.WAIT_CLIENT_ROWS, [])
+
+    def _on_rows_end(self, end: pb.TableEnd, _: None) -> Step:
+        """Step 5 (the join), then step 6; on the blind path the masked sums are in and
+        their totals' masks come next."""
+        if self._blind:
             plan = self._blind_plan
             self._reader = wire.TableReader(wire.blind_totals(
                 plan.sum_slots * plan.weight_cts, self._tester_key.public.ciphertext_bytes,
                 len(self.metric.blind_items(self.groups, self.params)), self._pub.ciphertext_bytes))
-            return []
+            return Step(Phase.WAIT_TOTALS, [])
         while self._pending:
             self._join(*self._pending.popleft())
         # step 5: the join is complete; every id (and the unmatched rows) is deleted, and
@@ -466,8 +461,8 @@ class TesterSession(PartySession):
         self._progress("join", f"{self.n_matched} rows matched")
         self._check_intersection()  # an empty intersection too: one refusal for both (design §8.2)
         if not self.metric.encrypted(self.params):
-            return self._local_result()
-        return self._aggregate()
+            return Step(Phase.DONE, self._local_result())
+        return Step(Phase.WAIT_SQUARES if self.metric.needs_squares else Phase.WAIT_RESULT, self._aggregate())
 
     def _check_intersection(self) -> None:
         """Release controls on the intersection (design §8): each member in no more rows than
@@ -537,7 +532,7 @@ class TesterSession(PartySession):
         return self._finish(report, {})
 
     # ------------------------------------------------------------------ the blind path
-    def _member_vectors(self) -> Iterator[pb.PeerMessage]:
+    def _member_vectors(self, end: pb.TableEnd, _: None) -> Iterator[pb.PeerMessage]:
         """The blind path's step 5 (`common.metrics.lot`, "The Tester blind to the pairs"):
         join the Test-Client's members, apply the intersection's controls, open the vectors
         of the members we hold, drop every id, and answer each member, in its table's
@@ -570,7 +565,6 @@ class TesterSession(PartySession):
         packed = b"".join(self._executor.run_chunks(encrypt, [(part,) for part in parts]))
         del plaintexts, encrypt
         self._lap("member_vectors")
-        self.phase = Phase.WAIT_CLIENT_ROWS
         self._reader = wire.TableReader(self._client_layout())
         layout = wire.member_vectors(plan.member_cts, self._tester_key.public.ciphertext_bytes)
         yield from wire.table_messages(layout, len(q), ciphertexts=packed)
@@ -582,7 +576,7 @@ class TesterSession(PartySession):
         self._sealer = None
         return probs
 
-    def _aggregate_blind(self) -> Iterator[pb.PeerMessage]:
+    def _aggregate_blind(self, end: pb.TableEnd, _: None) -> Iterator[pb.PeerMessage]:
         """The blind path's step 6 (`tester_service.blind_pairs`): the totals of the masked
         sums of the members we hold, weighted by their head weights, decrypted with the
         Test-Client's masked totals; from them the items the plaintext path would have
@@ -674,13 +668,12 @@ class TesterSession(PartySession):
         the squares (`_after_squares`)."""
         pub = self._pub
         self._asked = asked
-        self.phase = Phase.WAIT_SQUARES
         self._reader = wire.TableReader(wire.ciphertext_table(pb.SQUARES, pub.ciphertext_bytes))
         yield from wire.table_messages(wire.ciphertext_table(pb.SQUARE_REQUEST, pub.ciphertext_bytes),
                                        len(asked.requests),
                                        ciphertexts=paillier.ciphertexts_to_bytes(asked.requests, pub.ciphertext_bytes))
 
-    def _after_squares(self) -> Iterator[pb.PeerMessage]:
+    def _after_squares(self, end: pb.TableEnd, _: None) -> Iterator[pb.PeerMessage]:
         """MQOS-AUC exact: the squares are back (`release_items.release_squares`)."""
         asked, squares = self._asked, self._squares
         self._asked, self._squares = None, []
@@ -692,7 +685,6 @@ class TesterSession(PartySession):
         send the header and the masked table."""
         self._released, self._pads = out.release, out.pads
         self._release_info = dict(out.release.info)
-        self.phase = Phase.WAIT_RESULT
         width = self._pub.ciphertext_bytes
         yield pb.PeerMessage(aggregates_header=release_items.header(self._audit(), out.release))
         yield from wire.table_messages(wire.ciphertext_table(pb.AGGREGATES, width), len(out.ciphertexts),
@@ -716,10 +708,8 @@ class TesterSession(PartySession):
             report, metric=self.spec.metric, metric_option=self.spec.metric_option, n_matched=self.n_matched,
             result_recipient=self.spec.result_recipient, tau=self.spec.tau, phase_seconds=seconds,
             preparation=self._preparation, release=dict(self._release_info), group_mapping=self._group_mapping)
-        self.phase = Phase.DONE
         self._progress("done", "result received")
-        self.close()
-        return []
+        return []  # done: the table closes the session
 
     def _on_client_result(self, res: pb.ClientResult, _: None) -> list[pb.PeerMessage]:
         """Result recipient `client`: the Test-Client kept the result (design §3.7), and
@@ -730,11 +720,11 @@ class TesterSession(PartySession):
                        params=self.params, audit_id=self.audit_id)
         return self._finish(kept, dict(res.phase_seconds))
 
-    def _on_masked_plaintexts(self, mp: pb.MaskedPlaintexts, values: list[int]) -> list[pb.PeerMessage]:
+    def _on_masked_plaintexts(self, mp: pb.MaskedPlaintexts, values: list[int]) -> Step:
         self._masked_values += values
         if not mp.last:
-            return []
-        return self._finish(self._unmasked_report(), dict(mp.phase_seconds))
+            return Step(Phase.WAIT_RESULT, [])
+        return Step(Phase.DONE, self._finish(self._unmasked_report(), dict(mp.phase_seconds)))
 
     def _unmasked_report(self) -> AuditReport:
         """Step 7, result recipient `tester`: remove our additive masks from the decrypted

@@ -1,13 +1,13 @@
-"""What both parties' session state machines share: phase checks, timings, progress.
+"""What both parties' session state machines share: timings, progress, the base class.
 
 A `PhaseClock` records wall time per named phase (reported with the result; it holds
-no data). `expect_phase` checks that a step runs in a phase that allows it; which peer
-message each phase accepts is `common.protocol.validation`'s table, and a message at the wrong
-moment is a `PhaseError` (a ProtocolError: "right content, wrong time", where malformed
-content is a plain ProtocolError). `chunk_ticks` is the checkpoint of a long step cut
-into chunks: it reports each chunk done. `PartySession` is what the Tester's and the
-Test-Client's sessions share: their clock, progress ticks, phase checks, the gate every
-received message passes, and `close`.
+no data). Which message each phase accepts, and where it leads, is the party's table of
+transitions (`common.protocol.transitions`); a message at the wrong moment is a
+`PhaseError` (a ProtocolError: "right content, wrong time", where malformed content is a
+plain ProtocolError). `chunk_ticks` is the checkpoint of a long step cut into chunks: it
+reports each chunk done. `PartySession` is what the Tester's and the Test-Client's
+sessions share: their clock, progress ticks, the gate every received message passes
+(`common.protocol.validation`), and `close`.
 """
 from __future__ import annotations
 
@@ -38,11 +38,6 @@ class PhaseError(ProtocolError):
     call with FAILED_PRECONDITION; malformed content is INVALID_ARGUMENT)."""
 
 
-def expect_phase(current: enum.Enum, *allowed: enum.Enum) -> None:
-    if current not in allowed:
-        raise PhaseError(f"message not allowed in phase {current.value}")
-
-
 def chunk_ticks(total: int, tick: Callable[[int, int], None]) -> Callable[[], None]:
     """A checkpoint for `Executor.run_chunks` over `total` chunks: calls `tick(done, total)`
     after each chunk (a session's progress report and its own checkpoint)."""
@@ -57,12 +52,15 @@ def chunk_ticks(total: int, tick: Callable[[int, int], None]) -> Callable[[], No
 
 class PartySession:
     """The shared part of both parties' sans-I/O sessions (design §3): each has a phase
-    (`phase`), a `PhaseClock` (`_clock`, its laps are `phase_seconds`), an optional
-    checkpoint run between chunks of its long steps (`_checkpoint`), and the gate of
-    `common.protocol.validation` that every message from its peer passes (`_inbound`).
-    A subclass says how a progress tick reaches its owner (`_report_rows`) and what its
-    `close` drops (`_drop_secrets`)."""
+    (`phase`) that only its table of transitions (`transitions`,
+    `common.protocol.transitions`) moves, a `PhaseClock` (`_clock`, its laps are
+    `phase_seconds`), an optional checkpoint run between chunks of its long steps
+    (`_checkpoint`), and the gate of `common.protocol.validation` that every message from
+    its peer passes (`_inbound`), which hands it on through the table. A subclass says
+    how a progress tick reaches its owner (`_report_rows`) and what its `close` drops
+    (`_drop_secrets`)."""
 
+    transitions: "Transitions"  # noqa: F821 (common.protocol.transitions)
     phase: enum.Enum
     _clock: PhaseClock
     _checkpoint: Callable[[], None] | None
@@ -80,9 +78,6 @@ class PartySession:
     def _report_rows(self, phase: str, done: int, total: int, message: str) -> None:
         raise NotImplementedError
 
-    def _expect(self, *phases: enum.Enum) -> None:
-        expect_phase(self.phase, *phases)
-
     def receive(self, msg) -> Iterable:
         """Consume one message from the peer; returns the messages to send back. The gate
         (`common.protocol.validation`) checks it (phase, order, content) before its handler
@@ -96,8 +91,7 @@ class PartySession:
     def close(self) -> None:
         """Drop every key and all member-level data, however the session ended."""
         self._drop_secrets()
-        if self.phase is not type(self.phase).DONE:
-            self.phase = type(self.phase).CLOSED
+        self.transitions.close(self)
 
     def _drop_secrets(self) -> None:
         raise NotImplementedError

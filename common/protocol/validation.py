@@ -2,8 +2,9 @@
 
 Every PeerMessage a session receives goes through its gate (`TesterInbound` at the
 Tester, `ClientInbound` at the Test-Client) before any handler sees it, in the style of
-h11: one table says which message kinds each phase accepts, one validator per kind
-checks the content, and an error state sticks. In order:
+h11: one table per party says which message kinds each phase accepts and where each
+leads (`common.protocol.transitions`), one validator per kind checks the content, and
+an error state sticks. In order:
 
 1. the kind is one the peer may send at all (else `ProtocolError`: "unexpected
    message");
@@ -13,7 +14,8 @@ checks the content, and an error state sticks. In order:
    option of both sessions; `DEFAULT_MAX_RECEIVED_BYTES` = 8 GiB, far above what the
    announced row counts of any real audit need: the per-table totals below are the
    tight bound, this is the backstop);
-4. the session's phase accepts the kind (`TESTER_ACCEPTS` / `CLIENT_ACCEPTS`; else
+4. the session's phase accepts the kind (`TESTER_ACCEPTS` / `CLIENT_ACCEPTS`, from the
+   tables of transitions; else
    `PhaseError`). An Abort is accepted in every phase and raised as `PeerAborted` (its
    code sanitised, its text cut); a heartbeat is accepted in every phase and does
    nothing (the servicers' `Inbox` normally consumes them, with the same check);
@@ -46,8 +48,9 @@ or not, whether a row's member is one of ours. The layout, the
 counts and the buckets and strata are still checked here as each chunk arrives, and a
 bad point or ciphertext fails the session the same way.
 
-The handler (`_on_<kind>(body, checked)` of each session) then uses what the validator
-returned and does not check again. Malformed content is a `ProtocolError` (the
+The handler (named by the party's table of transitions, `common.protocol.transitions`,
+for the kind in the session's phase) then gets the message and what the validator
+returned, and does not check again; the table also moves the session to its next phase. Malformed content is a `ProtocolError` (the
 Test-Client's servicer ends the call with INVALID_ARGUMENT), a message at the wrong
 moment a `PhaseError` (FAILED_PRECONDITION). Sans-I/O: no gRPC here.
 """
@@ -69,6 +72,7 @@ from common.logs import valid_audit_id
 from common.metrics import get_metric
 from common.metrics.base import RELEASE_NOISE, SECOND_MOMENTS
 from common.protocol.session import PhaseError
+from common.protocol.transitions import CLIENT, TESTER, Transitions
 from common.crypto.symmetric import sealed_width
 from proto import ppre_pb2 as pb
 
@@ -104,26 +108,12 @@ _ABORT_CODE = re.compile(r"[a-z_]{1,40}")
 MAX_ABORT_CHARS = 2000
 MAX_HEARTBEAT_PHASE_CHARS = 64
 
-#: Which message each party accepts from its peer in each phase (by the phase's value);
-#: "abort" and "heartbeat" are accepted in every phase until the session fails.
-#: Anything else is a PhaseError there. Phases not listed (start, done, closed) accept none.
-TESTER_ACCEPTS: Mapping[str, frozenset[str]] = {
-    "wait_hello_ack": frozenset({"hello_ack"}),
-    "wait_shuffled": frozenset({"chunk", "table_end"}),       # the shuffled table (step 3)
-    "wait_members": frozenset({"chunk", "table_end"}),        # LOT's member table (the blind path)
-    "wait_client_rows": frozenset({"chunk", "table_end"}),    # the Test-Client's rows (step 4)
-    "wait_totals": frozenset({"chunk", "table_end"}),         # LOT's masked totals (the blind path)
-    "wait_squares": frozenset({"chunk", "table_end"}),        # MQOS-AUC exact
-    "wait_result": frozenset({"client_result", "masked_plaintexts"}),  # step 7
-}
-CLIENT_ACCEPTS: Mapping[str, frozenset[str]] = {
-    "wait_hello": frozenset({"hello"}),
-    "wait_tester_rows": frozenset({"chunk", "table_end"}),    # step 2
-    "wait_member_vectors": frozenset({"chunk", "table_end"}), # LOT's member vectors (the blind path)
-    "wait_square_request": frozenset({"chunk", "table_end"}), # MQOS-AUC exact
-    "wait_aggregates_header": frozenset({"aggregates_header"}),
-    "wait_aggregates": frozenset({"chunk", "table_end"}),     # step 6
-}
+#: Which message each party accepts from its peer in each phase (by the phase's value):
+#: the events of its table of transitions (`common.protocol.transitions`); "abort" and
+#: "heartbeat" are accepted in every phase until the session fails. Anything else is a
+#: PhaseError there. Phases without a peer's event (start, done, closed) accept none.
+TESTER_ACCEPTS: Mapping[str, frozenset[str]] = TESTER.accepts
+CLIENT_ACCEPTS: Mapping[str, frozenset[str]] = CLIENT.accepts
 ANY_PHASE = frozenset({"abort", "heartbeat"})
 
 
@@ -222,10 +212,12 @@ def _check_stated_facts(metric, info: dict, second_moments: bool) -> None:
 class Gate:
     """One session's gate for its peer's messages (module docstring): the phase table,
     the byte cap, the sticky error, and the dispatch to `_<kind>` (validator, here) then
-    `session._on_<kind>(body, checked)` (handler). It also notes the row totals of the
+    through the party's table of transitions (`common.protocol.transitions`) to the
+    session's handler, `handler(body, checked)`. It also notes the row totals of the
     tables the session sends (`sent_rows`), which the peer's answers must match."""
 
     peer = "peer"
+    transitions: Transitions | None = None
     accepts: Mapping[str, frozenset[str]] = {}
 
     def __init__(self, *, max_received_bytes: int = DEFAULT_MAX_RECEIVED_BYTES) -> None:
@@ -253,7 +245,7 @@ class Gate:
             kind = self._admit(session.phase.value, msg)
             body = getattr(msg, kind)
             checked = getattr(self, f"_{kind}")(session, body)
-            out = [] if kind == "heartbeat" else getattr(session, f"_on_{kind}")(body, checked)
+            out = [] if kind == "heartbeat" else self.transitions.run(session, kind, body, checked)
         except Exception as exc:
             self.fail(exc)
             raise
@@ -310,6 +302,7 @@ class TesterInbound(Gate):
     `_blind_plan`, `_blind_members`."""
 
     peer = "Test-Client"
+    transitions = TESTER
     accepts = TESTER_ACCEPTS
 
     def _hello_ack(self, s, ack: pb.HelloAck) -> AckFacts:
@@ -439,6 +432,7 @@ class ClientInbound(Gate):
     on LOT's blind path `_tester_key`, `_blind_plan`."""
 
     peer = "Tester"
+    transitions = CLIENT
     accepts = CLIENT_ACCEPTS
 
     def _aborted(self, text: str) -> str:
