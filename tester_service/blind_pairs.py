@@ -98,3 +98,28 @@ def cell_items(items: Sequence[tuple], groups: int, totals: Sequence[Sequence[in
         own = paillier.encrypt_chunk(n, pub.h, [plain % n])[0]
         out.append(int(gmpy2.mpz(own) * mask % n2))
     return out
+
+
+def rank_pair_items(plan: BlindPairs, key: paillier.PrivateKey, pub: paillier.PublicKey, layout, items: Sequence[tuple],
+                    totals: Sequence[Sequence[Sequence[int]]], masked_totals: Sequence[int],
+                    item_masks: Sequence[int]) -> dict[int, list[list[int]]]:
+    """Per rank pair s, the items the plaintext path would have formed, as its bucket
+    sums agg[s][item][t] (module docstring): `totals[s]` the weighted totals A_sw of the
+    masked sums (per weight, under our key), `masked_totals` the Test-Client's B_sj
+    (per rank pair and slot, under our key), `item_masks` its Enc(m) per rank pair and
+    item (under its key, `pub`); an item sits in the ciphertext of its den slot, every
+    other ciphertext of the row is Enc(0). A total that does not decode is an
+    `EncodingOverflowError`."""
+    _, num_slot = layout.position(0)
+    ct, den_slot = layout.position(1)
+    bits, w = layout.slot_bits, plan.weight_cts
+    per_row = plan.sum_slots * w
+    agg = {}
+    for s, per_weight in enumerate(totals):
+        row = masked_totals[s * per_row:(s + 1) * per_row]
+        masked = [decoded(plan, key, row[j * w:(j + 1) * w], "weights") for j in range(plan.sum_slots)]
+        sums_of = [decoded(plan, key, cts, "sums") for cts in per_weight]
+        column = cell_items(items, plan.groups, sums_of, masked, item_masks[s * len(items):(s + 1) * len(items)],
+                            pub, num_slot * bits, den_slot * bits)
+        agg[s] = [[item if t == ct else 1 for t in range(layout.n_ciphertexts)] for item in column]
+    return agg

@@ -33,7 +33,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import secrets
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Iterator
 
@@ -43,70 +42,25 @@ import pandas as pd
 from common.stats import bootstrap as boot
 from common.protocol import validation, wire
 from common.execution import parallel
-from common.stats import correction, moments
+from common.stats import moments
 from common.crypto import commutative, encoding, paillier
 from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.logs import new_audit_id
 from common.crypto.masking import AdditiveMask
-from common.metrics import correcting_metrics, get_metric
+from common.metrics import get_metric
 from common.metrics.base import RELEASE_NOISE, SECOND_MOMENTS, Layout, sensitivity_rows
 from common.stats.correction import finish_corrected
-from common.stats.results import DEFAULT_TAU, AuditReport, finish, receipt
+from common.stats.results import AuditReport, finish, receipt
 from common.protocol.session import PartySession, PhaseClock, chunk_ticks
 from common.protocol.transitions import TESTER, Step, TesterPhase
 from common.crypto.symmetric import RowSealer, sealed_width
 from proto import ppre_pb2 as pb
 from tester_service import aggregation, blind_pairs, release_items
+from tester_service.audit_spec import AuditSpec
 from tester_service.join import check_shuffled_chunk, double_client_chunk
 from tester_service.release import IntersectionRefused, ReleasePolicy, gaussian, gaussian_slots
 
 PROTOCOL_VERSION = 2
-MAX_REPLICATES = 100_000
-RECIPIENTS = ("client", "tester")
-
-
-@dataclass(frozen=True)
-class AuditSpec:
-    """What the operator asked for (validated before any work)."""
-
-    metric: str
-    client_dataset: str
-    bootstrap: int = boot.DEFAULT_REPLICATES
-    confidence: float = boot.DEFAULT_CONFIDENCE
-    seed: int | None = None
-    result_recipient: str = "client"
-    metric_option: str = ""
-    tau: float = DEFAULT_TAU
-    #: the metric's parameters as the operator gave them (text)
-    params: dict[str, str] = field(default_factory=dict)
-    #: "none" or "calibration": attenuation-corrected estimates beside the weighted ones
-    correction: str = "none"
-
-    def validated(self) -> "AuditSpec":
-        metric = get_metric(self.metric)
-        option = metric.check_option(self.metric_option)
-        metric.parse_params(self.params)
-        if not self.client_dataset:
-            raise InputError("no client dataset named", parameter="client dataset")
-        # what the Test-Client accepts in a Hello (common.protocol.validation): refused here as the operator's input
-        if len(self.client_dataset) > validation.MAX_NAME_CHARS:
-            raise InputError(f"at most {validation.MAX_NAME_CHARS} characters", parameter="client dataset")
-        if sum(len(k) + len(v) for k, v in self.params.items()) > validation.MAX_PARAM_CHARS:
-            raise InputError(f"at most {validation.MAX_PARAM_CHARS} characters in all", parameter="metric parameter")
-        if not 1 <= self.bootstrap <= MAX_REPLICATES:
-            raise InputError(f"must be between 1 and {MAX_REPLICATES}", parameter="bootstrap")
-        if not 0.0 < self.confidence < 1.0:
-            raise InputError("must be strictly between 0 and 1", parameter="confidence")
-        if self.result_recipient not in RECIPIENTS:
-            raise InputError(f"must be one of {', '.join(RECIPIENTS)}", parameter="result recipient")
-        if not self.tau > 0:
-            raise InputError("must be positive", parameter="tau")
-        correction_method = correction.check_method(self.correction)
-        if correction_method != "none" and not metric.corrects:
-            raise InputError(f"{self.metric} has no attenuation correction (metrics with one: "
-                             f"{', '.join(correcting_metrics())})", parameter="correction")
-        return dataclasses.replace(self, metric_option=option, params=dict(self.params), correction=correction_method)
-
 
 #: chunks of the Test-Client's rows in flight on the executor at most (per worker: 2)
 JOIN_WINDOW = 4
@@ -580,9 +534,10 @@ class TesterSession(PartySession):
         """The blind path's step 6 (`tester_service.blind_pairs`): the totals of the masked
         sums of the members we hold, weighted by their head weights, decrypted with the
         Test-Client's masked totals; from them the items the plaintext path would have
-        formed, released as it releases them (`release_items.release`). Nothing is withheld here: we know
-        no cell's size; the finishing party withholds a cell whose noised size is below
-        the minimum (`Lot.withheld_by_size`)."""
+        formed (`blind_pairs.rank_pair_items`), released as the plaintext path releases
+        them (`release_items.release`). Nothing is withheld here: we know no cell's size;
+        the finishing party withholds a cell whose noised size is below the minimum
+        (`Lot.withheld_by_size`)."""
         plan, metric, pub, key = self._blind_plan, self.metric, self._pub, self._tester_key
         held = np.flatnonzero(self._member_q.any(axis=1))
         weights = blind_pairs.head_weights(plan, self._member_q[held])
@@ -601,23 +556,10 @@ class TesterSession(PartySession):
         audit = self._audit()
         plans = self._plan_once(audit)
         items = metric.blind_items(self.groups, self.params)
-        _, num_slot = self._layout.position(0)
-        ct, den_slot = self._layout.position(1)
-        bits = self._layout.slot_bits
-        w = plan.weight_cts
         masked_totals = paillier.ciphertexts_from_bytes(b"".join(t for t, _ in self._blind_totals), key.public)
         item_masks = paillier.ciphertexts_from_bytes(b"".join(o for _, o in self._blind_totals), pub)
-        per_row = plan.sum_slots * w
-        agg = {}
         try:
-            for s, per_weight in enumerate(totals):
-                row = masked_totals[s * per_row:(s + 1) * per_row]
-                masked = [blind_pairs.decoded(plan, key, row[j * w:(j + 1) * w], "weights") for j in range(plan.sum_slots)]
-                sums_of = [blind_pairs.decoded(plan, key, cts, "sums") for cts in per_weight]
-                column = blind_pairs.cell_items(items, plan.groups, sums_of, masked,
-                                                item_masks[s * len(items):(s + 1) * len(items)], pub,
-                                                num_slot * bits, den_slot * bits)
-                agg[s] = [[item if t == ct else 1 for t in range(self._layout.n_ciphertexts)] for item in column]
+            agg = blind_pairs.rank_pair_items(plan, key, pub, self._layout, items, totals, masked_totals, item_masks)
         except EncodingOverflowError:
             raise ProtocolError("a masked total of the Test-Client's does not decode: overflow") from None
         self._blind_totals, self._tester_key = [], None

@@ -41,6 +41,7 @@ from common.stats import correction, moments
 from common.stats.results import MIN_EFFECTIVE_SIZE, small_for_verdict
 from proto import ppre_pb2 as pb
 from tester_service import aggregation
+from tester_service.audit_spec import AuditSpec
 from tester_service.release import RELEASE_GROUPS, REPORT_DELTA, ReleasePolicy, gaussian, gaussian_slots, rho_to_epsilon
 
 
@@ -112,14 +113,14 @@ class Draws:
 
 @dataclass(frozen=True)
 class Audit:
-    """What step 6 reads of the audit: the operator's spec (`tester_service.protocol.AuditSpec`),
+    """What step 6 reads of the audit: the operator's spec (`tester_service.audit_spec`),
     the metric for its option and release with its parameters, the groups, what the
     HelloAck announced (strata, dataset facts, the Test-Client's key and slot layout),
     the release controls and form, and the intersection's counts that size the noise
     (`multiplicity`: the most rows a member is in; `sensitivity_rows`: the row count the
     slots' noise is sized by); `draws`, where the noise comes from."""
 
-    spec: Any
+    spec: AuditSpec
     metric: Any
     params: Mapping[str, Any]
     groups: tuple[str, ...]
