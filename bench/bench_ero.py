@@ -53,6 +53,7 @@ def main() -> int:
     from client_service.datasets import DatasetRegistry
     from common.execution import parallel
     from common.stats.results import AuditReport
+    from ppre.report.text import render_text
     from ppre.local import local_services
     from proto import ppre_pb2 as pb
     from tester_service.inputs import read_probability_table
@@ -76,7 +77,7 @@ def main() -> int:
         print("audit failed:", event.error.code, event.error.message)
         return 1
     report = AuditReport.from_proto(event.result)
-    print(report.to_table())
+    print(render_text(report))
     print(f"\nwall time: {wall:.2f} s  ({args.members} x {args.members} members, "
           f"{args.overlap:.0%} overlap, B={args.bootstrap}, workers={executor.workers}, cpus={os.cpu_count()})")
     print(json.dumps({k: round(v, 2) for k, v in report.phase_seconds.items()}, indent=1))

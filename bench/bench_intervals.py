@@ -55,7 +55,9 @@ from common.metrics.base import SECOND_MOMENTS, Item, Layout  # noqa: E402
 from common.metrics.ero import METRIC as ERO  # noqa: E402
 from common.metrics.output import METRIC as OUTPUT  # noqa: E402
 from common.races import RACES  # noqa: E402
-from common.stats.results import MIN_EFFECTIVE_SIZE, finish, simultaneous_bands  # noqa: E402
+from common.stats.intervals import simultaneous_bands  # noqa: E402
+from common.stats.left_out import MIN_EFFECTIVE_SIZE  # noqa: E402
+from common.stats.results import finish  # noqa: E402
 from tester_service.release import ReleasePolicy  # noqa: E402
 
 POSITIVE_RATE, TPR, BASE_FPR = 0.30, 0.80, 0.10

@@ -12,7 +12,7 @@ groups' columns, as its weight column is), a replicate is the multinomial count-
 bucket sums (`resample_counts`; row 0 every count 1) and a cell's value is Num/Den, as the
 Test-Client decodes the masked ratio. The (B+1, cells) matrix then goes through the real
 `common.stats.results.finish()` with the real ERO metric (option `fpr`) and its plan, `noisy=False`, and
-the groups the Tester leaves out of a verdict without release noise (`common.stats.results.small_for_verdict`:
+the groups the Tester leaves out of a verdict without release noise (`common.stats.left_out.small_for_verdict`:
 Kish effective sample size below `MIN_KISH_SIZE`) passed as `small_groups`, as the Tester does.
 
 Data: race probabilities are those `ppre synth` members get from the Tester's preparation:
@@ -50,7 +50,8 @@ from common.crypto import encoding  # noqa: E402
 from common.metrics.base import Layout  # noqa: E402
 from common.metrics.ero import METRIC as ERO  # noqa: E402
 from common.races import RACES  # noqa: E402
-from common.stats.results import DEFAULT_TAU, finish, small_for_verdict  # noqa: E402
+from common.stats.left_out import small_for_verdict  # noqa: E402
+from common.stats.results import DEFAULT_TAU, finish  # noqa: E402
 
 #: members in the probability pool the datasets are sampled from
 POOL = 300_000

@@ -44,7 +44,7 @@ releases under the default `ReleasePolicy`, built from the real code wherever it
 
 Every form: the items whose effective size Σ_i p_ij plus N(0, threshold σ²) is below the
 policy's minimum are withheld (`Plan.suppress`), the groups whose noised size is below
-`common.stats.results.MIN_EFFECTIVE_SIZE` (or withheld) are left out of the verdict, as
+`common.stats.left_out.MIN_EFFECTIVE_SIZE` (or withheld) are left out of the verdict, as
 `TesterSession._suppress_small` decides; the random-group forms then finish with the real
 `common.stats.results.finish()` at interval "random_groups" and `noisy=True` (est ±
 t_{G−1}·sd/√G, the verdict's Bonferroni band). `--check` runs one small audit per metric
@@ -103,7 +103,9 @@ from common.metrics.mqos_auc import EXACT, SCORE_BINS, normaliser_bits, released
 from common.metrics.pot import METRIC as POT  # noqa: E402
 from common.metrics.scoring import doubled_a_weights  # noqa: E402
 from common.races import RACES  # noqa: E402
-from common.stats.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, finish, simultaneous_bands  # noqa: E402
+from common.stats.intervals import simultaneous_bands  # noqa: E402
+from common.stats.left_out import MIN_EFFECTIVE_SIZE  # noqa: E402
+from common.stats.results import DEFAULT_TAU, finish  # noqa: E402
 from tester_service.release import RELEASE_GROUPS, ReleasePolicy  # noqa: E402
 
 GROUPS = list(RACES)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.crypto.encoding import quantize_probabilities  # noqa: E402
 from common.metrics.scoring import dense_score_rank, doubled_a_weights, sample_pair_graph  # noqa: E402
-from common.stats.results import marginal_intervals  # noqa: E402
+from common.stats.intervals import marginal_intervals  # noqa: E402
 from tester_service.demographics.preparation import prepare, read_members, read_self_id  # noqa: E402
 
 RHO = 0.2

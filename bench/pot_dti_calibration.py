@@ -64,7 +64,7 @@ def dti_draws(audit, groups) -> np.ndarray:
 def band(draws: np.ndarray) -> tuple[np.ndarray, float]:
     """The verdict's max-|t| band (`results.simultaneous_bands`, percentile) as each column's
     draws' sd and the one quantile q of max |t| that est ± q·sd spans."""
-    from common.stats.results import simultaneous_bands
+    from common.stats.intervals import simultaneous_bands
     _, high = simultaneous_bands(draws, 0.95, "percentile")
     sd = draws[1:].std(axis=0, ddof=1)
     return sd, float(np.median((high - draws[0]) / sd))

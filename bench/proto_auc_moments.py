@@ -102,7 +102,8 @@ from common.metrics.base import SECOND_MOMENTS  # noqa: E402
 from common.metrics.mqos_auc import EXACT, normaliser_bits  # noqa: E402
 from common.metrics.scoring import doubled_a_weights  # noqa: E402
 from common.stats.moments import draw_seed, gaussian_draws  # noqa: E402
-from common.stats.results import DEFAULT_TAU, MIN_EFFECTIVE_SIZE, finish  # noqa: E402
+from common.stats.left_out import MIN_EFFECTIVE_SIZE  # noqa: E402
+from common.stats.results import DEFAULT_TAU, finish  # noqa: E402
 from tester_service.release import ReleasePolicy  # noqa: E402
 
 REPLICATES = 1000

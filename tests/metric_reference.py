@@ -14,7 +14,8 @@ import numpy as np
 
 from common.errors import InputError
 from common.metrics.scoring import (_as_matrix, _as_vector, _check_groups, _doubled_a, _kernel, _ratio, count_summary,
-                                    dense_score_rank, student_t_quantile)
+                                    dense_score_rank)
+from common.stats.quantiles import student_t_quantile
 
 
 def pot_curves(p: np.ndarray, scores: np.ndarray, outcome: np.ndarray, refs: np.ndarray,

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from ppre import AuditFailed, AuditReport, audit_local
+from ppre.report.text import render_text
 from ppre.synth import SynthConfig, synthesize
 
 
@@ -118,7 +119,7 @@ def test_the_result_carries_the_group_mapping_and_the_self_id_epsilon(population
     d = report.to_dict()
     assert d["group_mapping"] == mapping and d["preparation"]["epsilon"] == 3.0
     assert AuditReport.from_json(report.to_json()).group_mapping == mapping
-    assert "groups: hsm=black+hispanic+aian, non_hsm=white+api+multiple" in report.to_table()
+    assert "groups: hsm=black+hispanic+aian, non_hsm=white+api+multiple" in render_text(report)
     html, _ = write_report(report, tmp_path / "rep")
     page = html.read_text()
     assert "group mapping" in page and "hsm=black+hispanic+aian" in page and "randomized response" in page

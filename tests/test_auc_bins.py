@@ -11,6 +11,7 @@ from common.errors import ProtocolError
 from common.metrics.base import SECOND_MOMENTS
 from common.metrics.mqos_auc import (BINNED, EXACT, SCORE_BINS, binned_values, released_form, score_bins)
 from common.stats import correction
+from ppre.report.text import render_text
 from tests.helpers import TEST_BITS
 
 GROUPS = ["a", "b", "c"]
@@ -186,7 +187,7 @@ def test_an_audit_under_the_controls_says_its_auc_is_the_binned_scores():
     result's `info.score_bins` is K, and the table's first line and the page's title say
     the AUC is the binned score's; without the controls neither does."""
     import pandas as pd
-    from ppre.report.model import _metric_title
+    from ppre.report.model import metric_title
     from tester_service.protocol import AuditSpec
     from tester_service.release import ReleasePolicy
     from tests.helpers import local_audit, make_inputs
@@ -199,8 +200,8 @@ def test_an_audit_under_the_controls_says_its_auc_is_the_binned_scores():
     report, session, _ = local_audit(tester, client, spec=spec,
                                      release=ReleasePolicy(min_intersection=1, min_effective_size=0.0))
     assert session.metric is BINNED and report.info["score_bins"] == SCORE_BINS
-    assert report.to_table().splitlines()[0].startswith("metric: mqos-auc (exact; AUC of the score in 32 bins)")
-    assert _metric_title(report).endswith(", AUC of the score in 32 bins")
+    assert render_text(report).splitlines()[0].startswith("metric: mqos-auc (exact; AUC of the score in 32 bins)")
+    assert metric_title(report).endswith(", AUC of the score in 32 bins")
     plain, session, _ = local_audit(tester, client, spec=spec)
     assert session.metric is EXACT and "score_bins" not in plain.info
-    assert "bins" not in plain.to_table().splitlines()[0] and "bins" not in _metric_title(plain)
+    assert "bins" not in render_text(plain).splitlines()[0] and "bins" not in metric_title(plain)

@@ -162,7 +162,7 @@ def test_dti_calibration_band_is_the_verdicts_band():
     """`pot_dti_calibration.band` (the conditional family-wise rate's band) is the verdict's
     percentile max-|t| band: est ± q·sd equals `simultaneous_bands` column by column."""
     import pot_dti_calibration as calibration
-    from common.stats.results import simultaneous_bands
+    from common.stats.intervals import simultaneous_bands
     rng = np.random.default_rng(5)
     cov = np.array([[1.0, 0.4, 0.0], [0.4, 2.0, -0.3], [0.0, -0.3, 0.5]])
     draws = np.vstack([[0.3, -0.1, 0.2], rng.multivariate_normal(np.zeros(3), cov, size=999) + [0.3, -0.1, 0.2]])

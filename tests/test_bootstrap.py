@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from common.stats import bootstrap as boot
-from common.stats.results import marginal_intervals
+from common.stats.intervals import marginal_intervals
 
 
 def ratios(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -27,7 +27,7 @@ def row_bootstrap_ratios(num_rows, den_rows, replicates: int, rng) -> np.ndarray
 
 
 def percentile_interval(replicates: np.ndarray, confidence: float):
-    """The production percentile interval (common.stats.results) of a (B, k) replicate array."""
+    """The production percentile interval (common.stats.intervals) of a (B, k) replicate array."""
     estimate = np.zeros((1, replicates.shape[1]))
     return marginal_intervals(np.vstack([estimate, replicates]), confidence, "percentile")
 

@@ -13,6 +13,7 @@ from common.stats import correction
 from common.errors import InputError, ProtocolError
 from common.races import RACES
 from common.stats.results import AuditReport
+from ppre.report.text import render_text
 from proto import ppre_pb2 as pb
 from tester_service.protocol import AuditSpec
 from tester_service.release import ReleasePolicy
@@ -152,7 +153,7 @@ def test_ero_he_path_equals_its_plaintext_twin(recipient):
     d_json = report.to_dict()
     assert {"corrected_estimate", "corrected_ci_low", "corrected_ci_high"} <= set(d_json["groups"][0])
     assert AuditReport.from_json(report.to_json()).to_dict() == d_json
-    assert "corrected (calibration)" in report.to_table()
+    assert "corrected (calibration)" in render_text(report)
 
 
 def test_pot_curves_he_path_equals_its_plaintext_twin():
@@ -267,7 +268,7 @@ def test_a_group_too_mixed_to_tell_apart_is_withheld():
     twin = plain_corrected(q, f, d, hidden=(3, 4))
     got = np.array([report.group(g).corrected_estimate or np.nan for g in GROUPS])
     assert np.allclose(got[[0, 1, 2, 5]], twin[[0, 1, 2, 5]], atol=1e-9, rtol=0)
-    assert "not identifiable at this size" in report.to_table()
+    assert "not identifiable at this size" in render_text(report)
 
 
 def test_release_noise_covers_the_correction_items_and_the_weighted_estimate_does_not_pay_for_them():

@@ -21,7 +21,7 @@ row 0 the full sample). The two estimators share every sum and differ only in th
 step: the weighted estimate is ``Num_b / Den_b``; the corrected one is what both parties'
 finish computes, `common.stats.correction.CorrectionPlan.values` (``M_b⁻¹·Num_b`` by
 `correction.solve`, groups below `MIN_IDENTIFYING_SIZE` held at their weighted value and
-withheld). Intervals: `common.stats.results.marginal_intervals(..., "percentile")`.
+withheld). Intervals: `common.stats.intervals.marginal_intervals(..., "percentile")`.
 
 The target is the true-race FPR of the same members (Σ f / Σ d over the members of race
 r, from the hidden truth). Over 50 seeds (a fresh population and a fresh bootstrap each)
@@ -40,7 +40,7 @@ import pytest
 from common.stats import bootstrap as boot
 from common.stats import correction
 from common.races import RACES
-from common.stats.results import marginal_intervals
+from common.stats.intervals import marginal_intervals
 from ppre.synth import SynthConfig, synthesize
 from tester_service.demographics import bisg
 

@@ -33,6 +33,7 @@ from common.stats.results import AuditReport
 from common.net.tls import TlsIdentity
 from ppre.cli import main as ppre_main
 from ppre.local import local_services
+from ppre.report.text import render_text
 from proto import ppre_pb2 as pb
 from proto import ppre_pb2_grpc as pb_grpc
 from tester_service import history as history_mod
@@ -383,7 +384,7 @@ def test_local_audits_and_ppre_runs_against_a_file(inputs, tmp_path, capsys, mon
     assert ppre_main(["runs", "show", run_id]) == 0
     shown = capsys.readouterr().out
     assert shown.startswith(f"run {run_id}: started ") and "operator operator.ppre.local" in shown
-    assert AuditReport.from_json(out).to_table() in shown
+    assert render_text(AuditReport.from_json(out)) in shown
     assert ppre_main(["runs", "show", "nosuchrun999"]) == 2
     assert "nosuchrun999" in capsys.readouterr().err
     # `ppre report RUN_ID DIR`: the run's report from the history, its JSON the stored result
@@ -458,7 +459,7 @@ def test_ppre_runs_against_a_running_tester(inputs, tmp_path, capsys, monkeypatc
         assert ppre_main(["runs", "show", run_id, "--json", *remote]) == 0
         assert capsys.readouterr().out.strip() == out.strip()
         assert ppre_main(["runs", "show", run_id, *remote]) == 0
-        assert AuditReport.from_json(out).to_table() in capsys.readouterr().out
+        assert render_text(AuditReport.from_json(out)) in capsys.readouterr().out
         assert ppre_main(["runs", "show", "zzzzzzzzzzzz", "--json", *remote]) == 2
         error = json.loads(capsys.readouterr().out)["error"]
         assert error["code"] == "not_found" and "zzzzzzzzzzzz" in error["message"]

@@ -13,10 +13,10 @@ name their module in the text (`_dynamic_import`). The graph must have
   encoding) importing nothing of ours but `common.errors` and itself;
 * `common.execution` (the executors and the process hardening) importing nothing of ours
   but `common.errors` and itself: an executor runs whatever task it is handed;
-* `common.stats` (bootstrap, correction, second moments, results) importing nothing of ours
-  but `common.errors`, itself, the t quantile of `common.metrics.scoring` and the generated
-  `proto.ppre_pb2` envelope: no protocol message layer, session, network, executor,
-  cryptography or party;
+* `common.stats` (bootstrap, correction, second moments, quantiles, intervals, verdicts,
+  results) importing nothing of ours but `common.errors`, itself and the generated
+  `proto.ppre_pb2` envelope: no metric (the metrics use the statistics), protocol message
+  layer, session, network, executor, cryptography or party;
 * `common.net` (channels, TLS, peer streams, admission) importing nothing of ours but
   `common.errors`, itself, the message layer `common.protocol` and `proto.ppre_pb2`: no
   statistics, metrics, cryptography, executor or party;
@@ -50,7 +50,7 @@ FORBIDDEN = (
 CONFINED = {"tester_service.demographics": ("common", "tester_service.demographics"),
             "common.crypto": ("common.errors", "common.crypto"),
             "common.execution": ("common.errors", "common.execution"),
-            "common.stats": ("common.errors", "common.stats", "common.metrics.scoring", "proto.ppre_pb2"),
+            "common.stats": ("common.errors", "common.stats", "proto.ppre_pb2"),
             "common.net": ("common.errors", "common.net", "common.protocol", "proto.ppre_pb2"),
             "common.protocol": ("common.errors", "common.protocol", "common.logs", "common.crypto",
                                 "common.metrics", "common.stats", "proto.ppre_pb2")}
@@ -204,7 +204,7 @@ def test_the_graph_sees_the_imports_the_code_makes(graph):
     assert "common.crypto.encoding" in graph["common.crypto.paillier"]  # imported inside a method
     assert "common.errors" in graph["common.crypto.paillier"]
     assert "common.execution.memory" in graph["common.execution.parallel"]  # inside a function
-    assert "common.metrics.scoring" in graph["common.stats.results"]  # inside a function
+    assert "common.stats.quantiles" in graph["common.stats.intervals"]
     assert "common.stats.correction" in graph["common.stats.moments"]
     assert {"common.net.tls", "common.protocol.wire"} <= graph["common.net.channels"]
     assert "common.protocol.session" in graph["common.protocol.validation"]
@@ -285,9 +285,9 @@ def test_the_executors_admit_only_errors_and_themselves():
                                "common.execution.parallel -> common.crypto.paillier"]
 
 
-def test_the_statistics_import_no_protocol_executor_crypto_or_party():
-    allowed = {"common.errors", "common.stats.correction", "common.metrics.scoring", "proto.ppre_pb2"}
-    graph = {"common.stats.results": set(allowed),
+def test_the_statistics_import_no_metric_protocol_executor_crypto_or_party():
+    allowed = {"common.errors", "common.stats.correction", "proto.ppre_pb2"}
+    graph = {"common.stats.results": set(allowed), "common.stats.intervals": {"common.metrics.scoring"},
              "common.stats.moments": {"common.stats.correction", "common.protocol.wire"},
              "common.stats.correction": {"common.protocol.validation", "common.net.channels"},
              "common.stats.bootstrap": {"common.execution.parallel", "common.crypto.paillier"},
@@ -300,6 +300,7 @@ def test_the_statistics_import_no_protocol_executor_crypto_or_party():
                                "common.stats.bootstrap -> common.execution.parallel",
                                "common.stats.correction -> common.net.channels",
                                "common.stats.correction -> common.protocol.validation",
+                               "common.stats.intervals -> common.metrics.scoring",
                                "common.stats.moments -> common.protocol.wire"]
 
 

@@ -16,6 +16,7 @@ import pytest
 from common.errors import ProtocolError
 from common.metrics.lot import Lot
 from common.stats import moments
+from ppre.report.text import render_text
 from proto import ppre_pb2 as pb
 from tester_service.protocol import AuditSpec
 from tester_service.release import ReleasePolicy
@@ -106,7 +107,7 @@ def test_the_finisher_withholds_a_cell_whose_noised_size_is_below_the_minimum(mo
                                    release=controls(1e9))
         assert t._suppressed == []
         assert report.cells and all(c.estimate is None for c in report.cells), report.cells
-        assert len(report.release["suppressed"]) == len(report.cells) and "suppressed: " in report.to_table()
+        assert len(report.release["suppressed"]) == len(report.cells) and "suppressed: " in render_text(report)
         shown = [[c.estimate is not None for c in local_audit(
             tester, client, spec=spec(result_recipient=recipient), release=controls(size))[0].cells]
             for size in (0.0, 1.0)]

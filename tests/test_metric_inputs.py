@@ -22,7 +22,7 @@ from common.crypto import encoding, paillier
 from common.errors import EncodingOverflowError, InputError, ProtocolError
 from common.metrics import METRICS, get_metric
 from common.metrics.base import Component
-from common.stats.results import verdict_from
+from common.stats.verdict import verdict_from
 from ppre.cli import build_parser
 from ppre.cli import main as ppre_main
 from proto import ppre_pb2 as pb

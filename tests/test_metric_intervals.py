@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from common.metrics import get_metric
-from common.stats.results import marginal_intervals
+from common.stats.intervals import marginal_intervals
 
 
 def _binormal(n: int, auc_shift: float, rng: np.random.Generator):

@@ -20,6 +20,7 @@ from common.metrics.base import SECOND_MOMENTS, Layout
 from common.metrics.ero import METRIC as ERO
 from common.metrics.output import METRIC as OUTPUT
 from common.races import RACES
+from ppre.report.text import render_text
 from tester_service.protocol import AuditSpec
 from tester_service.release import PAIR_FACTOR, ReleasePolicy
 from tests.helpers import local_audit, make_inputs
@@ -196,9 +197,9 @@ def test_both_recipients_finish_a_release_of_second_moments(recipient):
     assert report.interval == "percentile" and report.bootstrap == 200
     assert report.release["interval_from"].startswith("second moments")
     # the table and the report page name where the intervals come from (no "bootstrap")
-    assert "CIs from the released second moments (200 parametric draws)" in report.to_table()
-    from ppre.report import _interval_words
-    assert "second moments" in _interval_words(report)
+    assert "CIs from the released second moments (200 parametric draws)" in render_text(report)
+    from ppre.report import intervals_words
+    assert "second moments" in intervals_words(report)
     white = report.group("white")
     assert white.ci_low < white.estimate < white.ci_high and white.ci_high - white.ci_low < 0.1
     assert report.correction["min_identifying_size"] > correction.MIN_IDENTIFYING_SIZE

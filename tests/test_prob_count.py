@@ -15,6 +15,7 @@ import pytest
 from common.metrics.base import NO_DENOMINATOR, Layout
 from common.metrics.prob_count import METRIC, OVERALL, poisson_tail
 from common.stats.results import AuditReport
+from ppre.report.text import render_text
 
 GROUPS = ["white", "black", "api", "aian", "multiple", "hispanic"]
 AIAN = GROUPS.index("aian")
@@ -92,7 +93,7 @@ def test_withheld_cells_are_unknown_and_the_verdict_is_not_a_pass():
     # the JSON keeps "unknown" (null), not false; the table and the page say withheld
     again = AuditReport.from_json(report.to_json())
     assert [c.included for c in again.pools if c.pool == "small"] == [None] * 6
-    assert "suppressed" in report.to_table()
+    assert "suppressed" in render_text(report)
     from ppre import report as rp
     page = rp.render_html(report)
     verdict = page.split('id="verdict"')[1].split("</section>")[0]

@@ -14,6 +14,7 @@ from client_service.protocol import NOISELESS_HELLO_REFUSED, ClientSession
 from common.errors import InputError, ProtocolError
 from common.metrics.base import PROBABILITY_BITS
 from common.metrics.prob_count import MAX_ENCRYPTED_POOLS
+from ppre.report.text import render_text
 from proto import ppre_pb2 as pb
 from tester_service.protocol import AuditSpec, TesterSession
 from tester_service.release import ReleasePolicy
@@ -81,7 +82,7 @@ def test_the_rows_carry_no_pool_and_the_result_goes_to_the_recipient_alone(recip
     assert kept is not None and len(kept.pools) == 3 * 6 and kept.result_recipient == recipient
     # the members shown are noised counts, and the table and the page say so
     from ppre import report as rp
-    assert "members (noised)" in kept.to_table() and "members (noised)" in rp.render_html(kept)
+    assert "members (noised)" in render_text(kept) and "members (noised)" in rp.render_html(kept)
     if recipient == "client":  # the Tester's operator gets a receipt: no pool, no count
         assert other.is_receipt and not other.pools and "masked_plaintexts" not in _kinds(seen, "to_tester")
     else:
@@ -127,7 +128,7 @@ def test_a_test_client_refuses_the_plaintext_pools_form_unless_its_operator_acce
     assert "--accept-noiseless" in str(refused.value)
     tester, _ = _run(tester_df, client_df, ReleasePolicy.off(), accept_noiseless=True)
     assert tester.result is not None and len(tester.result.pools) == 2 * 6
-    assert "(noised)" not in tester.result.to_table()  # exact counts from the joined rows
+    assert "(noised)" not in render_text(tester.result)  # exact counts from the joined rows
     # with noise on, no opt-in is needed
     _, client = _run(tester_df, client_df, NOISY, accept_noiseless=False)
     assert client.result is not None and client.result.pools

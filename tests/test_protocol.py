@@ -15,6 +15,7 @@ from common.protocol import wire
 from common.crypto import commutative, symmetric
 from common.errors import InputError, ProtocolError
 from common.protocol.session import PhaseError
+from ppre.report.text import render_text
 from tests.helpers import plain_ratio
 from common.races import RACES
 from proto import ppre_pb2 as pb
@@ -395,7 +396,7 @@ def test_the_tester_ends_with_a_receipt_and_the_test_client_keeps_the_result():
     assert receipt.is_receipt and receipt.delivered_to == "client" and receipt.audit_id == t.audit_id
     assert receipt.groups == [] and receipt.differences == [] and receipt.verdict.compared is None
     assert receipt.n_matched == 30 and "total" in receipt.phase_seconds
-    assert "result delivered to the Test-Client" in receipt.to_table() and t.audit_id in receipt.to_table()
+    assert "result delivered to the Test-Client" in render_text(receipt) and t.audit_id in render_text(receipt)
     assert kept == {t.audit_id: c.result} and c.result.overall is not None and c.result.overall.estimate is not None
     assert merged.n_matched == 30 and not merged.is_receipt and merged.groups == c.result.groups
 

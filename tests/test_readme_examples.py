@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from common.metrics import METRICS
-from common.stats import results
+from common.stats import verdict
 from ppre.synth import METRIC_DATASETS
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -45,7 +45,7 @@ VERDICT_KEYS = {"rule", "tau", "severity", "significant", "flagged", "compared",
 COMPARED_KEYS = {"label", "estimate", "ci_low", "ci_high", "band_low", "band_high", "informative", "mdd"}
 RULES = {"ero": "range", "output": "range", "lot": "negative_cells", "mqos-ndcg": "below_overall",
          "mqos-auc": "below_overall", "pot": "nonzero_pairs", "prob-count": "inclusion"}
-SEVERITIES = set(results.SEVERITIES)
+SEVERITIES = set(verdict.SEVERITIES)
 
 
 def readme_commands() -> list[list[str]]:

@@ -33,6 +33,7 @@ from common.errors import InputError, ProtocolError
 from common.races import RACES
 from ppre.cli import main as ppre_main
 from ppre.local import local_services
+from ppre.report.text import render_text
 from proto import ppre_pb2 as pb
 from tester_service import protocol as tester_protocol
 from tester_service.protocol import AuditSpec, TesterSession
@@ -345,7 +346,7 @@ def test_probabilistic_counts_are_noised_and_a_one_member_pool_is_suppressed():
     big = {p.group: p.expected_count for p in noisy.pools if p.pool == "big"}
     big_exact = {p.group: p.expected_count for p in exact.pools if p.pool == "big"}
     assert all(big[g] != big_exact[g] and abs(big[g] - big_exact[g]) < 8 for g in RACES)
-    assert "suppressed" in noisy.to_table()
+    assert "suppressed" in render_text(noisy)
 
 
 def test_noisy_random_groups_become_pseudo_values_of_the_ratio_estimator():

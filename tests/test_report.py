@@ -32,7 +32,8 @@ import numpy as np
 import pytest
 
 from common.errors import InputError
-from common.stats.results import SEVERITIES, AuditReport
+from common.stats.results import AuditReport
+from common.stats.verdict import SEVERITIES
 from ppre import report as rp
 
 DATA = Path(__file__).resolve().parent / "data" / "reports"

@@ -16,6 +16,7 @@ from common.errors import InputError
 from common.stats.results import AuditReport, receipt
 from ppre.cli import main as ppre_main
 from ppre.local import local_services
+from ppre.report.text import render_text
 from proto import ppre_pb2 as pb
 from tester_service.inputs import read_probability_table
 from tester_service.release import ReleasePolicy
@@ -52,7 +53,7 @@ def test_with_noise_on_the_tester_gets_a_receipt_and_the_results_dir_the_result(
     assert got.groups == [] and got.differences == [] and got.verdict.compared is None
     assert got.n_matched == 90 and got.release["controls"] and got.release["rho"] > 0
     assert '"estimate"' not in event.result.report_json
-    assert "result delivered to the Test-Client" in got.to_table() and got.audit_id in got.to_table()
+    assert "result delivered to the Test-Client" in render_text(got) and got.audit_id in render_text(got)
     assert wait_until(lambda: svc.client_servicer.active_sessions == 0)
     path = results / f"{got.audit_id}.json"
     assert [p.name for p in results.iterdir()] == [path.name]  # no temporary file left
@@ -131,7 +132,7 @@ def test_a_receipt_renders_as_one_line_and_round_trips():
     kept = replace(receipt(metric="ero", option="fpr", bootstrap=10, confidence=0.95, interval="percentile",
                            tau=0.05, params={}, audit_id="q3V8m1Xc0aZkR2tE"), n_matched=90)
     assert AuditReport.from_json(kept.to_json()) == kept
-    (line,) = kept.to_table().splitlines()
+    (line,) = render_text(kept).splitlines()
     assert "result delivered to the Test-Client" in line and "q3V8m1Xc0aZkR2tE" in line and "--results-dir" in line
     page = render_html(kept)
     assert "Result delivered to the Test-Client" in page and "q3V8m1Xc0aZkR2tE" in page

@@ -24,6 +24,7 @@ from common.crypto import encoding
 from common.errors import InputError, ProtocolError
 from common.metrics import get_metric
 from common.metrics.base import SECOND_MOMENTS, composite_items, sensitivity_rows
+from ppre.report.text import render_text
 from proto import ppre_pb2 as pb
 from tester_service.protocol import AuditSpec, TesterSession
 from tests.helpers import TEST_BITS, local_audit
@@ -313,7 +314,7 @@ def test_the_result_carries_the_declared_range_and_the_clipped_rows(tmp_path):
     html = write_report(report, tmp_path)[0].read_text()  # the report's parameters table
     assert "outcome_range" in html and "rows_clipped" in html
     # the table says, beside the verdict, that the results describe clipped values
-    assert "warning: 2 rows lay outside the declared range (outcome_range 2:4)" in report.to_table()
+    assert "warning: 2 rows lay outside the declared range (outcome_range 2:4)" in render_text(report)
 
 
 def _hello_and_ack(params):

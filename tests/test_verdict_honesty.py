@@ -1,4 +1,4 @@
-"""Verdicts that know what they can see (`common.stats.results`): ranges, informative flags,
+"""Verdicts that know what they can see (`common.stats.verdict`): ranges, informative flags,
 the minimum detectable difference, "inconclusive", tables whose columns never run
 together, and the bootstrap's null flag rate on `ppre synth`-like data
 (`bench/bench_null.py`). Which groups take part in the verdict (informative ones; a
@@ -18,8 +18,11 @@ import pytest
 from common.metrics.base import Layout
 from common.metrics.ero import METRIC as ERO
 from common.races import RACES
-from common.stats.results import (MIN_EFFECTIVE_SIZE, MIN_KISH_SIZE, AuditReport, SEVERITIES, finish, kish_sizes,
-                            null_scaled, small_for_verdict)
+from common.stats.intervals import null_scaled
+from common.stats.left_out import MIN_EFFECTIVE_SIZE, MIN_KISH_SIZE, kish_sizes, small_for_verdict
+from common.stats.results import AuditReport, finish
+from common.stats.verdict import SEVERITIES
+from ppre.report.text import render_text
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS = ["white", "black", "api", "aian", "multiple", "hispanic"]
@@ -68,7 +71,7 @@ def test_no_disparity_only_when_a_gap_of_tau_was_detectable():
 def test_table_columns_never_run_together():
     est = [4898847.0, 0.99, 0.98, 0.97, 0.96, 0.95, 1.0]
     report = _finish(_values(est, [1e6, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01], replicates=10))
-    lines = report.to_table().splitlines()
+    lines = render_text(report).splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("group"))
     for line in lines[header + 1:header + 8]:
         cells = line.split()
@@ -200,7 +203,7 @@ def test_a_size_decided_below_the_minimum_is_never_shown_at_it(monkeypatch):
 def test_random_group_bands_count_a_gap_and_its_reverse_as_one_test():
     """POT's family holds DTI a/b and b/a; Bonferroni over both would halve alpha for
     the same two-sided test (and a gap with an unrelated third column is two tests)."""
-    from common.stats.results import distinct_tests, simultaneous_bands
+    from common.stats.intervals import distinct_tests, simultaneous_bands
     rng = np.random.default_rng(5)
     gap = rng.normal(0.0, 0.01, size=11)
     other = rng.normal(0.0, 0.01, size=11)
@@ -240,7 +243,7 @@ def test_a_band_wider_than_the_range_is_clipped_and_no_detectable_gap_is_invente
     assert -1.0 <= v.compared["band_low"] <= v.compared["band_high"] <= 1.0
     assert v.mdd is None and v.compared["mdd"] is None and v.members_factor is None
     assert "no gap the metric can take (at most 1) is detectable" in v.message
-    assert "x as many" not in v.message and "conclusive from about" not in report.to_table()
+    assert "x as many" not in v.message and "conclusive from about" not in render_text(report)
     # a band inside the range is reported as it is, with its MDD and factor
     calm = _finish(_values([0.1] * 7, [0.05] * 7, replicates=400, seed=3), interval="percentile", noisy=True).verdict
     assert calm.mdd is not None and 0.05 < calm.mdd < 1.0 and calm.members_factor > 1
@@ -305,7 +308,7 @@ def test_a_significant_gap_of_uncertain_size_says_so_and_under_noise_no_band_mus
 
 # ---------------------------------------------------------------- who takes part, which comparison decides
 def test_a_group_is_informative_when_its_half_width_is_at_most_half_tau():
-    from common.stats.results import INFORMATIVE_SHARE, is_informative
+    from common.stats.intervals import INFORMATIVE_SHARE, is_informative
     tau = 0.05
     edge = INFORMATIVE_SHARE * tau
     assert is_informative(0.1, 0.1 + 2 * edge, tau)
@@ -318,7 +321,8 @@ def test_only_informative_groups_of_an_unbounded_metric_take_part_in_the_verdict
     """Without bounds, `_eligible` follows the group's informative flag and half-width:
     a wide (uninformative) group never takes part, a narrow one does, and a group
     missing its estimate or either end of its interval never does."""
-    from common.stats.results import GroupResult, _eligible
+    from common.stats.results import GroupResult
+    from common.stats.verdict import _eligible
     tau = 0.05
     narrow = GroupResult("a", 0.3, 0.29, 0.31, informative=True)
     wide = GroupResult("b", 0.3, 0.1, 0.5, informative=False)
@@ -356,7 +360,8 @@ def test_a_bounded_groups_half_width_is_judged_at_the_overalls_spread(bounds):
     written out independently, for groups and overalls on both sides of the threshold
     (and without an overall, or without bounds, no rescaling)."""
     import numpy as np
-    from common.stats.results import GroupResult, _eligible
+    from common.stats.results import GroupResult
+    from common.stats.verdict import _eligible
     tau = 0.05
     lo, hi = bounds if bounds is not None else (0.0, 1.0)
     rng = np.random.default_rng(44)
@@ -383,7 +388,7 @@ def test_a_comparison_with_an_uninformative_group_counts_only_when_its_band_clea
     """Without release noise (`strict_significance`), a comparison involving a group left
     out as not informative is significant only when its whole band lies beyond tau; a
     gap whose band excludes 0 but not tau does not count (its interval may under-cover)."""
-    from common.stats.results import verdict_from
+    from common.stats.verdict import verdict_from
     tau, sure = 0.05, [0.002]
     v = verdict_from(rule, ["a - b"], _values([below_tau], sure), 0.95, "percentile", tau)
     assert v.significant and v.severity == "low"  # a full member of the family: counts
@@ -402,7 +407,7 @@ def test_no_green_none_when_a_judged_difference_has_no_band():
     few defined replicates) beside a comparison with a group left out as not informative
     leaves the audit inconclusive."""
     import numpy as np
-    from common.stats.results import verdict_from
+    from common.stats.verdict import verdict_from
     values = _values([0.0, 0.005], [0.004, 0.004])
     values[1:, 0] = np.nan  # no defined replicate: no band
     v = verdict_from("range", ["no band", "with an uninformative group"], values, 0.95, "percentile", 0.05,
@@ -414,7 +419,7 @@ def test_the_severity_comes_from_the_informative_groups_significant_comparison_f
     """Among significant comparisons, those between informative groups are picked first
     and give the severity; a larger gap that is not significant never does; only
     without such a comparison does one with an uninformative group (clearing tau) count."""
-    from common.stats.results import verdict_from
+    from common.stats.verdict import verdict_from
     tau, sd = 0.05, 0.002
     labels = ["informative, low", "uninformative, beyond tau", "informative, not significant"]
     values = _values([0.03, 0.12, 0.2], [sd, sd, 0.3])
@@ -442,10 +447,11 @@ def test_the_verdict_flags_a_null_family_at_most_at_the_nominal_rate(monkeypatch
     least one of them in about half the audits; the verdict's simultaneous band in at
     most 5% plus 3 Monte Carlo sd."""
     import functools
-    from common.stats import results
-    from common.stats.results import marginal_intervals, verdict_from
+    from common.stats import intervals
+    from common.stats.intervals import marginal_intervals
+    from common.stats.verdict import verdict_from
     # the same quantiles, computed once each (they are slow to compute and repeat here)
-    monkeypatch.setattr(results, "t_quantile", functools.lru_cache(maxsize=None)(results.t_quantile))
+    monkeypatch.setattr(intervals, "t_quantile", functools.lru_cache(maxsize=None)(intervals.t_quantile))
     rng = np.random.default_rng(41)
     labels = [f"d{c}" for c in range(15)]
     runs, flagged, marginal = 300, 0, 0

@@ -18,7 +18,7 @@ them). A metric module subclasses `Metric` and declares:
 * the Tester's side: `weight_bits` and `weights` (one column per weight kind);
 * its cells (`plan`): which weight column, stratum, ciphertext and slots make each
   (Num, Den) cell, labelled as a group, a group pair or a curve point;
-* its verdict rule (`verdict_rule`, see `common.stats.results`) and whether it needs HE.
+* its verdict rule (`verdict_rule`, see `common.stats.verdict`) and whether it needs HE.
 
 Nothing here does I/O or cryptography; the sessions (`tester_service.protocol`,
 `client_service.protocol`) run every metric through the same machinery.
@@ -472,7 +472,7 @@ class Metric:
     strata_cells = False
     #: "percentile" (bootstrap) or "random_groups" (t interval over random groups)
     interval = "percentile"
-    #: see common.stats.results: "range", "below_overall", "negative_cells", "nonzero_pairs", "inclusion"
+    #: see common.stats.verdict: "range", "below_overall", "negative_cells", "nonzero_pairs", "inclusion"
     verdict_rule = "range"
     #: whether the squares round trip is needed (MQOS-AUC exact)
     needs_squares = False
@@ -656,7 +656,8 @@ class Metric:
     def value_range(self, option: str, params: dict[str, Any]) -> tuple[float, float] | None:
         """The range of one row's value, which every group's (or curve point's) estimate
         lies in, and a pair cell (a difference of two values) in [lo − hi, hi − lo]: for
-        post-processing noised values into it (`common.stats.results`). None: none declared."""
+        post-processing noised values into it (`common.stats.intervals.value_range`). None:
+        none declared."""
         return None
 
     # ------------------------------------------------------------- sizes

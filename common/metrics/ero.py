@@ -3,7 +3,7 @@
 Dataset: `member_id, y_true, y_pred` (labels 0/1). Per row f = 1(ŷ=1, y=0) and
 d = 1(y=0) (option `fpr`, the standard false-positive rate) or d = 1 (option
 `unconditional`, the paper's eq. 6). Cells: each group and overall. Verdict: the
-largest gap between two groups (see `common.stats.results`, rule "range").
+largest gap between two groups (see `common.stats.verdict`, rule "range").
 
 From model scores: with the parameter `decision_threshold` X (`ppre audit
 --decision-threshold X`), the Test-Client reads a `score` column instead of `y_pred`

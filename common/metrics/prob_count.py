@@ -220,7 +220,7 @@ def inclusion_verdict(pools, group_results, t: int, level: float, tau: float, mi
     group's figure is withheld, the verdict is not a pass (`UNKNOWN_SEVERITY`: a withheld
     cell is unknown, neither included nor missing); "none" only when every cell and every
     group's figure is released and reaches the level."""
-    from common.stats.results import Verdict
+    from common.stats.verdict import Verdict
     below = [f"{c.pool}/{c.group}" for c in pools if c.included is False]
     below += [f"all pools/{g.group}" for g in group_results if g.estimate is not None and g.estimate < level]
     unknown = [f"{c.pool}/{c.group}" for c in pools if c.included is None]

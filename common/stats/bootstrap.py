@@ -11,7 +11,7 @@ with mean (n/M)mu and variance (n/M)sigma^2; resampling M of them reproduces the
 row-level bootstrap variance n*sigma^2 and, the bucket sums being near normal, its
 percentile intervals. When n <= M every bucket is one row and the method *is* the
 row bootstrap (`tests/test_bootstrap.py` holds the plain references it is tested
-against). Intervals are formed from the replicates by `common.stats.results`.
+against). Intervals are formed from the replicates by `common.stats.intervals`.
 """
 from __future__ import annotations
 

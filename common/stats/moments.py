@@ -66,7 +66,7 @@ import numpy as np
 from common.stats.correction import WEIGHT_SCALE, finish_corrected, noise_of, pair_matrix, pairs, psd
 
 #: the AggregatesHeader's interval for this release form (the report's intervals are the
-#: draws' percentile intervals: `common.stats.results` reads them as "percentile")
+#: draws' percentile intervals: `common.stats.intervals` reads them as "percentile")
 FORM = "parametric"
 
 

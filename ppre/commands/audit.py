@@ -321,6 +321,7 @@ INSECURE_TRANSPORT = "insecure: plaintext gRPC, peers not authenticated"
 
 def print_event(event, *, as_json: bool, insecure: bool = False, report_dir: str | None = None) -> int:
     from common.stats.results import AuditReport
+    from ppre.report.text import render_text
 
     if event.WhichOneof("event") == "error":
         if as_json:
@@ -331,7 +332,7 @@ def print_event(event, *, as_json: bool, insecure: bool = False, report_dir: str
     report = AuditReport.from_proto(event.result)
     if insecure:
         report.info["transport"] = INSECURE_TRANSPORT
-    print(report.to_json() if as_json else report.to_table())
+    print(report.to_json() if as_json else render_text(report))
     if event.result.run_id:  # kept in the Tester's run history: stderr, so that --json stays one object
         print(f"run id: {event.result.run_id}", file=sys.stderr, flush=True)
     if insecure and not as_json:

@@ -55,6 +55,7 @@ def write_inputs(data, tester_dir: Path, client_dir: Path) -> tuple[Path, Path, 
 def run(args: argparse.Namespace) -> int:
     from client_service.datasets import DatasetRegistry
     from common.stats.results import AuditReport
+    from ppre.report.text import render_text
     from ppre.local import local_services
     from ppre.synth import SynthConfig, synthesize
     from proto import ppre_pb2 as pb
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     truth = data.fpr_by_race()
     sizes = data.truth.race.value_counts()
     print()
-    print(report.to_table())
+    print(render_text(report))
     print("\nbeside each privacy-preserving estimate, the FPR computed with the hidden true races:")
     corrected = bool(report.correction)
     print(f"{'group':<12}{'members':>8}{'weighted':>10}{'in CI':>7}" + (f"{'corrected':>11}{'in CI':>7}" if corrected

@@ -8,12 +8,12 @@ import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ppre.commands.runs import _source_arguments
+    from ppre.commands.runs import add_source_arguments
 
     s = sub.add_parser("report", help="write report.html and report.json of a run from the history")
     s.add_argument("run_id", metavar="RUN_ID", help="the run's id (`ppre runs list`)")
     s.add_argument("directory", metavar="DIR", help="where to write report.html and report.json (created)")
-    _source_arguments(s)
+    add_source_arguments(s)
     s.set_defaults(func=run)
 
 

@@ -35,15 +35,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                     "(UTC unless it says otherwise)")
     ls.add_argument("--until", metavar="DATE", help="started on or before (a date: until the end of that day)")
     ls.add_argument("--limit", type=int, default=None, metavar="N", help="at most N runs (default 50)")
-    _source_arguments(ls)
+    add_source_arguments(ls)
     ls.set_defaults(func=run_list)
     show = actions.add_parser("show", help="one finished audit's result, as `ppre audit` printed it")
     show.add_argument("run_id", metavar="ID", help="the run id (`ppre runs list`, or printed by `ppre audit`)")
-    _source_arguments(show)
+    add_source_arguments(show)
     show.set_defaults(func=run_show)
 
 
-def _source_arguments(s: argparse.ArgumentParser) -> None:
+def add_source_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--json", action="store_true", help="print exactly one JSON object")
     s.add_argument("--history", metavar="FILE",
                    help="read this history file (default, without --tester: $XDG_DATA_HOME/ppre/history.sqlite, "
@@ -179,6 +179,7 @@ def run_list(args: argparse.Namespace) -> int:
 @_errors_as_json
 def run_show(args: argparse.Namespace) -> int:
     from common.stats.results import AuditReport
+    from ppre.report.text import render_text
 
     record = get_run(args)
     if args.json:
@@ -193,5 +194,5 @@ def run_show(args: argparse.Namespace) -> int:
     print(f"operator {record.operator or '-'}; Test-Client {record.client or '-'}; dataset {record.dataset}")
     if params:
         print(f"request: {params}")
-    print(AuditReport.from_json(record.report_json).to_table())
+    print(render_text(AuditReport.from_json(record.report_json)))
     return 0

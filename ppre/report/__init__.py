@@ -23,7 +23,8 @@ The package is in three layers, each a module: `ppre.report.model` (what the pag
 the words and numbers computed from an `AuditReport`, no markup), `ppre.report.plots`
 (the inline SVG charts; may import the model) and `ppre.report.html` (the sections and
 the page; may import the model and the plots), with `ppre.report.escape` under the last
-two. This module writes the files and re-exports the names other code imports from
+two; beside them `ppre.report.text`, the result as the plain-text tables the commands
+print (`render_text`; may import the model). This module writes the files and re-exports the names other code imports from
 ``ppre.report``.
 """
 from __future__ import annotations
@@ -44,12 +45,13 @@ from ppre.report.html import (
 )
 from ppre.report.model import (
     AGGREGATES_ONLY, METRIC_TITLES, PHASE_TOTAL, PREPARATION_WORDS, PROVENANCE, PROVENANCE_TABLE, RULE_WORDS,
-    _interval_words,  # noqa: F401 - imported from here by tests (the intervals in words)
+    intervals_words,
 )
 from ppre.report.plots import (
     BAND_COLOUR, CORRECTED_COLOUR, GRID_COLOUR, MUTED_COLOUR, OVERALL_COLOUR, WEIGHTED_COLOUR, curve_charts,
     forest_legend, forest_plot,
 )
+from ppre.report.text import render_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from common.stats.results import AuditReport
@@ -59,9 +61,9 @@ __all__ = [
     "METRIC_TITLES", "MUTED_COLOUR", "NEGATIVE_RGB", "OVERALL_COLOUR", "PHASE_TOTAL", "POSITIVE_RGB",
     "PREPARATION_WORDS", "PROVENANCE", "PROVENANCE_TABLE", "RULE_WORDS", "SEVERITY_COLOURS", "WEIGHTED_COLOUR",
     "cells_section", "counts_section", "curve_charts", "curves_section", "differences_section",
-    "forest_legend", "forest_plot", "groups_section", "main", "parameters_section", "pools_section",
-    "provenance_section", "receipt_section", "render_html", "report_directory", "verdict_section",
-    "write_report",
+    "forest_legend", "forest_plot", "groups_section", "intervals_words", "main", "parameters_section",
+    "pools_section", "provenance_section", "receipt_section", "render_html", "render_text", "report_directory",
+    "verdict_section", "write_report",
 ]
 
 

@@ -12,11 +12,11 @@ import datetime as _dt
 import re
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from ppre.report.escape import _e
+from ppre.report.escape import esc
 from ppre.report.model import (
-    AGGREGATES_ONLY, PHASE_TOTAL, PREPARATION_WORDS, PROVENANCE, PROVENANCE_TABLE, RULE_WORDS, _ci,
-    _correction_words, _count, _finite, _interval_words, _left_out, _metric_description, _metric_title, _num,
-    _plain, _rank_key, _release_words, _signed, _verdict_words,
+    AGGREGATES_ONLY, PHASE_TOTAL, PREPARATION_WORDS, PROVENANCE, PROVENANCE_TABLE, RULE_WORDS, ci_text,
+    correction_words, count_text, finite, intervals_words, left_out_reason, members_heading, metric_description,
+    metric_title, num, plain_words, rank_order, receipt_line, release_words, signed_text, verdict_words,
 )
 from ppre.report.plots import CORRECTED_COLOUR, OVERALL_COLOUR, WEIGHTED_COLOUR, curve_charts, forest_legend, forest_plot
 
@@ -54,7 +54,7 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, caption: st
     out = [f'<div class="table-wrap"><table class="{cls}">']
     if caption:
         out.append(f"<caption>{caption}</caption>")
-    out.append("<thead><tr>" + "".join(f'<th scope="col">{_e(h)}</th>' for h in headers) + "</tr></thead><tbody>")
+    out.append("<thead><tr>" + "".join(f'<th scope="col">{esc(h)}</th>' for h in headers) + "</tr></thead><tbody>")
     for i, row in enumerate(rows):
         rc = f' class="{row_classes[i]}"' if row_classes and row_classes[i] else ""
         out.append(f"<tr{rc}>" + "".join(
@@ -66,20 +66,20 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, caption: st
 
 
 def _list(items: Sequence[str], limit: int = 24) -> str:
-    shown = ", ".join(_e(s) for s in items[:limit])
+    shown = ", ".join(esc(s) for s in items[:limit])
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def verdict_section(report: "AuditReport") -> str:
     v = report.verdict
-    headline, explain = _verdict_words(report)
+    headline, explain = verdict_words(report)
     sev_class = "sev-" + re.sub(r"[^a-z0-9-]", "", v.severity.replace(" ", "-"))
     facts = []
     if v.compared:
         c = v.compared
-        facts.append(f"<li><strong>Compared:</strong> {_e(c.get('label'))} = {_e(_signed(c.get('estimate')))}; "
-                     f"{report.confidence:.0%} interval {_e(_ci(c.get('ci_low'), c.get('ci_high')))}; "
-                     f"simultaneous band {_e(_ci(c.get('band_low'), c.get('band_high')))}</li>")
+        facts.append(f"<li><strong>Compared:</strong> {esc(c.get('label'))} = {esc(signed_text(c.get('estimate')))}; "
+                     f"{report.confidence:.0%} interval {esc(ci_text(c.get('ci_low'), c.get('ci_high')))}; "
+                     f"simultaneous band {esc(ci_text(c.get('band_low'), c.get('band_high')))}</li>")
     if v.significant_comparisons:
         facts.append(f"<li><strong>Significant ({len(v.significant_comparisons)}):</strong> "
                      f"{_list(list(v.significant_comparisons))}</li>")
@@ -87,27 +87,27 @@ def verdict_section(report: "AuditReport") -> str:
         facts.append("<li><strong>Groups whose intervals do not overlap</strong> (shown, not used for the "
                      f"verdict): {_list([f'{a} / {b}' for a, b in v.non_overlapping])}</li>")
     if v.excluded_groups:
-        facts.append(f"<li><strong>Left out of the verdict</strong> ({_e(_left_out(report))}; marked \u2020): "
+        facts.append(f"<li><strong>Left out of the verdict</strong> ({esc(left_out_reason(report))}; marked \u2020): "
                      f"{_list(list(v.excluded_groups))}</li>")
     if v.mdd is not None:
         facts.append(f"<li><strong>Minimum detectable difference</strong> (80% power, these settings): "
-                     f"{_e(_num(v.mdd))}</li>")
+                     f"{esc(num(v.mdd))}</li>")
     if v.uninformative:
         facts.append(f"<li><strong>Not informative</strong> (interval half-width above \u03c4/2): "
                      f"{_list(list(v.uninformative))}</li>")
     if v.attenuation:
         a = v.attenuation
-        facts.append(f"<li><strong>Corrected for attenuation:</strong> {_e(a.get('pair'))} = "
-                     f"{_e(_signed(a.get('corrected')))}"
+        facts.append(f"<li><strong>Corrected for attenuation:</strong> {esc(a.get('pair'))} = "
+                     f"{esc(signed_text(a.get('corrected')))}"
                      + (" (the weighted gap understates it)" if a.get("understates") else "") + "</li>")
     tau = "" if v.rule == "inclusion" else f"; \u03c4 = {v.tau:g}"
-    facts.append(f"<li><strong>Rule:</strong> {_e(v.rule)}: {_e(RULE_WORDS.get(v.rule, ''))}{_e(tau)}</li>")
-    return (f'<section class="verdict {_e(sev_class)}" id="verdict" aria-labelledby="verdict-h">'
-            f'<p class="sev-badge">Severity: {_e(v.severity)}</p>'
-            f'<h2 id="verdict-h">{_e(headline)}</h2>'
-            f'<p class="explain">{_e(explain)}</p>'
+    facts.append(f"<li><strong>Rule:</strong> {esc(v.rule)}: {esc(RULE_WORDS.get(v.rule, ''))}{esc(tau)}</li>")
+    return (f'<section class="verdict {esc(sev_class)}" id="verdict" aria-labelledby="verdict-h">'
+            f'<p class="sev-badge">Severity: {esc(v.severity)}</p>'
+            f'<h2 id="verdict-h">{esc(headline)}</h2>'
+            f'<p class="explain">{esc(explain)}</p>'
             f'<ul class="facts">{"".join(facts)}</ul>'
-            f'<p class="message"><span class="label">Verdict in full:</span> {_e(v.message)}</p></section>')
+            f'<p class="message"><span class="label">Verdict in full:</span> {esc(v.message)}</p></section>')
 
 
 def groups_section(report: "AuditReport") -> str:
@@ -117,9 +117,9 @@ def groups_section(report: "AuditReport") -> str:
     unidentifiable = set(report.correction.get("unidentifiable", ())) if corrected else set()
     excluded = set(report.verdict.excluded_groups)
     suppressed = set(report.release.get("suppressed", ()))
-    sizes = {k: (max(0.0, _finite(v)) if _finite(v) is not None else v)
+    sizes = {k: (max(0.0, finite(v)) if finite(v) is not None else v)
              for k, v in (report.release.get("effective_sizes") or {}).items()}
-    intervals = any(_finite(g.ci_low) is not None for g in report.groups)
+    intervals = any(finite(g.ci_low) is not None for g in report.groups)
     headers = ["group", "estimate"] + ([f"{report.confidence:.0%} interval"] if intervals else [])
     if corrected:
         headers += ["corrected", "corrected interval"]
@@ -131,24 +131,24 @@ def groups_section(report: "AuditReport") -> str:
     for g in ordered:
         notes = []
         if g.group in excluded:
-            notes.append(f"\u2020 left out of the verdict ({_left_out(report)})")
+            notes.append(f"\u2020 left out of the verdict ({left_out_reason(report)})")
         if g.group in suppressed:
             notes.append("withheld by the release controls")
-        elif _finite(g.estimate) is None:
+        elif finite(g.estimate) is None:
             notes.append("not defined")
-        row = [_e(g.group) + (" \u2020" if g.group in excluded else ""), _e(_num(g.estimate))]
+        row = [esc(g.group) + (" \u2020" if g.group in excluded else ""), esc(num(g.estimate))]
         if intervals:
-            row.append(_e(_ci(g.ci_low, g.ci_high)))
+            row.append(esc(ci_text(g.ci_low, g.ci_high)))
         if corrected:
             if g.group == "overall":
                 row += ["\u2014", "\u2014"]
             elif g.group in unidentifiable:
                 row += ['<span class="muted">not identifiable at this size</span>', "\u2014"]
             else:
-                row += [_e(_num(g.corrected_estimate)), _e(_ci(g.corrected_ci_low, g.corrected_ci_high))]
+                row += [esc(num(g.corrected_estimate)), esc(ci_text(g.corrected_ci_low, g.corrected_ci_high))]
         if sizes:
-            row.append(_e(_count(sizes.get(g.group))) if g.group in sizes else "\u2014")
-        row.append(_e("; ".join(notes)))
+            row.append(esc(count_text(sizes.get(g.group))) if g.group in sizes else "\u2014")
+        row.append(esc("; ".join(notes)))
         rows.append(row)
         classes.append("overall" if g.group == "overall" else "")
     figure_caption = ("Each row: the group's estimate (point) and its interval (whisker); an arrow means the "
@@ -157,8 +157,8 @@ def groups_section(report: "AuditReport") -> str:
         figure_caption = ("Each row: the group's Pr(N \u2265 T) over all pools together; the dashed line is the "
                           "inclusion level.")
     return (f'<section id="groups" aria-labelledby="groups-h"><h2 id="groups-h">Estimates by group</h2>'
-            f'{forest_legend(report)}<figure class="figure">{forest_plot(report)}<figcaption>{_e(figure_caption)}</figcaption></figure>'
-            + _table(headers, rows, caption=_e(f"{report.metric} by group: {_interval_words(report)}"),
+            f'{forest_legend(report)}<figure class="figure">{forest_plot(report)}<figcaption>{esc(figure_caption)}</figcaption></figure>'
+            + _table(headers, rows, caption=esc(f"{report.metric} by group: {intervals_words(report)}"),
                      row_classes=classes) + "</section>")
 
 
@@ -183,11 +183,11 @@ def cells_section(report: "AuditReport") -> str:
     by_rank: dict[str | None, dict[tuple[str, str], Any]] = {}
     for c in report.cells:
         by_rank.setdefault(c.rank_pair, {})[(c.higher, c.lower)] = c
-    defined = [abs(c.estimate) for c in report.cells if _finite(c.estimate) is not None]
+    defined = [abs(c.estimate) for c in report.cells if finite(c.estimate) is not None]
     vmax = max(defined) if defined else 0.0
     lot = report.metric == "lot"
     out = [_cells_intro(report, lot)]
-    for rank in sorted(by_rank, key=_rank_key):
+    for rank in sorted(by_rank, key=rank_order):
         out.append(_matrix(report, rank, by_rank[rank], groups, lot, vmax))
     out.append("</div></section>")
     return "".join(out)
@@ -200,7 +200,7 @@ def _cells_intro(report: "AuditReport", lot: bool) -> str:
             "DTI of the row group minus the column group: weighted mean gap of their curves (red below 0, "
             "blue above 0)")
     return (f'<section id="pairs" aria-labelledby="pairs-h"><h2 id="pairs-h">Pair cells</h2>'
-            f'<p>{_e(what)}; the deeper the colour, the larger the value (full at 2\u03c4 or half the largest '
+            f'<p>{esc(what)}; the deeper the colour, the larger the value (full at 2\u03c4 or half the largest '
             f'value). Each cell prints the estimate and, small, its {report.confidence:.0%} interval (also in the '
             f'cell\u2019s tooltip). A heavy outline and * mark a significant cell, a yellow frame the compared '
             f'one; \u201cwithheld\u201d cells were suppressed or are not defined.</p><div class="matrices">')
@@ -215,11 +215,11 @@ def _matrix(report: "AuditReport", rank: str | None, cells: dict[tuple[str, str]
     title = ("all rank pairs (pooled)" if lot else "DTI") if rank is None else f"rank pair {rank}"
     rows_here = [g for g in groups if any(k[0] == g for k in cells)]
     cols_here = [g for g in groups if any(k[1] == g for k in cells)]
-    out = [f'<div class="table-wrap matrix-wrap"><table class="matrix"><caption>{_e(title)}</caption>'
+    out = [f'<div class="table-wrap matrix-wrap"><table class="matrix"><caption>{esc(title)}</caption>'
            f'<thead><tr><th scope="col">{corner}</th>'
-           + "".join(f'<th scope="col">{_e(g)}</th>' for g in cols_here) + "</tr></thead><tbody>"]
+           + "".join(f'<th scope="col">{esc(g)}</th>' for g in cols_here) + "</tr></thead><tbody>"]
     for a in rows_here:
-        out.append(f'<tr><th scope="row">{_e(a)}</th>')
+        out.append(f'<tr><th scope="row">{esc(a)}</th>')
         for b in cols_here:
             c = cells.get((a, b))
             if c is None:
@@ -236,18 +236,18 @@ def _matrix_cell(report: "AuditReport", label: str, c: Any, vmax: float) -> str:
     compared; \u201cwithheld\u201d when it has no estimate."""
     significant = set(report.verdict.significant_comparisons)
     compared = (report.verdict.compared or {}).get("label")
-    est = _finite(c.estimate)
+    est = finite(c.estimate)
     classes = ["sig"] if label in significant else []
     if label == compared:
         classes.append("compared")
-    tip = f"{label}: {_num(est)}, {report.confidence:.0%} interval {_ci(c.ci_low, c.ci_high)}"
+    tip = f"{label}: {num(est)}, {report.confidence:.0%} interval {ci_text(c.ci_low, c.ci_high)}"
     if label in significant:
         tip += " (significant)"
     if est is None:
-        return f'<td class="withheld" title="{_e(tip)}">withheld</td>'
-    return (f'<td class="{" ".join(classes)}"{_cell_style(est, report.tau, vmax)} title="{_e(tip)}">'
-            f'<span class="v">{_e(_signed(est))}{" *" if label in significant else ""}</span>'
-            f'<span class="ci">{_e(_ci(c.ci_low, c.ci_high))}</span></td>')
+        return f'<td class="withheld" title="{esc(tip)}">withheld</td>'
+    return (f'<td class="{" ".join(classes)}"{_cell_style(est, report.tau, vmax)} title="{esc(tip)}">'
+            f'<span class="v">{esc(signed_text(est))}{" *" if label in significant else ""}</span>'
+            f'<span class="ci">{esc(ci_text(c.ci_low, c.ci_high))}</span></td>')
 
 
 def curves_section(report: "AuditReport") -> str:
@@ -260,8 +260,8 @@ def curves_section(report: "AuditReport") -> str:
     if report.correction:
         legend.append(f'<span class="key"><span class="swatch dashed" style="border-color:{CORRECTED_COLOUR}">'
                       '</span>corrected (calibration)</span>')
-    rows = [[_e(c.group), _e(_num(c.score, 4)), _e(_num(c.estimate)), _e(_ci(c.ci_low, c.ci_high))]
-            + ([_e(_num(c.corrected_estimate)), _e(_ci(c.corrected_ci_low, c.corrected_ci_high))]
+    rows = [[esc(c.group), esc(num(c.score, 4)), esc(num(c.estimate)), esc(ci_text(c.ci_low, c.ci_high))]
+            + ([esc(num(c.corrected_estimate)), esc(ci_text(c.corrected_ci_low, c.corrected_ci_high))]
                if report.correction else []) for c in report.curves]
     headers = ["group", "score", "estimate", "interval"] + (["corrected", "corrected interval"]
                                                             if report.correction else [])
@@ -274,11 +274,10 @@ def curves_section(report: "AuditReport") -> str:
 
 
 def pools_section(report: "AuditReport") -> str:
-    from common.stats.results import members_heading
     if not report.pools:
         return ""
-    t = _plain(report.params.get("count_threshold"))
-    level = _plain(report.params.get("inclusion_level"))
+    t = plain_words(report.params.get("count_threshold"))
+    level = plain_words(report.params.get("inclusion_level"))
     pools: list[str] = []
     groups: list[str] = []
     members: dict[str, int] = {}
@@ -291,29 +290,29 @@ def pools_section(report: "AuditReport") -> str:
         members[p.pool] = p.members
         cells[(p.pool, p.group)] = p
     out = [f'<section id="pools" aria-labelledby="pools-h"><h2 id="pools-h">Pools: inclusion</h2>'
-           f'<p>Each cell: Pr(N \u2265 {_e(t)}), the probability that the pool holds at least {_e(t)} '
-           f'member(s) of the group, and whether it reaches the inclusion level {_e(level)} '
+           f'<p>Each cell: Pr(N \u2265 {esc(t)}), the probability that the pool holds at least {esc(t)} '
+           f'member(s) of the group, and whether it reaches the inclusion level {esc(level)} '
            f'(\u2713 included, \u2717 not included), and the expected count E[N].</p>'
            '<div class="table-wrap"><table class="pools"><caption>Pr(N \u2265 T) by pool and group</caption>'
            '<thead><tr><th scope="col">pool</th><th scope="col">'
-           + _e(members_heading(report.info)) + '</th>'
-           + "".join(f'<th scope="col">{_e(g)}</th>' for g in groups) + "</tr></thead><tbody>"]
+           + esc(members_heading(report.info)) + '</th>'
+           + "".join(f'<th scope="col">{esc(g)}</th>' for g in groups) + "</tr></thead><tbody>"]
     for pool in pools:
-        out.append(f'<tr><th scope="row">{_e(pool)}</th><td>{_e(_count(members[pool]))}</td>')
+        out.append(f'<tr><th scope="row">{esc(pool)}</th><td>{esc(count_text(members[pool]))}</td>')
         for g in groups:
             p = cells.get((pool, g))
             if p is None:
                 out.append("<td>\u2014</td>")
-            elif _finite(p.prob_at_least) is None:
-                out.append(f'<td class="withheld" title="{_e(f"{pool}/{g}: withheld")}">withheld</td>')
+            elif finite(p.prob_at_least) is None:
+                out.append(f'<td class="withheld" title="{esc(f"{pool}/{g}: withheld")}">withheld</td>')
             else:
-                tip = (f"{pool}/{g}: Pr(N \u2265 {t}) {_num(p.prob_at_least)}, expected count "
-                       f"{_num(p.expected_count, 3)}, {'included' if p.included else 'NOT included'}")
+                tip = (f"{pool}/{g}: Pr(N \u2265 {t}) {num(p.prob_at_least)}, expected count "
+                       f"{num(p.expected_count, 3)}, {'included' if p.included else 'NOT included'}")
                 mark = "\u2713 included" if p.included else "\u2717 not included"
-                expected = _finite(p.expected_count)
-                out.append(f'<td class="{"inc" if p.included else "exc"}" title="{_e(tip)}">'
-                           f'<span class="v">{_e(_num(p.prob_at_least))}</span><span class="ci">{_e(mark)}</span>'
-                           f'<span class="ci">E[N] {_e("n/a" if expected is None else f"{expected:.4g}")}</span></td>')
+                expected = finite(p.expected_count)
+                out.append(f'<td class="{"inc" if p.included else "exc"}" title="{esc(tip)}">'
+                           f'<span class="v">{esc(num(p.prob_at_least))}</span><span class="ci">{esc(mark)}</span>'
+                           f'<span class="ci">E[N] {esc("n/a" if expected is None else f"{expected:.4g}")}</span></td>')
         out.append("</tr>")
     out.append("</tbody></table></div></section>")
     return "".join(out)
@@ -330,12 +329,12 @@ def differences_section(report: "AuditReport") -> str:
             d = report.difference(d.b, d.a)  # the compared row reads as the banner does (same sign)
         label = f"{d.a} \u2212 {d.b}"
         plain, flipped = f"{d.a} - {d.b}", f"{d.b} - {d.a}"
-        lo, hi = _finite(d.ci_low), _finite(d.ci_high)
+        lo, hi = finite(d.ci_low), finite(d.ci_high)
         excludes = "n/a" if lo is None or hi is None else ("yes" if lo > 0 or hi < 0 else "no")
         in_verdict = (plain in significant or flipped in significant
                       or f"overall - {d.a}" in significant and d.b == "overall")
-        rows.append([_e(label), _e("between groups" if d.kind == "between" else "to overall"),
-                     _e(_signed(d.estimate)), _e(_ci(d.ci_low, d.ci_high)), _e(excludes),
+        rows.append([esc(label), esc("between groups" if d.kind == "between" else "to overall"),
+                     esc(signed_text(d.estimate)), esc(ci_text(d.ci_low, d.ci_high)), esc(excludes),
                      "significant" if in_verdict else ""])
         is_compared = compared in (plain, flipped) or (d.b == "overall" and compared == f"overall - {d.a}")
         classes.append("compared" if is_compared else "")
@@ -350,59 +349,59 @@ def differences_section(report: "AuditReport") -> str:
 
 def _dl(items: Sequence[tuple[str, str]]) -> str:
     """A definition list: terms are escaped here, values must already be HTML."""
-    return '<dl class="kv">' + "".join(f"<dt>{_e(k)}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
+    return '<dl class="kv">' + "".join(f"<dt>{esc(k)}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
 
 
 _MAPPING_KEYS = ("group_mapping", "mapping", "groups_mapping")
 
 
 def parameters_section(report: "AuditReport") -> str:
-    items = [("metric", _e(_metric_title(report))),
-             ("metric option", _e(report.metric_option or "default")),
-             ("intervals", _e(_interval_words(report))),
-             ("confidence", _e(f"{report.confidence:.0%}")),
-             ("\u03c4 (disparity threshold)", _e(f"{report.tau:g}")),
-             ("verdict rule", _e(f"{report.verdict.rule}: {RULE_WORDS.get(report.verdict.rule, '')}")),
-             ("result recipient", _e("the Test-Client" if report.result_recipient == "client" else
+    items = [("metric", esc(metric_title(report))),
+             ("metric option", esc(report.metric_option or "default")),
+             ("intervals", esc(intervals_words(report))),
+             ("confidence", esc(f"{report.confidence:.0%}")),
+             ("\u03c4 (disparity threshold)", esc(f"{report.tau:g}")),
+             ("verdict rule", esc(f"{report.verdict.rule}: {RULE_WORDS.get(report.verdict.rule, '')}")),
+             ("result recipient", esc("the Test-Client" if report.result_recipient == "client" else
                                      "the Tester only" if report.result_recipient == "tester" else
                                      report.result_recipient))]
     prep = report.preparation
     if "epsilon" in prep:
-        items.append(("Self-ID randomized response \u03b5", _e(f"{prep['epsilon']:g}")))
+        items.append(("Self-ID randomized response \u03b5", esc(f"{prep['epsilon']:g}")))
     if "threshold" in prep:
-        items.append(("clipping threshold T", _e(f"{prep['threshold']:.4g}")))
+        items.append(("clipping threshold T", esc(f"{prep['threshold']:.4g}")))
     if report.group_mapping:
-        items.append(("group mapping", _e(report.group_mapping)))
+        items.append(("group mapping", esc(report.group_mapping)))
     for source in () if report.group_mapping else (report.params, report.info):
         for key in _MAPPING_KEYS:
             if key in source:
-                items.append(("group mapping", _e(_plain(source[key]))))
+                items.append(("group mapping", esc(plain_words(source[key]))))
                 break
         else:
             continue
         break
     params = [(k, v) for k, v in report.params.items() if k not in _MAPPING_KEYS]
     if params:
-        items.append(("metric parameters", "; ".join(f"{_e(k)} = {_e(_plain(v))}" for k, v in params)))
+        items.append(("metric parameters", "; ".join(f"{esc(k)} = {esc(plain_words(v))}" for k, v in params)))
     facts = [(k, v) for k, v in report.info.items() if k not in _MAPPING_KEYS and k != "transport"]
     if facts:
-        items.append(("dataset facts", "; ".join(f"{_e(k)} = {_e(_plain(v))}" for k, v in facts)))
+        items.append(("dataset facts", "; ".join(f"{esc(k)} = {esc(plain_words(v))}" for k, v in facts)))
     if "transport" in report.info:
-        items.append(("link", f'<span class="warn">{_e(report.info["transport"])}</span>'))
-    items.append(("release controls", _e(_release_words(report.release))))
+        items.append(("link", f'<span class="warn">{esc(report.info["transport"])}</span>'))
+    items.append(("release controls", esc(release_words(report.release))))
     rel = report.release
     if rel.get("controls", True) and rel:
         if rel.get("rho"):
-            items.append(("noise", _e(f"Gaussian, \u03c1 = {rel['rho']:g} this audit (\u03b5 = "
-                                      f"{_finite(rel.get('epsilon')) or 0:.3g} at \u03b4 = {rel.get('delta', 0):g}); "
-                                      f"estimate noise sd {_finite(rel.get('sigma_estimate')) or 0:.3g} member(s)")))
+            items.append(("noise", esc(f"Gaussian, \u03c1 = {rel['rho']:g} this audit (\u03b5 = "
+                                      f"{finite(rel.get('epsilon')) or 0:.3g} at \u03b4 = {rel.get('delta', 0):g}); "
+                                      f"estimate noise sd {finite(rel.get('sigma_estimate')) or 0:.3g} member(s)")))
         if "budget_left" in rel:
-            items.append(("privacy budget left", _e(f"\u03c1 = {rel['budget_left']:g}")))
-        items.append(("minimum sizes", _e(f"intersection {rel.get('min_intersection', 'n/a')}, effective size "
+            items.append(("privacy budget left", esc(f"\u03c1 = {rel['budget_left']:g}")))
+        items.append(("minimum sizes", esc(f"intersection {rel.get('min_intersection', 'n/a')}, effective size "
                                           f"{rel.get('min_effective_size', 'n/a')}")))
         if rel.get("suppressed"):
             items.append((f"suppressed cells ({len(rel['suppressed'])})", _list(list(rel["suppressed"]), 40)))
-    items.append(("correction", _e(_correction_words(report.correction))))
+    items.append(("correction", esc(correction_words(report.correction))))
     return (f'<section id="parameters" aria-labelledby="parameters-h"><h2 id="parameters-h">Parameters</h2>'
             f"{_dl(items)}</section>")
 
@@ -410,38 +409,38 @@ def parameters_section(report: "AuditReport") -> str:
 def counts_section(report: "AuditReport") -> str:
     items: list[tuple[str, str]] = []
     joined = "adjacent pairs joined" if report.metric == "lot" else "joined rows (intersection)"
-    items.append((joined, _e(_count(report.n_matched))))
+    items.append((joined, esc(count_text(report.n_matched))))
     prep = dict(report.preparation)
     if prep:
         read = prep.get("members_read")
         dropped = sum(v for k, v in prep.items() if k.startswith("dropped_"))
         if read is not None:
-            items.append(("members read", _e(_count(read))))
-            items.append(("members prepared", _e(_count(read - dropped))))
+            items.append(("members read", esc(count_text(read))))
+            items.append(("members prepared", esc(count_text(read - dropped))))
         for key, value in prep.items():
             if key in ("members_read", "threshold", "epsilon"):
                 continue
-            items.append((PREPARATION_WORDS.get(key, key.replace("_", " ")), _e(_count(value))))
+            items.append((PREPARATION_WORDS.get(key, key.replace("_", " ")), esc(count_text(value))))
     out = [f'<section id="counts" aria-labelledby="counts-h"><h2 id="counts-h">Counts</h2>', _dl(items)]
     if not prep:
-        out.append(f"<p>{_e(PROVENANCE_TABLE)}</p>")
+        out.append(f"<p>{esc(PROVENANCE_TABLE)}</p>")
     sizes = report.release.get("effective_sizes") or {}
     if sizes:
-        floor = _finite(report.release.get("min_effective_size"))
+        floor = finite(report.release.get("min_effective_size"))
         rows = []
         for g, s in sizes.items():
             notes = []
-            if _finite(s) is not None and _finite(s) < 30:
+            if finite(s) is not None and finite(s) < 30:
                 notes.append("below 30: left out of verdicts")
-            if floor and _finite(s) is not None and _finite(s) < floor:
+            if floor and finite(s) is not None and finite(s) < floor:
                 notes.append("below the release minimum: withheld")
-            rows.append([_e(g), _e(_count(s)), _e("; ".join(notes))])
+            rows.append([esc(g), esc(count_text(s)), esc("; ".join(notes))])
         out.append(_table(["group", "effective size \u03a3 p", "note"], rows,
                           caption="Effective size per group among the joined rows"))
     phases = report.phase_seconds
     if phases:
         total = phases.get(PHASE_TOTAL)
-        rows = [[_e(k.replace("_", " ")), _e(f"{v:.2f}")] for k, v in phases.items()]
+        rows = [[esc(k.replace("_", " ")), esc(f"{v:.2f}")] for k, v in phases.items()]
         out.append(f'<details><summary>Run time{f" ({total:.1f} s)" if total is not None else ""}</summary>'
                    + _table(["phase", "seconds"], rows) + "</details>")
     out.append("</section>")
@@ -450,9 +449,9 @@ def counts_section(report: "AuditReport") -> str:
 
 def provenance_section(report: "AuditReport") -> str:
     return (f'<section id="provenance" aria-labelledby="provenance-h"><h2 id="provenance-h">Data provenance</h2>'
-            f"<p>{_e(PROVENANCE)}</p>"
-            + ("" if report.preparation else f"<p>{_e(PROVENANCE_TABLE)}</p>")
-            + f"<p>{_e(AGGREGATES_ONLY)}</p></section>")
+            f"<p>{esc(PROVENANCE)}</p>"
+            + ("" if report.preparation else f"<p>{esc(PROVENANCE_TABLE)}</p>")
+            + f"<p>{esc(AGGREGATES_ONLY)}</p></section>")
 
 
 CSS = """
@@ -551,8 +550,8 @@ def render_html(report: "AuditReport", *, run_id: str | None = None,
     generated = generated or _dt.datetime.now(_dt.timezone.utc)
     when = generated.astimezone(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     day = generated.astimezone(_dt.timezone.utc).strftime("%Y-%m-%d")
-    title = _metric_title(report)
-    desc = _metric_description(report.metric)
+    title = metric_title(report)
+    desc = metric_description(report.metric)
     if report.is_receipt:  # result recipient client: the result is the Test-Client's (design §3.7)
         sections = [receipt_section(report), parameters_section(report), counts_section(report)]
     else:
@@ -567,10 +566,9 @@ def render_html(report: "AuditReport", *, run_id: str | None = None,
 
 def receipt_section(report: "AuditReport") -> str:
     """A receipt's one line: the result went to the Test-Client, and where to read it."""
-    from common.stats.results import receipt_line
     return ('<section class="verdict" id="receipt" aria-labelledby="receipt-h">'
             '<h2 id="receipt-h">Result delivered to the Test-Client</h2>'
-            f'<p class="explain">{_e(receipt_line(report))}</p></section>')
+            f'<p class="explain">{esc(receipt_line(report))}</p></section>')
 
 
 def _result_sections(report: "AuditReport") -> list[str]:
@@ -589,11 +587,11 @@ def _result_sections(report: "AuditReport") -> list[str]:
 
 def _page(report: "AuditReport", sections: list[str], toc: list[tuple[str, str]], *, run_id: str | None,
           when: str, day: str, title: str, desc: str) -> str:
-    meta = [f"<span>{_e(when)}</span>",
-            f"<span>{_e(_count(report.n_matched))} joined rows</span>",
-            f"<span>{_e(_interval_words(report))}</span>"]
+    meta = [f"<span>{esc(when)}</span>",
+            f"<span>{esc(count_text(report.n_matched))} joined rows</span>",
+            f"<span>{esc(intervals_words(report))}</span>"]
     if run_id:
-        meta.append(f"<span>run id <code>{_e(run_id)}</code></span>")
+        meta.append(f"<span>run id <code>{esc(run_id)}</code></span>")
     try:
         from importlib.metadata import version
         generator = f"ppre {version('ppre')}"
@@ -603,15 +601,15 @@ def _page(report: "AuditReport", sections: list[str], toc: list[tuple[str, str]]
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f'<meta name="generator" content="{_e(generator)}">'
-        f"<title>Fairness audit: {_e(title)} \u2014 {_e(day)}</title>"
+        f'<meta name="generator" content="{esc(generator)}">'
+        f"<title>Fairness audit: {esc(title)} \u2014 {esc(day)}</title>"
         f"<style>{CSS}</style></head><body><main>"
-        f'<header><h1>Fairness audit: {_e(title)}</h1>'
-        + (f'<p class="subtitle">{_e(desc)}</p>' if desc else "")
+        f'<header><h1>Fairness audit: {esc(title)}</h1>'
+        + (f'<p class="subtitle">{esc(desc)}</p>' if desc else "")
         + f'<p class="meta">{" ".join(meta)}</p></header>'
         + sections[0]
         + '<nav class="toc" aria-label="Contents">'
-        + " ".join(f'<a href="#{sid}">{_e(words)}</a>' for sid, words in toc[1:]) + "</nav>"
+        + " ".join(f'<a href="#{sid}">{esc(words)}</a>' for sid, words in toc[1:]) + "</nav>"
         + "".join(sections[1:])
-        + f"<footer>Generated by {_e(generator)} on {_e(when)}. {_e(AGGREGATES_ONLY)}</footer>"
+        + f"<footer>Generated by {esc(generator)} on {esc(when)}. {esc(AGGREGATES_ONLY)}</footer>"
         "</main></body></html>\n")

@@ -3,16 +3,18 @@
 signed difference, an interval, a count, a parameter in words), the metric's title and
 description, the intervals and the verdict in words (design §3.6), why groups were left
 out of the verdict, the forest plot's reference line, the release and correction
-summaries, the order of LOT's rank pairs, and the fixed texts (data provenance, the
+summaries, the order of LOT's rank pairs, a pool's member-count heading, a receipt in
+one line, and the fixed texts (data provenance, the
 aggregates-only promise, the labels of the preparation counts). It imports only
-`common` (`common.stats.results`, `common.metrics`): never `plots` nor `html`, which build on it.
+`common` (`common.stats`, `common.metrics`): never `plots` nor `html`, which build on it.
 """
 from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING, Any
 
-from common.stats.results import left_out_words
+from common.stats.results import DELIVERED, NOISED_MEMBERS
+from common.stats.wording import correction_summary, left_out_words, release_summary, score_bins_words
 
 if TYPE_CHECKING:  # pragma: no cover
     from common.stats.results import AuditReport
@@ -70,7 +72,7 @@ PREPARATION_WORDS = {
 PHASE_TOTAL = "total"
 
 
-def _finite(x: Any) -> float | None:
+def finite(x: Any) -> float | None:
     if x is None or isinstance(x, bool):
         return None
     try:
@@ -80,8 +82,8 @@ def _finite(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _num(x: Any, digits: int = 4) -> str:
-    x = _finite(x)
+def num(x: Any, digits: int = 4) -> str:
+    x = finite(x)
     if x is None:
         return "n/a"
     if x != 0 and (abs(x) >= 1e4 or abs(x) < 10 ** -digits):
@@ -89,27 +91,27 @@ def _num(x: Any, digits: int = 4) -> str:
     return f"{x:.{digits}f}".replace("-", "\u2212")
 
 
-def _signed(x: Any) -> str:
-    x = _finite(x)
+def signed_text(x: Any) -> str:
+    x = finite(x)
     if x is None:
         return "n/a"
-    return ("+" if x >= 0 else "") + _num(x)
+    return ("+" if x >= 0 else "") + num(x)
 
 
-def _ci(low: Any, high: Any) -> str:
-    if _finite(low) is None or _finite(high) is None:
+def ci_text(low: Any, high: Any) -> str:
+    if finite(low) is None or finite(high) is None:
         return "n/a"
-    return f"[{_num(low)}, {_num(high)}]"
+    return f"[{num(low)}, {num(high)}]"
 
 
-def _count(x: Any) -> str:
-    x = _finite(x)
+def count_text(x: Any) -> str:
+    x = finite(x)
     if x is None:
         return "n/a"
     return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.1f}"
 
 
-def _plain(value: Any) -> str:
+def plain_words(value: Any) -> str:
     """A parameter or dataset fact in words (lists joined, numbers shortened)."""
     if value is None:
         return "default"
@@ -118,22 +120,21 @@ def _plain(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, (list, tuple)):
-        return ", ".join(_plain(v) for v in value) if value else "none"
+        return ", ".join(plain_words(v) for v in value) if value else "none"
     if isinstance(value, dict):
-        return "; ".join(f"{k} = {' + '.join(map(str, v)) if isinstance(v, (list, tuple)) else _plain(v)}"
+        return "; ".join(f"{k} = {' + '.join(map(str, v)) if isinstance(v, (list, tuple)) else plain_words(v)}"
                          for k, v in value.items()) if value else "none"
     return str(value)
 
 
-def _metric_title(report: "AuditReport") -> str:
+def metric_title(report: "AuditReport") -> str:
     title = METRIC_TITLES.get(report.metric, report.metric)
     if report.metric_option and report.metric_option != "default":
         title += f", option {report.metric_option}"
-    from common.stats.results import score_bins_words
     return title + score_bins_words(report.info, ", ")
 
 
-def _metric_description(name: str) -> str:
+def metric_description(name: str) -> str:
     try:
         from common.metrics import METRICS
         return METRICS[name].description
@@ -141,7 +142,7 @@ def _metric_description(name: str) -> str:
         return ""
 
 
-def _interval_words(report: "AuditReport") -> str:
+def intervals_words(report: "AuditReport") -> str:
     pct = f"{report.confidence:.0%}"
     if report.intervals_from_moments:
         return f"{pct} intervals from the released second moments ({report.bootstrap} parametric draws)"
@@ -154,27 +155,27 @@ def _interval_words(report: "AuditReport") -> str:
     return f"{pct} intervals ({report.interval}, {report.bootstrap})"
 
 
-def _reference(report: "AuditReport") -> tuple[float | None, str, bool]:
+def reference_line(report: "AuditReport") -> tuple[float | None, str, bool]:
     """(value, words, draw the tau band) of the forest plot's reference line."""
     if report.verdict.rule == "inclusion":
-        level = _finite(report.params.get("inclusion_level"))
-        return level, f"inclusion level {_num(level, 2)}" if level is not None else "", False
+        level = finite(report.params.get("inclusion_level"))
+        return level, f"inclusion level {num(level, 2)}" if level is not None else "", False
     overall = report.overall
-    if overall is not None and _finite(overall.estimate) is not None:
+    if overall is not None and finite(overall.estimate) is not None:
         return overall.estimate, "overall", True
-    values = [g.estimate for g in report.by_group if _finite(g.estimate) is not None]
+    values = [g.estimate for g in report.by_group if finite(g.estimate) is not None]
     if values:
         return sum(values) / len(values), "mean of the groups", True
     return None, "", False
 
 
-def _verdict_words(report: "AuditReport") -> tuple[str, str]:
+def verdict_words(report: "AuditReport") -> tuple[str, str]:
     v = report.verdict
     tau = report.tau
     pct = f"{report.confidence:.0%}"
     if v.rule == "inclusion":
-        level = _plain(report.params.get("inclusion_level"))
-        t = _plain(report.params.get("count_threshold"))
+        level = plain_words(report.params.get("inclusion_level"))
+        t = plain_words(report.params.get("count_threshold"))
         if v.severity == "none":
             return "Every group included", f"In every pool, every group reaches Pr(N \u2265 {t}) \u2265 {level}."
         if v.severity == "flagged":
@@ -197,7 +198,7 @@ def _verdict_words(report: "AuditReport") -> tuple[str, str]:
         "inconclusive": ("Inconclusive at this size and privacy level",
                          f"No compared difference is significant, but this audit could not have detected a gap "
                          f"of \u03c4 = {tau:g} in every group (minimum detectable difference "
-                         f"{_num(v.mdd) if v.mdd is not None else 'undefined'}"
+                         f"{num(v.mdd) if v.mdd is not None else 'undefined'}"
                          + ("; some groups left out of the verdict" if v.excluded_groups else "")
                          + "): it is no finding either way."
                          + (f" Conclusive from about {math.ceil(v.members_factor * report.n_matched):,} joined "
@@ -212,8 +213,8 @@ def _verdict_words(report: "AuditReport") -> tuple[str, str]:
     return words.get(v.severity, (f"Severity: {v.severity}", ""))
 
 
-def _left_out(report: "AuditReport") -> str:
-    """Why the verdict left groups out (`common.stats.results.left_out_words`), by whether the
+def left_out_reason(report: "AuditReport") -> str:
+    """Why the verdict left groups out (`common.stats.wording.left_out_words`), by whether the
     result says release noise was on (unknown: no release facts)."""
     return left_out_words(_noisy(report), report.metric)
 
@@ -224,28 +225,38 @@ def _noisy(report: "AuditReport") -> bool | None:
     return bool(release.get("controls", True) and release.get("rho")) if release else None
 
 
-def _rank_key(rank: str | None) -> tuple:
+def rank_order(rank: str | None) -> tuple:
     if rank is None:
         return (0, 0, "")
     head = rank.split("-")[0]
     return (1, int(head), rank) if head.isdigit() else (2, 0, rank)
 
 
-def _release_words(release: dict) -> str:
+def release_words(release: dict) -> str:
     if not release:
         return "not reported (the result did not pass a Tester's release controls)"
     try:
-        from common.stats.results import release_summary
         return release_summary(release)
     except Exception:  # noqa: BLE001 - a release entry from a newer peer still renders
         return "on" if release.get("controls", True) else "OFF"
 
 
-def _correction_words(correction: dict) -> str:
+def correction_words(correction: dict) -> str:
     if not correction:
         return "none (weighted estimates only, the paper's method)"
     try:
-        from common.stats.results import correction_summary
         return correction_summary(correction)
     except Exception:  # noqa: BLE001
         return str(correction.get("method", "calibration"))
+
+
+def members_heading(info: dict[str, Any]) -> str:
+    """What the table and the page head a pool's member count with."""
+    return "members (noised)" if info.get(NOISED_MEMBERS) else "members"
+
+
+def receipt_line(report: "AuditReport") -> str:
+    """A receipt in one line: where the result is, and how to read it there."""
+    return (f"{DELIVERED} (result recipient client); audit id {report.audit_id}; metric {report.metric}, "
+            f"joined rows {report.n_matched}; read it there: ppre client serve --results-dir DIR keeps it "
+            f"in DIR/{report.audit_id}.json")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
 
-from ppre.report.escape import _e
-from ppre.report.model import _ci, _finite, _num, _reference
+from ppre.report.escape import esc
+from ppre.report.model import ci_text, finite, num, reference_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from common.stats.results import AuditReport
@@ -53,8 +53,8 @@ def _tick_label(t: float, ticks: Sequence[float]) -> str:
 def _domain(points: Iterable[Any], whiskers: Iterable[Any], extra: Iterable[Any] = ()) -> tuple[float, float]:
     """An axis range that shows every point and the reference marks, and the intervals as
     far as 1.5 times that span on either side (longer whiskers are cut, with an arrow)."""
-    core = [v for v in map(_finite, [*points, *extra]) if v is not None]
-    wide = [v for v in map(_finite, whiskers) if v is not None]
+    core = [v for v in map(finite, [*points, *extra]) if v is not None]
+    wide = [v for v in map(finite, whiskers) if v is not None]
     if not core:
         core = wide
     if not core:
@@ -107,7 +107,7 @@ def forest_plot(report: "AuditReport") -> str:
     beside the weighted ones when the result has them."""
     groups = list(report.by_group) + ([report.overall] if report.overall is not None else [])
     corrected = bool(report.correction)
-    ref, ref_words, band = _reference(report)
+    ref, ref_words, band = reference_line(report)
     lo, hi = _forest_domain(report, groups, corrected, ref, band)
     width, label_w, right = 720, 170, 24
     row_h = 40 if corrected else 30
@@ -142,15 +142,15 @@ def _forest_domain(report: "AuditReport", groups: list, corrected: bool, ref: fl
 def _forest_head(report: "AuditReport", groups: list, corrected: bool, width: int, height: int) -> list[str]:
     """The opening tag, its title and its description (every row's numbers, for a screen reader)."""
     desc = "; ".join(
-        f"{g.group}: {_num(g.estimate)} {_ci(g.ci_low, g.ci_high)}"
-        + (f", corrected {_num(g.corrected_estimate)} {_ci(g.corrected_ci_low, g.corrected_ci_high)}"
+        f"{g.group}: {num(g.estimate)} {ci_text(g.ci_low, g.ci_high)}"
+        + (f", corrected {num(g.corrected_estimate)} {ci_text(g.corrected_ci_low, g.corrected_ci_high)}"
            if corrected and g.group != "overall" else "") for g in groups)
     return [f'<svg class="chart forest" role="img" aria-labelledby="forest-title forest-desc" '
             f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
             f'preserveAspectRatio="xMinYMin meet" xmlns="http://www.w3.org/2000/svg" '
             f'font-family="system-ui, -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif" font-size="13">',
-            f'<title id="forest-title">Forest plot of {_e(report.metric)} by group</title>',
-            f'<desc id="forest-desc">{_e(desc)}</desc>']
+            f'<title id="forest-title">Forest plot of {esc(report.metric)} by group</title>',
+            f'<desc id="forest-desc">{esc(desc)}</desc>']
 
 
 def _forest_grid(frame: _ForestFrame, ticks: list[float], rows: int, ref: float | None, ref_words: str,
@@ -165,12 +165,12 @@ def _forest_grid(frame: _ForestFrame, ticks: list[float], rows: int, ref: float 
         b0, _ = x.clip(ref - tau)
         b1, _ = x.clip(ref + tau)
         out.append(f'<rect class="tau-band" x="{_f(b0)}" y="{plot_top}" width="{_f(b1 - b0)}" '
-                   f'height="{frame.row_h * rows}" fill="{BAND_COLOUR}"><title>{_e(ref_words)} \u00b1 \u03c4 '
-                   f'({_num(ref - tau)} to {_num(ref + tau)})</title></rect>')
+                   f'height="{frame.row_h * rows}" fill="{BAND_COLOUR}"><title>{esc(ref_words)} \u00b1 \u03c4 '
+                   f'({num(ref - tau)} to {num(ref + tau)})</title></rect>')
     if ref is not None and x.lo <= ref <= x.hi:
         out.append(f'<line class="reference" x1="{_f(x(ref))}" x2="{_f(x(ref))}" y1="{plot_top}" '
                    f'y2="{plot_bottom}" stroke="{OVERALL_COLOUR}" stroke-width="1.5" stroke-dasharray="5 4">'
-                   f'<title>{_e(ref_words)}: {_num(ref)}</title></line>')
+                   f'<title>{esc(ref_words)}: {num(ref)}</title></line>')
     return out
 
 
@@ -190,11 +190,11 @@ def _forest_rows(report: "AuditReport", frame: _ForestFrame, groups: list, corre
         weight = ' font-weight="600"' if is_overall else ""
         label = g.group if len(g.group) <= 22 else g.group[:21] + "\u2026"
         out.append(f'<text x="{label_w - 10}" y="{_f(cy + 4)}" text-anchor="end"{weight} fill="#111">'
-                   f'{_e(label)}{mark}<title>{_e(g.group)}</title></text>')
+                   f'{esc(label)}{mark}<title>{esc(g.group)}</title></text>')
         if i:
             out.append(f'<line x1="{label_w}" x2="{frame.width - frame.right}" y1="{plot_top + row_h * i}" '
                        f'y2="{plot_top + row_h * i}" stroke="{GRID_COLOUR}" stroke-width="0.5"/>')
-        withheld = _finite(g.estimate) is None
+        withheld = finite(g.estimate) is None
         if withheld:  # one note for the row, whatever the corrected value
             why = "withheld by the release controls" if g.group in suppressed else "not defined"
             out.append(f'<text x="{_f(x.a + 6)}" y="{_f(cy + 4)}" font-size="12" font-style="italic" '
@@ -202,7 +202,7 @@ def _forest_rows(report: "AuditReport", frame: _ForestFrame, groups: list, corre
             continue
         yw = cy - 7 if corrected and not is_overall else cy
         out.append(_whisker(x, g.estimate, g.ci_low, g.ci_high, yw, colour, "circle" if not is_overall else "square",
-                            f"{g.group}: {_num(g.estimate)} {_ci(g.ci_low, g.ci_high)}"))
+                            f"{g.group}: {num(g.estimate)} {ci_text(g.ci_low, g.ci_high)}"))
         if corrected and not is_overall:
             if g.group in unidentifiable:
                 out.append(f'<text x="{label_w + 6}" y="{_f(cy + 11)}" font-size="11" fill="{CORRECTED_COLOUR}">'
@@ -210,8 +210,8 @@ def _forest_rows(report: "AuditReport", frame: _ForestFrame, groups: list, corre
             else:
                 out.append(_whisker(x, g.corrected_estimate, g.corrected_ci_low, g.corrected_ci_high, cy + 7,
                                     CORRECTED_COLOUR, "diamond",
-                                    f"{g.group} corrected: {_num(g.corrected_estimate)} "
-                                    f"{_ci(g.corrected_ci_low, g.corrected_ci_high)}"))
+                                    f"{g.group} corrected: {num(g.corrected_estimate)} "
+                                    f"{ci_text(g.corrected_ci_low, g.corrected_ci_high)}"))
     return out
 
 
@@ -223,29 +223,29 @@ def _forest_axis(frame: _ForestFrame, ticks: list[float], metric: str) -> list[s
     for t in ticks:
         out.append(f'<line x1="{_f(x(t))}" x2="{_f(x(t))}" y1="{plot_bottom}" y2="{plot_bottom + 5}" stroke="#555"/>'
                    f'<text x="{_f(x(t))}" y="{plot_bottom + 18}" text-anchor="middle" font-size="12" '
-                   f'fill="#333">{_e(_tick_label(t, ticks))}</text>')
+                   f'fill="#333">{esc(_tick_label(t, ticks))}</text>')
     out.append(f'<text x="{(label_w + width - right) / 2:.1f}" y="{plot_bottom + 35}" text-anchor="middle" '
-               f'font-size="12" fill="#333">{_e(metric)} estimate</text>')
+               f'font-size="12" fill="#333">{esc(metric)} estimate</text>')
     return out
 
 
 def forest_legend(report: "AuditReport") -> str:
     """The forest plot's key, as HTML above it (it wraps in a narrow window)."""
-    ref, ref_words, band = _reference(report)
+    ref, ref_words, band = reference_line(report)
     if report.verdict.rule == "inclusion":
         first = "Pr(N \u2265 T) over all pools together"
     elif report.interval == "exact":
         first = "weighted estimate (the paper\u2019s)"
     else:
         first = f"weighted estimate (the paper\u2019s) and its {report.confidence:.0%} interval"
-    keys = [f'<span class="key">{_key_svg("circle", WEIGHTED_COLOUR)}{_e(first)}</span>']
+    keys = [f'<span class="key">{_key_svg("circle", WEIGHTED_COLOUR)}{esc(first)}</span>']
     if report.correction:
         keys.append(f'<span class="key">{_key_svg("diamond", CORRECTED_COLOUR)}corrected (calibration)</span>')
     if report.overall is not None:
         keys.append(f'<span class="key">{_key_svg("square", OVERALL_COLOUR)}overall</span>')
     if ref is not None:
-        keys.append(f'<span class="key">{_key_svg("ref", OVERALL_COLOUR, band)}{_e(ref_words)}'
-                    + (f" \u00b1 \u03c4 ({_e(f'{report.tau:g}')})" if band else "") + "</span>")
+        keys.append(f'<span class="key">{_key_svg("ref", OVERALL_COLOUR, band)}{esc(ref_words)}'
+                    + (f" \u00b1 \u03c4 ({esc(f'{report.tau:g}')})" if band else "") + "</span>")
     return f'<p class="legend">{" ".join(keys)}</p>'
 
 
@@ -273,11 +273,11 @@ def _marker(kind: str, cx: float, cy: float, colour: str, r: float = 5.5) -> str
 
 
 def _whisker(x: _Scale, est: Any, low: Any, high: Any, cy: float, colour: str, marker: str, tip: str) -> str:
-    est, low, high = _finite(est), _finite(low), _finite(high)
+    est, low, high = finite(est), finite(low), finite(high)
     if est is None:
         return (f'<text x="{_f(x.a + 6)}" y="{_f(cy + 4)}" font-size="12" font-style="italic" '
-                f'fill="{MUTED_COLOUR}">withheld / not defined<title>{_e(tip)}</title></text>')
-    out = [f"<g><title>{_e(tip)}</title>"]
+                f'fill="{MUTED_COLOUR}">withheld / not defined<title>{esc(tip)}</title></text>')
+    out = [f"<g><title>{esc(tip)}</title>"]
     if low is not None and high is not None:
         x0, cut0 = x.clip(low)
         x1, cut1 = x.clip(high)
@@ -312,7 +312,7 @@ def curve_charts(report: "AuditReport") -> str:
         points += [c.corrected_estimate for c in report.curves]
         whiskers += [v for c in report.curves for v in (c.corrected_ci_low, c.corrected_ci_high)]
     ylo, yhi = _domain(points, whiskers)
-    scores = [c.score for c in report.curves if _finite(c.score) is not None]
+    scores = [c.score for c in report.curves if finite(c.score) is not None]
     xlo, xhi = (min(scores), max(scores)) if scores else (0.0, 1.0)
     if xhi <= xlo:
         xlo, xhi = xlo - 0.5, xhi + 0.5
@@ -333,24 +333,24 @@ def _curve_panel(n: int, group: str, pts: list, overall: list, xdom, ydom, corre
     x = _Scale(xdom[0], xdom[1], left, w - right)
     y = _Scale(ydom[0], ydom[1], h - bottom, top)
     clip = f"curve-clip-{n}"
-    desc = "; ".join(f"score {_num(p.score, 3)}: {_num(p.estimate)} {_ci(p.ci_low, p.ci_high)}" for p in pts)
+    desc = "; ".join(f"score {num(p.score, 3)}: {num(p.estimate)} {ci_text(p.ci_low, p.ci_high)}" for p in pts)
     out = [f'<figure class="panel"><svg class="chart curve" role="img" aria-labelledby="curve-t{n} curve-d{n}" '
            f'viewBox="0 0 {w} {h}" width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg" '
            f'font-family="system-ui, -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif" font-size="12">',
-           f'<title id="curve-t{n}">{_e(metric)} curve of {_e(group)}</title><desc id="curve-d{n}">{_e(desc)}</desc>',
+           f'<title id="curve-t{n}">{esc(metric)} curve of {esc(group)}</title><desc id="curve-d{n}">{esc(desc)}</desc>',
            f'<defs><clipPath id="{clip}"><rect x="{left}" y="{top}" width="{w - left - right}" '
            f'height="{h - top - bottom}"/></clipPath></defs>',
-           f'<text x="{left}" y="17" font-size="14" font-weight="600" fill="#111">{_e(group)}</text>']
+           f'<text x="{left}" y="17" font-size="14" font-weight="600" fill="#111">{esc(group)}</text>']
     yt = _nice_ticks(ydom[0], ydom[1], 5)
     for t in yt:
         out.append(f'<line x1="{left}" x2="{w - right}" y1="{_f(y(t))}" y2="{_f(y(t))}" stroke="{GRID_COLOUR}"/>'
                    f'<text x="{left - 6}" y="{_f(y(t) + 4)}" text-anchor="end" fill="#333">'
-                   f'{_e(_tick_label(t, yt))}</text>')
+                   f'{esc(_tick_label(t, yt))}</text>')
     xt = _nice_ticks(xdom[0], xdom[1], 5)
     for t in xt:
         out.append(f'<line x1="{_f(x(t))}" x2="{_f(x(t))}" y1="{h - bottom}" y2="{h - bottom + 4}" stroke="#555"/>'
                    f'<text x="{_f(x(t))}" y="{h - bottom + 16}" text-anchor="middle" fill="#333">'
-                   f'{_e(_tick_label(t, xt))}</text>')
+                   f'{esc(_tick_label(t, xt))}</text>')
     out.append(f'<line x1="{left}" x2="{w - right}" y1="{h - bottom}" y2="{h - bottom}" stroke="#555"/>'
                f'<line x1="{left}" x2="{left}" y1="{top}" y2="{h - bottom}" stroke="#555"/>'
                f'<text x="{(left + w - right) / 2:.0f}" y="{h - 6}" text-anchor="middle" fill="#333">score</text>')
@@ -368,17 +368,17 @@ def _curve_panel(n: int, group: str, pts: list, overall: list, xdom, ydom, corre
             line = " ".join(f"{_f(x(p.score))},{_f(y(getattr(p, est)))}" for p in run)
             out.append(f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="2.5"{dash}/>')
         for p in data:
-            v = _finite(getattr(p, est))
+            v = finite(getattr(p, est))
             if v is not None:
                 out.append(f'<circle cx="{_f(x(p.score))}" cy="{_f(y(v))}" r="3" fill="{colour}">'
-                           f'<title>{_e(group)} at {_num(p.score, 3)}: {_num(v)} '
-                           f'{_ci(getattr(p, lo), getattr(p, hi))}</title></circle>')
+                           f'<title>{esc(group)} at {num(p.score, 3)}: {num(v)} '
+                           f'{ci_text(getattr(p, lo), getattr(p, hi))}</title></circle>')
     for run in _runs(overall, "estimate"):
         line = " ".join(f"{_f(x(p.score))},{_f(y(p.estimate))}" for p in run)
         out.append(f'<polyline points="{line}" fill="none" stroke="{OVERALL_COLOUR}" stroke-width="1.5" '
                    f'stroke-dasharray="4 3"/>')
     out.append("</g>")
-    if not any(_finite(p.estimate) is not None for p in pts):
+    if not any(finite(p.estimate) is not None for p in pts):
         out.append(f'<text x="{(left + w - right) / 2:.0f}" y="{(top + h - bottom) / 2:.0f}" text-anchor="middle" '
                    f'font-style="italic" fill="{MUTED_COLOUR}">withheld / not defined</text>')
     out.append("</svg>")
@@ -392,7 +392,7 @@ def _runs(points: list, *fields: str) -> list[list]:
     """Consecutive points where every field is defined (a withheld point breaks a line)."""
     runs, cur = [], []
     for p in points:
-        if all(_finite(getattr(p, f)) is not None for f in fields):
+        if all(finite(getattr(p, f)) is not None for f in fields):
             cur.append(p)
         else:
             if cur:

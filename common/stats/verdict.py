@@ -1,0 +1,477 @@
+"""The verdict: what it holds and the rules that reach it (design §5.10).
+
+A disparity is *significant* only when the compared difference's simultaneous interval
+excludes 0 (a max-|t| band over the compared family, `common.stats.intervals`, so that
+picking the largest of many gaps does not manufacture significance); severity is "none"
+(not significant, a gap of τ was detectable, and no group was left out), "inconclusive"
+(not significant, and one of those fails), "low" (significant, |gap| < τ), "moderate"
+(at least τ) or "high" (at least 2τ), read off the estimate; where the band's end nearer
+0 reads milder, the message says how small the band lets the gap be (a wide band's
+finding is of a gap, not of its size). Rules per metric: "range" (ERO, output metric:
+every pair of groups; the largest significant gap), "below_overall" (MQOS: overall −
+group > 0), "negative_cells" (LOT: a cell significantly below 0, the lower-ranked member
+more relevant), "nonzero_pairs" (POT: DTI ≠ 0), "inclusion" (probabilistic count:
+Pr(N_j ≥ T) below the inclusion level in some pool; severity "none" or "flagged", which
+the metric decides itself). Groups too small for their intervals to be trusted take no
+part in the verdict (`excluded_groups`, `common.stats.left_out`).
+
+Severity "inconclusive": nothing significant, and either the minimum detectable
+difference (MDD, `common.stats.intervals`) exceeds τ or some group (pair cell) is not
+informative at the overall's value (`uninformative`), so the audit could not have shown
+a gap of τ; `members_factor` ≈ (MDD/τ)² (or the uninformative groups'
+(half-width/(τ/2))², the larger) is how many times the members would make it conclusive
+(the MDD shrinks as 1/√n). The simultaneous bands are clipped to the compared
+differences' range [lo − hi, hi − lo] (post-processing: the true gap lies in it); an MDD
+beyond the largest gap the metric can take (hi − lo) means no gap is detectable at this
+size: the verdict then states neither an MDD nor a factor of members (noise, not
+sampling, dominates such an interval, and it does not shrink as 1/√n). "none" (green)
+therefore means: not significant, a gap of τ would have been found, and no group was
+left out. A comparison that involves an uninformative group counts as significant only
+when its band clears τ itself (a small group's bootstrap interval can under-cover);
+under release noise the intervals come from the released aggregates' own variances
+(`common.stats.moments`, or random groups), which cover at small sizes too, so there a
+comparison counts at the band's level (null flag rate at nominal: bench/RESULTS.md).
+Either way the compared pair is the most adverse significant comparison between
+informative groups, if there is one. With a correction, `verdict.attenuation` holds the
+compared pair's corrected gap and whether the weighted gap understates it.
+
+The verdict's test: without release noise the verdict (`verdict.compared`'s intervals
+and the MDD, not the group and difference intervals reported) takes each group's spread
+at the overall's value (`common.stats.intervals.null_scaled`). On `ppre synth` ERO data
+(`bench/bench_null.py`, `bench/RESULTS.md`) the null flag rate was 12.6% at 10,000
+members, 5.1% with this and the Kish rule (5.5% at 100,000 members, was 6.2%; 800
+datasets each); power for a black gap of 0.05 at 10,000 members unchanged.
+
+The verdict's words are `common.stats.wording`'s.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+import numpy as np
+
+from common.stats import wording
+from common.stats.intervals import (INFORMATIVE_SHARE, clip, detectable_differences, difference_range,
+                                    finite_or_none, is_informative, marginal_intervals, simultaneous_bands)
+
+#: "flagged" is the inclusion rule's (probabilistic count) only
+SEVERITIES = ("none", "low", "moderate", "high", "inconclusive", "insufficient data", "flagged")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    rule: str
+    tau: float
+    severity: str
+    significant: bool
+    flagged: bool
+    #: the compared difference: label, estimate, its interval and its simultaneous band
+    compared: dict[str, Any] | None
+    significant_comparisons: tuple[str, ...] = ()
+    non_overlapping: tuple[tuple[str, str], ...] = ()
+    message: str = ""
+    #: groups left out of the verdict (effective size below MIN_EFFECTIVE_SIZE)
+    excluded_groups: tuple[str, ...] = ()
+    #: the minimum detectable difference at these settings (module docstring), None when undefined
+    mdd: float | None = None
+    #: groups (or pair cells) not compared because not informative; any makes "none" impossible
+    uninformative: tuple[str, ...] = ()
+    #: inconclusive only: about how many times the joined members would make the audit conclusive
+    members_factor: float | None = None
+    #: with a correction: the compared pair's corrected gap and whether the weighted one understates it
+    attenuation: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Bands:
+    """A compared family's intervals, per difference: the marginal ones (`low`, `high`), the
+    simultaneous band (clipped to the differences' range) and the MDD."""
+
+    low: np.ndarray
+    high: np.ndarray
+    band_low: np.ndarray
+    band_high: np.ndarray
+    mdds: np.ndarray
+
+    @classmethod
+    def of(cls, values: np.ndarray, confidence: float, method: str, span: tuple[float, float] | None) -> "Bands":
+        low, high = marginal_intervals(values, confidence, method)
+        band_low, band_high = (np.clip(b, *span) if span is not None else b
+                               for b in simultaneous_bands(values, confidence, method))
+        return cls(low, high, band_low, band_high, detectable_differences(values, confidence, method))
+
+
+# ----------------------------------------------------------------------------------
+# The verdict over a compared family
+# ----------------------------------------------------------------------------------
+def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidence: float, method: str,
+                 tau: float, groups: Sequence = (), *, left_out: Sequence[str] = (),
+                 left_out_factor: float | None = None, left_out_widest: str | None = None,
+                 strict: Sequence[bool] | None = None,
+                 excluded: Sequence[str] = (), noisy: bool | None = None, metric: str = "",
+                 strict_significance: bool = True, span: tuple[float, float] | None = None) -> Verdict:
+    """The verdict over a family of compared differences (`values`: (R+1, C), row 0 the
+    estimates), by `rule` (module docstring). `groups`: the groups' results (their
+    marginal intervals' overlaps are named). `left_out`: the groups (or cells) that
+    could not take part as not informative; `excluded`: the groups left out of the
+    verdict for their size or withheld (`common.stats.left_out`): with any of
+    either, no verdict is "none"; `left_out_factor`: how many times the members they
+    would need (`left_out_widest`: the one that needs it); `noisy`: whether release
+    noise was on (what the advice names); `metric`: the metric's name (which size rule
+    left groups out); `strict_significance`: whether a comparison with an uninformative
+    group must clear tau to count (without release noise; module docstring) — either way
+    the compared pair is picked among the informative groups' comparisons first."""
+    non_overlap = _non_overlapping(groups)
+    est = values[0] if values.size else np.empty(0)
+    excluded_words = wording.excluded_words(excluded, noisy, metric)
+    if not np.isfinite(est).any():
+        return _nothing_comparable(rule, tau, non_overlap, left_out, excluded, excluded_words,
+                                   _with_excluded(left_out_factor, excluded), left_out_widest, noisy)
+    bands = Bands.of(values, confidence, method, span)
+    adverse, significant = _significance(rule, est, bands, tau, strict, strict_significance)
+    banded = _banded(bands, strict)
+    mdd, mdd_widest = _largest_mdd(bands.mdds, banded, labels)
+    beyond_range = mdd is not None and _detectable(mdd, span) is None
+    factor, widest = _members_needed(mdd, mdd_widest, beyond_range, tau, (left_out_factor, left_out_widest),
+                                     excluded)
+    conclusive = not left_out and not excluded and mdd is not None and mdd <= tau and bool(banded.all())
+    pick, severity = _compared_pick(significant, adverse, banded, strict, tau, conclusive)
+    message = _message(severity, rule, labels[pick], est[pick], bands, pick, confidence, tau, span,
+                       mdd=mdd, beyond_range=beyond_range, significant=significant, compared=len(labels),
+                       left_out=left_out, strict_significance=strict_significance, excluded_words=excluded_words,
+                       needed=wording.needed_words(factor, noisy, widest))
+    message += wording.non_overlapping_words(non_overlap, bool(significant.any()))
+    return Verdict(rule, tau, severity, bool(significant.any()), severity in ("moderate", "high"),
+                   _compared_entry(labels, est, bands, pick, tau, span),
+                   tuple(labels[i] for i in np.flatnonzero(significant)), tuple(non_overlap), message,
+                   excluded_groups=tuple(excluded), mdd=_detectable(mdd, span),
+                   members_factor=_round_factor(factor) if severity == "inconclusive" else None,
+                   uninformative=tuple(left_out))
+
+
+def _non_overlapping(groups: Sequence) -> list[tuple[str, str]]:
+    """The pairs of groups (not overall) whose marginal intervals do not overlap."""
+    out = []
+    defined = [g for g in groups if g.group != "overall" and g.ci_low is not None]
+    for i, a in enumerate(defined):
+        for b in defined[i + 1:]:
+            if a.ci_high < b.ci_low or b.ci_high < a.ci_low:
+                out.append((a.group, b.group))
+    return out
+
+
+def _nothing_comparable(rule: str, tau: float, non_overlap, left_out: Sequence[str], excluded: Sequence[str],
+                        excluded_words: str, factor: float | None, widest: str | None,
+                        noisy: bool | None) -> Verdict:
+    """No compared difference has a defined estimate: inconclusive where groups were left
+    out (more members might make them comparable), else insufficient data."""
+    if left_out or excluded:
+        message = wording.nothing_comparable_message(tau, left_out, excluded_words,
+                                                     wording.needed_words(factor, noisy, widest))
+        return Verdict(rule, tau, "inconclusive", False, False, None, (), tuple(non_overlap), message,
+                       excluded_groups=tuple(excluded), uninformative=tuple(left_out),
+                       members_factor=_round_factor(factor))
+    return Verdict(rule, tau, "insufficient data", False, False, None, (), tuple(non_overlap),
+                   wording.TOO_FEW_ESTIMATES)
+
+
+def _significance(rule: str, est: np.ndarray, bands: Bands, tau: float, strict: Sequence[bool] | None,
+                  strict_significance: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(how adverse each difference is in the direction `rule` judges, -inf where
+    undefined; whether its band excludes 0 in that direction)."""
+    band_low, band_high = bands.band_low, bands.band_high
+    if rule == "below_overall":
+        adverse, significant = est, band_low > 0
+    elif rule == "negative_cells":
+        adverse, significant = -est, band_high < 0
+    else:  # "range", "nonzero_pairs"
+        adverse, significant = np.abs(est), (band_low > 0) | (band_high < 0)
+    adverse = np.where(np.isfinite(adverse), adverse, -np.inf)
+    significant = significant & np.isfinite(est)
+    if strict is not None and np.any(strict) and strict_significance:
+        # a comparison with a group left out as not informative counts only when its band
+        # clears tau itself (its interval may under-cover: module docstring)
+        beyond = {"below_overall": band_low > tau, "negative_cells": band_high < -tau}.get(
+            rule, (band_low > tau) | (band_high < -tau))
+        significant = significant & (~np.asarray(strict) | beyond)
+    return adverse, significant
+
+
+def _banded(bands: Bands, strict: Sequence[bool] | None) -> np.ndarray:
+    """The differences whose band is defined, those between informative groups only where
+    there are some."""
+    banded = np.isfinite(bands.band_low) & np.isfinite(bands.band_high)
+    if strict is not None and np.any(strict) and not np.all(strict):
+        banded = banded & ~np.asarray(strict)
+    return banded
+
+
+def _largest_mdd(mdds: np.ndarray, banded: np.ndarray, labels: Sequence[str]) -> tuple[float | None, str | None]:
+    """The verdict's MDD, the largest over the banded differences, and the one that has it."""
+    finite_mdd = mdds[banded & np.isfinite(mdds)]
+    mdd = float(finite_mdd.max()) if finite_mdd.size else None
+    widest = labels[int(np.nanargmax(np.where(banded & np.isfinite(mdds), mdds, np.nan)))] \
+        if mdd is not None else None
+    return mdd, widest
+
+
+def _members_needed(mdd: float | None, mdd_widest: str | None, beyond_range: bool, tau: float,
+                    left_out: tuple[float | None, str | None],
+                    excluded: Sequence[str]) -> tuple[float | None, str | None]:
+    """How many times the members would make the audit conclusive, and the comparison or
+    group that needs it: the larger of (MDD/τ)² and the left-out groups' factor."""
+    factor, widest = max([f for f in (((mdd / tau) ** 2 if mdd is not None and not beyond_range else None,
+                                       mdd_widest), left_out) if f[0] is not None],
+                         default=(None, None), key=lambda f: f[0])
+    return _with_excluded(factor, excluded), widest
+
+
+def _compared_pick(significant: np.ndarray, adverse: np.ndarray, banded: np.ndarray,
+                   strict: Sequence[bool] | None, tau: float, conclusive: bool) -> tuple[int, str]:
+    """(the compared difference, the severity): the most adverse significant one, between
+    informative groups where there is one; with none significant, the most adverse
+    difference whose band is defined (one without a band cannot be read as "includes
+    0"), else the most adverse one."""
+    if significant.any():
+        preferred = significant & ~np.asarray(strict, dtype=bool) if strict is not None else significant
+        pick = int(np.argmax(np.where(preferred if preferred.any() else significant, adverse, -np.inf)))
+        return pick, severity_of(float(adverse[pick]), tau)
+    pick = int(np.argmax(np.where(banded, adverse, -np.inf))) if banded.any() else int(np.argmax(adverse))
+    return pick, "none" if conclusive else "inconclusive"
+
+
+def _compared_entry(labels: Sequence[str], est: np.ndarray, bands: Bands, pick: int, tau: float,
+                    span: tuple[float, float] | None) -> dict[str, Any]:
+    """The verdict's `compared`: the picked difference with its intervals and MDD."""
+    return {"label": labels[pick], "estimate": finite_or_none(est[pick]), "ci_low": finite_or_none(bands.low[pick]),
+            "ci_high": finite_or_none(bands.high[pick]), "band_low": finite_or_none(bands.band_low[pick]),
+            "band_high": finite_or_none(bands.band_high[pick]),
+            "informative": is_informative(bands.low[pick], bands.high[pick], tau),
+            "mdd": _detectable(bands.mdds[pick], span)}
+
+
+def _message(severity: str, rule: str, label: str, estimate: float, bands: Bands, pick: int, confidence: float,
+             tau: float, span: tuple[float, float] | None, *, mdd: float | None, beyond_range: bool,
+             significant: np.ndarray, compared: int, left_out: Sequence[str], strict_significance: bool,
+             excluded_words: str, needed: str) -> str:
+    """The verdict's message for its severity (`common.stats.wording`), the groups left out
+    for their size included."""
+    phrase = wording.rule_phrase(rule, estimate)
+    band = (bands.band_low[pick], bands.band_high[pick])
+    detectable = wording.detectable_words(mdd, beyond_range, span)
+    if severity == "none":
+        return wording.no_disparity_message(phrase, label, estimate, confidence, band, tau, detectable) \
+            + excluded_words
+    if severity == "inconclusive":
+        return wording.inconclusive_message(phrase, label, estimate, confidence, band, tau, detectable, mdd,
+                                            beyond_range, left_out, excluded_words, needed)
+    return wording.significant_message(severity, phrase, label, estimate, confidence, band, tau,
+                                       int(significant.sum()), compared,
+                                       _uncertain_size(severity, _nearer_end(rule, estimate, *band), tau),
+                                       left_out, strict_significance) + excluded_words
+
+
+def severity_of(magnitude: float, tau: float) -> str:
+    """The severity of a significant gap of this size: "high" from 2τ, "moderate" from τ."""
+    if magnitude >= 2 * tau:
+        return "high"
+    if magnitude >= tau:
+        return "moderate"
+    return "low"
+
+
+def _nearer_end(rule: str, estimate: float, band_low: float, band_high: float) -> float:
+    """The end of a significant comparison's band nearer 0, as an adverse magnitude (the
+    smallest gap the band allows, in the direction the rule judges)."""
+    if rule == "below_overall":
+        return float(band_low)
+    if rule == "negative_cells":
+        return float(-band_high)
+    return float(band_low) if estimate >= 0 else float(-band_high)
+
+
+def _uncertain_size(severity: str, nearer: float, tau: float) -> str:
+    """Words for a significant gap whose band reaches into a milder severity than its
+    estimate's, "" where the band's nearer end reads as the estimate does."""
+    if not math.isfinite(nearer) or severity_of(nearer, tau) == severity:
+        return ""
+    return wording.uncertain_size_words(nearer, severity_of(nearer, tau))
+
+
+def _detectable(mdd: Any, span: tuple[float, float] | None) -> float | None:
+    """An MDD as the verdict states it: None where undefined or beyond the largest gap the
+    compared differences can take (`span`'s upper end: no gap is detectable; module docstring)."""
+    mdd = finite_or_none(mdd)
+    return None if mdd is None or (span is not None and mdd > span[1]) else mdd
+
+
+def _with_excluded(factor: float | None, excluded: Sequence[str]) -> float | None:
+    """How many times the members would make the audit conclusive, None (unknown) where
+    groups left out for their size say more members are needed but not how many."""
+    return None if excluded and (factor is None or factor <= 1.0) else factor
+
+
+def _round_factor(factor: float | None) -> float | None:
+    factor = finite_or_none(factor)
+    return None if factor is None else round(max(factor, 1.0), 1)
+
+
+# ----------------------------------------------------------------------------------
+# The verdict of a result: its compared family, the groups left out of it
+# ----------------------------------------------------------------------------------
+def verdict_of(rule: str, cells: Sequence, groups: Sequence, pairs: Sequence, index: dict[str, int],
+               diff_labels: Sequence[tuple[str, str, str]], diffs: np.ndarray | None, values: np.ndarray, *,
+               small: set[str], confidence: float, method: str, tau: float, bounds, pair_bounds,
+               noisy: bool | None, metric: str, corrected=None) -> Verdict:
+    """The verdict of a result being finished (`common.stats.results.finish`): its rule's
+    compared family among `cells` (the groups' and pair cells' results `groups` and
+    `pairs`, the groups' columns `index`, the differences `diffs` labelled `diff_labels`,
+    the cells' `values`), with the groups in `small` left out for their size and the
+    attenuation-corrected gap beside the weighted one where a correction was asked for."""
+    labels, fam, left_out, (factor, widest), strict = compared_family(rule, cells, groups, pairs, index,
+                                                                      diff_labels, diffs, values, small, tau,
+                                                                      bounds)
+    excluded = tuple(g.group for g in groups if g.group in small)
+    factor, widest = max([f for f in ((factor, widest),
+                                      widest_factor([(g.group, g.ci_low, g.ci_high) for g in groups
+                                                     if g.group in small], tau, bounds))
+                          if f[0] is not None], default=(None, None), key=lambda f: f[0])
+    if fam.shape[1] == 0 and not left_out and not excluded:
+        verdict = Verdict(rule, tau, "insufficient data", False, False, None, (), (), wording.NOTHING_TO_COMPARE)
+    else:
+        verdict = verdict_from(rule, labels, fam, confidence, method, tau,
+                               [g for g in groups if g.group not in small], left_out=left_out, left_out_factor=factor,
+                               left_out_widest=widest, strict=strict, excluded=excluded, noisy=noisy, metric=metric,
+                               strict_significance=not noisy, span=pair_bounds)
+    if corrected is not None and verdict.compared and rule in ("range", "below_overall"):
+        verdict = with_attenuation(verdict, corrected, index, confidence, method, bounds, groups)
+    return verdict
+
+
+def _eligible(g, overall, bounds, tau: float) -> bool:
+    """Whether a group takes part in the verdict: informative at the overall's value.
+    For a bounded metric the group's half-width is rescaled from its own estimate's
+    binomial-type spread (x − lo)(hi − x) to the overall's, so that a group is not picked
+    because its estimate happens to sit near a bound (few events: a narrow interval
+    around a low rate, the case in which its interval under-covers); unbounded metrics
+    use the half-width as it is."""
+    if not g.informative and bounds is None:
+        return False
+    if g.ci_low is None or g.ci_high is None or g.estimate is None:
+        return False
+    half = (g.ci_high - g.ci_low) / 2.0
+    if bounds is not None and overall is not None and overall.estimate is not None:
+        lo, hi = bounds
+        spread = (g.estimate - lo) * (hi - g.estimate)
+        at_overall = (overall.estimate - lo) * (hi - overall.estimate)
+        if spread <= 0:
+            return False
+        half *= math.sqrt(at_overall / spread)
+    return half <= INFORMATIVE_SHARE * tau + 1e-12
+
+
+def compared_family(rule, cells, groups, pairs, index, diff_labels, diffs, values, small, tau, bounds=None):
+    """The compared family (labels, (R+1, C) values), the groups or cells left out of it
+    (not informative, or withheld) and how many times the members would make them
+    informative ((half-width / (INFORMATIVE_SHARE·τ))², the largest)."""
+    empty = np.empty((values.shape[0], 0))
+    if rule in ("range", "below_overall"):
+        judged = [g for g in groups if g.group != "overall" and g.group not in small]
+        overall = next((g for g in groups if g.group == "overall"), None)
+        ok = {g.group for g in judged if _eligible(g, overall, bounds, tau)}
+        left = [g for g in judged if g.group not in ok]
+        if rule == "below_overall" and "overall" in index and not any(
+                g.informative for g in groups if g.group == "overall"):
+            left += [g for g in judged if g.informative]
+            ok = set()
+        left_labels = [g.group for g in left]
+    else:
+        left = [p for p in pairs if not p.informative]
+        left_labels = [pair_label(p.higher, p.lower, p.rank_pair) for p in left]
+    factor = widest_factor([(label, x.ci_low, x.ci_high) for label, x in zip(left_labels, left)], tau,
+                           bounds if rule in ("range", "below_overall") else difference_range(bounds))
+    named = {g.group for g in groups if g.group != "overall" and g.group not in small}
+    if rule == "range":
+        family = [i for i, (kind, a, b) in enumerate(diff_labels) if kind == "between" and a in named and b in named]
+        labels, cols = [], []
+        for i in family:  # every gap oriented as max − min by its estimate: the compared one reads positive
+            _, a, b = diff_labels[i]
+            flip = bool(diffs[0, i] < 0)
+            labels.append(f"{b} - {a}" if flip else f"{a} - {b}")
+            cols.append(-diffs[:, i] if flip else diffs[:, i])
+        fam = np.column_stack(cols) if cols else empty
+        strict = [not (diff_labels[i][1] in ok and diff_labels[i][2] in ok) for i in family]
+        return labels, fam, [g.group for g in left], factor, strict
+    if rule == "below_overall":
+        family = [i for i, (kind, a, _) in enumerate(diff_labels) if kind == "to_overall" and a in named]
+        labels = [f"overall - {diff_labels[i][1]}" for i in family]
+        fam = -diffs[:, family] if family else empty
+        return labels, fam, [g.group for g in left], factor, [diff_labels[i][1] not in ok for i in family]
+    if rule in ("negative_cells", "nonzero_pairs"):
+        pair_cells = [c for c, cell in enumerate(cells) if cell.kind == "pair"]
+        labels = [_label(cells[c]) for c in pair_cells]
+        fam = values[:, pair_cells] if pair_cells else empty
+        return (labels, fam, [_label(cells[c]) for c, p in zip(pair_cells, pairs) if not p.informative], factor,
+                [not p.informative for p in pairs])
+    raise ValueError(f"unknown verdict rule {rule}")
+
+
+def widest_factor(entries, tau: float, span: tuple[float, float] | None = None) -> tuple[float | None, str | None]:
+    """(how many times the members would make the widest of `entries` ((label, low, high))
+    informative, its label): ((half-width / (INFORMATIVE_SHARE·τ))², the largest). An
+    interval that fills its whole range `span` was clipped: its true width, and so the
+    factor, is unknown (inf: "more members", no number)."""
+    widths = [((hi - lo) / 2.0, label) for label, lo, hi in entries if lo is not None and hi is not None]
+    if not widths:
+        return None, None
+    width, label = max(widths, key=lambda w: w[0])
+    if span is not None and 2.0 * width >= (span[1] - span[0]) - 1e-12:
+        return math.inf, label
+    return (width / (INFORMATIVE_SHARE * tau)) ** 2, label
+
+
+def with_attenuation(verdict: Verdict, corrected, index, confidence, method, bounds, groups) -> Verdict:
+    """The compared pair's corrected gap (`common.stats.correction`) beside the weighted one,
+    and whether the weighted gap understates it (module docstring)."""
+    label = verdict.compared["label"]
+    a, _, b = label.partition(" - ")
+    width = corrected.values.shape[1]
+    col = {g: c for g, c in index.items() if c < width}
+    unidentifiable = set(corrected.summary().get("unidentifiable", ())) if hasattr(corrected, "summary") else set()
+    by_name = {g.group: g for g in groups}
+    if a == "overall" and b in col:
+        est = by_name.get("overall")
+        ga = None if est is None else est.estimate
+        gb = by_name[b].corrected_estimate
+        series = None
+    elif a in col and b in col:
+        ga, gb = by_name[a].corrected_estimate, by_name[b].corrected_estimate
+        series = corrected.values[:, col[a]] - corrected.values[:, col[b]]
+    else:
+        return verdict
+    if ga is None or gb is None or a in unidentifiable or b in unidentifiable:
+        return verdict
+    gap = ga - gb
+    weighted = verdict.compared["estimate"]
+    low = high = None
+    if series is not None:
+        lo, hi = marginal_intervals(np.column_stack([np.r_[gap, series[1:]]]), confidence, method)
+        rng = difference_range(bounds)
+        low, high = clip(lo[0], rng), clip(hi[0], rng)
+    understates = weighted is not None and abs(gap) > abs(weighted) and gap * weighted >= 0
+    facts = {"pair": label, "weighted": weighted, "corrected": round(gap, 12), "corrected_ci_low": low,
+             "corrected_ci_high": high, "understates": bool(understates)}
+    words = wording.attenuation_words(label, gap, confidence, (low, high) if series is not None else None,
+                                      understates)
+    return replace(verdict, attenuation=facts, message=verdict.message + words)
+
+
+def _label(cell) -> str:
+    """How the verdict names a cell of the plan: a group, or a pair cell ("a>b@rank")."""
+    return pair_label(cell.group, cell.other, cell.rank_pair) if cell.kind == "pair" else cell.group
+
+
+def pair_label(higher: str, lower: str, rank_pair: str | None) -> str:
+    return f"{higher}>{lower}" + (f"@{rank_pair}" if rank_pair else "")

@@ -1,0 +1,212 @@
+"""The result in English: the verdict's sentences (design §5.10) and the one-line
+summaries of the correction and the release controls every report shows.
+
+`common.stats.verdict` decides; this module says what it decided, in words that match
+its numbers (an interval "includes 0" only when its numbers do, an undefined interval is
+said to be undefined, never "nan"). The renderers (`ppre.report`) read the summaries and
+`left_out_words` from here, so that the table, the page and the verdict's message agree.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from common.stats.intervals import INFORMATIVE_SHARE, POWER, finite_or_none
+from common.stats.left_out import MIN_EFFECTIVE_SIZE, MIN_KISH_SIZE, RATE_METRICS
+
+#: what each verdict rule compares, as the message names the compared difference
+RULE_PHRASES = {"range": "largest gap between two groups",
+                "below_overall": "largest shortfall of a group below overall",
+                "negative_cells": "most negative pair cell", "nonzero_pairs": "largest DTI"}
+#: the message of a verdict with nothing to compare
+NOTHING_TO_COMPARE = "insufficient data (nothing to compare)"
+#: the message of a verdict with fewer than two defined estimates and none left out
+TOO_FEW_ESTIMATES = "insufficient data (fewer than two defined estimates to compare)"
+
+
+# ----------------------------------------------------------------------------------
+# Summaries
+# ----------------------------------------------------------------------------------
+def score_bins_words(info: dict[str, Any], sep: str) -> str:
+    """MQOS-AUC exact under the release controls (`info["score_bins"]`): the estimate is the
+    AUC of the score in that many bins of equal counts (design §5.6), said with the
+    metric's option; "" otherwise."""
+    bins = info.get("score_bins")  # mqos_auc.SCORE_BINS_INFO (stats imports no metric)
+    return f"{sep}AUC of the score in {int(bins)} bins" if isinstance(bins, int) and bins > 0 else ""
+
+
+def correction_summary(correction: dict[str, Any]) -> str:
+    """One line on the attenuation correction (`common.stats.correction`)."""
+    cond = correction.get("condition_number")
+    parts = ["calibration (M^-1 Num; assumes calibrated probabilities and no proxy effect given race)",
+             f"condition number of M {cond:.3g}" if cond is not None else "M singular"]
+    if correction.get("unidentifiable"):
+        parts.append(f"not identifiable at this size: {', '.join(correction['unidentifiable'])}")
+    if correction.get("dropped"):
+        parts.append(f"left out (suppressed): {', '.join(correction['dropped'])}")
+    parts.append("the verdict compares the weighted estimates")
+    return "; ".join(parts)
+
+
+def release_summary(release: dict[str, Any]) -> str:
+    """One line on the release controls an audit ran under (noise, budget, suppression)."""
+    if not release.get("controls", True):
+        return "OFF (no noise, no thresholds, no budget: results are exact and unprotected)"
+    parts = []
+    if release.get("rho"):
+        parts.append(f"Gaussian noise, rho {release['rho']:g} this audit (epsilon {release['epsilon']:.3g} at "
+                     f"delta {release['delta']:g}); estimate noise sd {release['sigma_estimate']:.3g} member(s)")
+    else:
+        parts.append("no noise")
+    if "budget_left" in release:
+        parts.append(f"privacy budget left {release['budget_left']:g}")
+    parts.append(f"minimum intersection {release.get('min_intersection')}, "
+                 f"minimum effective size {release.get('min_effective_size')}")
+    if release.get("suppressed"):
+        parts.append(f"suppressed: {', '.join(release['suppressed'])}")
+    return "; ".join(parts)
+
+
+def left_out_words(noisy: bool | None, metric: str) -> str:
+    """Why groups were left out of a verdict, in words (`common.stats.left_out`)."""
+    if noisy:
+        return f"noised effective size below {MIN_EFFECTIVE_SIZE:g} or below the release controls' minimum"
+    if metric in RATE_METRICS:
+        return f"effective sample size below {MIN_KISH_SIZE:g}"
+    return f"effective size below {MIN_EFFECTIVE_SIZE:g}"
+
+
+# ----------------------------------------------------------------------------------
+# The verdict's parts
+# ----------------------------------------------------------------------------------
+def interval_words(low: Any, high: Any) -> str:
+    low, high = finite_or_none(low), finite_or_none(high)
+    if low is None or high is None:
+        return "undefined (too few defined replicates)"
+    return f"[{low:+.4f}, {high:+.4f}]"
+
+
+def band_relation(low: Any, high: Any) -> str:
+    """What a band says about 0, in words that match its numbers."""
+    low, high = finite_or_none(low), finite_or_none(high)
+    if low is None or high is None:
+        return "says nothing"
+    if low > 0:
+        return "lies above 0"
+    if high < 0:
+        return "lies below 0"
+    return "includes 0"
+
+
+def rule_phrase(rule: str, estimate: float) -> str:
+    """How the message names the compared difference under `rule`."""
+    if rule == "below_overall" and estimate < 0:  # no group lies below overall: no shortfall to name
+        return "group closest to overall (none lies below it)"
+    return RULE_PHRASES[rule]
+
+
+def detectable_words(mdd: float | None, beyond_range: bool, span: tuple[float, float] | None) -> str:
+    """The minimum detectable difference in words (`common.stats.intervals`)."""
+    if beyond_range:
+        return (f"no gap the metric can take (at most {span[1]:g}) is detectable with {POWER:.0%} power at "
+                f"this size")
+    if mdd is not None:
+        return f"the smallest gap this audit detects with {POWER:.0%} power is {mdd:.4f}"
+    return "the smallest gap this audit could detect is undefined (no defined band)"
+
+
+def excluded_words(excluded: Sequence[str], noisy: bool | None, metric: str) -> str:
+    """The groups left out of the verdict for their size, as a clause ("" for none)."""
+    return (f"; left out of the verdict ({left_out_words(noisy, metric)}): {', '.join(excluded)}"
+            if excluded else "")
+
+
+def needed_words(factor: float | None, noisy: bool | None = None, widest: str | None = None) -> str:
+    """What would make an inconclusive audit conclusive; the privacy budget only where
+    release noise is on (`noisy` None: not known, both said); `widest`: the comparison
+    or group that needs the factor `factor` (the others need fewer)."""
+    known = factor is not None and math.isfinite(factor)
+    more = (f"more members (about {factor:,.1f}x as many" + (f"; {widest} needs the most" if widest else "") + ")"
+            if known else "more members")
+    if noisy is None:
+        return (f"conclusive with {more}, fewer groups (--group-mapping) or, under the release controls, "
+                f"a larger privacy budget (rho)")
+    if noisy:
+        return f"conclusive with {more}, fewer groups (--group-mapping) or a larger privacy budget (rho)"
+    return f"conclusive with {more} or fewer groups (--group-mapping)"
+
+
+def uncertain_size_words(nearer: float, milder: str) -> str:
+    """A significant gap whose band reaches into a milder severity than its estimate's: the
+    severity is read off the estimate, and the band says the gap may be as small as its
+    nearer end (`common.stats.verdict`)."""
+    return (f"; the severity is the estimate's: the band allows a gap as small as {nearer:.4f} "
+            f"({milder}), so how large the gap is stays uncertain")
+
+
+# ----------------------------------------------------------------------------------
+# The verdict's message
+# ----------------------------------------------------------------------------------
+def nothing_comparable_message(tau: float, left_out: Sequence[str], excluded: str, needed: str) -> str:
+    """No two groups can be compared, and some were left out (`excluded`: their clause)."""
+    return ("inconclusive at this size and privacy level: no two groups can be compared"
+            + (f"; not informative (interval half-width above {INFORMATIVE_SHARE:g} tau = "
+               f"{INFORMATIVE_SHARE * tau:g}): {', '.join(left_out)}" if left_out else "")
+            + f"{excluded}; {needed}")
+
+
+def no_disparity_message(phrase: str, label: str, estimate: float, confidence: float, band: tuple[Any, Any],
+                         tau: float, detectable: str) -> str:
+    return (f"no significant disparity (the {phrase}, {label} = {estimate:+.4f}, has a "
+            f"{confidence:.0%} simultaneous interval {interval_words(*band)} that {band_relation(*band)}; "
+            f"tau {tau:g}; {detectable}, at most tau)")
+
+
+def inconclusive_message(phrase: str, label: str, estimate: float, confidence: float, band: tuple[Any, Any],
+                         tau: float, detectable: str, mdd: float | None, beyond_range: bool,
+                         left_out: Sequence[str], excluded: str, needed: str) -> str:
+    message = (f"inconclusive at this size and privacy level: the {phrase}, {label} = {estimate:+.4f}, "
+               f"has a {confidence:.0%} simultaneous interval {interval_words(*band)} that {band_relation(*band)}"
+               + (f", but {detectable}" if mdd is None or beyond_range
+                  else f", but {detectable}, above tau {tau:g}" if mdd > tau
+                  else f"; {detectable} (tau {tau:g}) among the groups compared"))
+    if left_out:
+        message += (f"; not informative (interval half-width above {INFORMATIVE_SHARE:g} tau), so not "
+                    f"judged: {', '.join(left_out)}")
+    return message + excluded + "; " + needed
+
+
+def significant_message(severity: str, phrase: str, label: str, estimate: float, confidence: float,
+                        band: tuple[Any, Any], tau: float, significant: int, compared: int, uncertain: str,
+                        left_out: Sequence[str], strict_significance: bool) -> str:
+    message = (f"significant disparity, severity {severity}: {phrase}, {label} = {estimate:+.4f}, "
+               f"{confidence:.0%} simultaneous interval {interval_words(*band)} excludes 0 (tau {tau:g}; "
+               f"{significant} significant of {compared} compared)")
+    message += uncertain
+    if left_out and strict_significance:
+        message += (f"; not informative, so compared only for gaps whose band clears tau: "
+                    f"{', '.join(left_out)}")
+    elif left_out:
+        message += (f"; not informative (interval half-width above {INFORMATIVE_SHARE:g} tau): "
+                    f"{', '.join(left_out)}")
+    return message
+
+
+def non_overlapping_words(non_overlap: Sequence[tuple[str, str]], significant: bool) -> str:
+    """The pairs of groups whose marginal intervals do not overlap, as a clause ("" for none)."""
+    if not non_overlap:
+        return ""
+    pairs_words = ", ".join(f"{a}/{b}" for a, b in non_overlap)
+    return (f"; non-overlapping group CIs: {pairs_words}" if significant else
+            f"; group CIs that do not overlap (marginal intervals, not a finding: the verdict judges "
+            f"the simultaneous bands): {pairs_words}")
+
+
+def attenuation_words(label: str, gap: float, confidence: float, interval: tuple[Any, Any] | None,
+                      understates: bool) -> str:
+    """The compared pair's corrected gap (`common.stats.correction`) beside the weighted one."""
+    return (f"; corrected for attenuation, {label} = {gap:+.4f}"
+            + (f" ({confidence:.0%} interval {interval_words(*interval)})" if interval is not None else "")
+            + (": the weighted gap understates it (BISG probabilities pull group estimates towards each "
+               "other), so the severity above is a lower bound" if understates else
+               ": the weighted gap does not understate it"))
