@@ -2,6 +2,8 @@
 
 `ClientSession.receive(msg)` consumes one message from the Tester and returns the
 messages to send back; the gRPC servicer (`client_service.server`) only moves them.
+Which message each phase accepts, the handler it goes to and the phases that follow
+are one table (`common.protocol.transitions.CLIENT`); the handlers never set a phase.
 
 P2's steps: 1 load the dataset and compute the metric's rows in plaintext
 (`common.metrics`: comparisons, sorting, IDCG, kernels happen here, before

@@ -4,6 +4,9 @@
 `start()` yields the first messages, `receive(msg)` consumes one peer message and
 returns the messages to send back, `result` holds the report once done. No sockets,
 no threads, no files: the gRPC layer (`tester_service.server`) only moves messages.
+Which message each phase accepts, the handler it goes to and the phases that follow
+are one table (`common.protocol.transitions.TESTER`); the handlers below never set a
+phase. Step 6 is `tester_service.release_items`, values the session keeps.
 
 Steps (design §3): 1 keys and salt share; 2 send (Com.Enc_sk1(RO(id)), Sym.Enc(race_p))
 and drop the plaintext table; 3 receive the shuffled, doubly encrypted rows; 4 receive
@@ -632,13 +635,11 @@ class TesterSession(PartySession):
         yield from wire.table_messages(wire.ciphertext_table(pb.AGGREGATES, width), len(out.ciphertexts),
                                        ciphertexts=paillier.ciphertexts_to_bytes(out.ciphertexts, width))
 
-    # what tests and the report read of the release (`release_items.Released`), before and after it
+    # the plan and the release as the session's earlier attributes named them (tests read them)
     _plan = property(lambda self: self._plans.plan if self._plans else None)
     _correction = property(lambda self: self._plans.correction if self._plans else None)
     _suppressed = property(lambda self: self._released.suppressed if self._released else [])
     _noise_sd = property(lambda self: self._released.noise_sd if self._released else [])
-    _small_groups = property(lambda self: self._released.small_groups if self._released else [])
-    _unidentifiable = property(lambda self: self._released.unidentifiable if self._released else [])
 
     # ------------------------------------------------------------------ step 7
     def _finish(self, report: AuditReport, client_seconds: dict[str, float]) -> list[pb.PeerMessage]:

@@ -297,7 +297,7 @@ class Gate:
 class TesterInbound(Gate):
     """What the Tester (P1) accepts from the Test-Client. Reads the TesterSession's
     announced state: `metric`, `spec`, `params`, `_min_bits`, `_n_buckets`, `_reader`,
-    `_pub`, `_layout`, `_client_rows`, `_strata_labels`, `_shuffled`, `_plan`,
+    `_pub`, `_layout`, `_client_rows`, `_strata_labels`, `_shuffled`, `_plans`,
     `_masked_values`, `_form`; on LOT's blind path `_blind`, `_tester_key`,
     `_blind_plan`, `_blind_members`."""
 
@@ -415,7 +415,7 @@ class TesterInbound(Gate):
         if count == 0 and not mp.last:
             raise ProtocolError("empty chunk of masked plaintexts")
         check_seconds(mp.phase_seconds)
-        expected = s._form.released_rows * len(s._plan.items)
+        expected = s._form.released_rows * len(s._plans.plan.items)
         have = len(s._masked_values) + count
         if have > expected:
             raise ProtocolError("too many masked plaintexts")
