@@ -152,7 +152,8 @@ def max_input_bytes() -> int:
     return int(value)
 
 
-def _size_text(n: int) -> str:
+def size_text(n: int) -> str:
+    """A byte count as people read it (bytes, KiB, MiB, GiB)."""
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
             return f"{n / size:.1f} {unit}"
@@ -189,7 +190,7 @@ def read_file_bytes(path: str | Path, suffixes: Sequence[str] | None = None) -> 
             raise InputError("is not a file", file=label)
         limit = max_input_bytes()
         if before.st_size > limit:
-            raise InputError(f"is {_size_text(before.st_size)}, larger than the limit of {_size_text(limit)} "
+            raise InputError(f"is {size_text(before.st_size)}, larger than the limit of {size_text(limit)} "
                              f"(set {MAX_INPUT_BYTES_ENV} to raise it)", file=label)
         if before.st_size == 0:
             raise InputError("is empty (0 bytes)", file=label)
@@ -400,7 +401,7 @@ def prefixed_mapping(prefix: str) -> Callable[[str], str]:
 
 
 #: where a `MissingColumn`'s message says how to map a column
-_HOW = "\0how\0"
+HOW_TO_MAP = "\0how\0"
 
 
 class MissingColumn(InputError):
@@ -411,7 +412,7 @@ class MissingColumn(InputError):
 
     def __init__(self, template: str, missing: str, *, how: Callable[[str], str] = mapping_flag,
                  **where) -> None:
-        super().__init__(template.replace(_HOW, how(missing)), **where)
+        super().__init__(template.replace(HOW_TO_MAP, how(missing)), **where)
         self.template, self.missing, self.where = template, missing, where
 
     def in_context(self, how: Callable[[str], str]) -> "MissingColumn":
@@ -423,7 +424,7 @@ def missing_column(column: str, file_columns: Sequence[str], label: str, hint: s
     """The error for a required column the file lacks: the file's columns and how to map
     one (``also``: another way out, appended)."""
     return MissingColumn(f"required column is missing{hint}; the file has {column_listing(file_columns)} "
-                         f"(if one of them holds '{column}', map it: {_HOW}){also}", column,
+                         f"(if one of them holds '{column}', map it: {HOW_TO_MAP}){also}", column,
                          file=label, column=column)
 
 

@@ -12,6 +12,7 @@ import os
 from typing import Iterable, Mapping
 
 from common.errors import InputError
+from ppre.flags import RepeatedNames
 
 #: environment variables of the column mapping (services only; `ppre audit --local` has flags)
 ID_COLUMN_ENV = "PPRE_ID_COLUMN"
@@ -22,13 +23,12 @@ def add_column_arguments(s: argparse.ArgumentParser, prefix: str = "", *, env: b
                          whose: str = "the files") -> None:
     """``--[PREFIX]id-column NAME`` and ``--[PREFIX]column OURS=THEIRS`` (repeatable); with
     ``env``, their defaults come from ``PPRE_ID_COLUMN`` and ``PPRE_COLUMNS`` (a comma list)."""
-    from ppre.commands import _Names
     dest = prefix.replace("-", "_")
     s.add_argument(f"--{prefix}id-column", dest=f"{dest}id_column", metavar="NAME",
                    default=os.environ.get(ID_COLUMN_ENV) if env else None,
                    help=f"the column of {whose} that holds the member ids, if it is not 'member_id' "
                         f"(same as --{prefix}column member_id=NAME)" + (f" (env {ID_COLUMN_ENV})" if env else ""))
-    s.add_argument(f"--{prefix}column", dest=f"{dest}column", action=_Names, metavar="OURS=THEIRS",
+    s.add_argument(f"--{prefix}column", dest=f"{dest}column", action=RepeatedNames, metavar="OURS=THEIRS",
                    default=os.environ.get(COLUMNS_ENV, "") if env else "",
                    help=f"read the column THEIRS of {whose} as PPRE's column OURS, e.g. y_pred=prediction "
                         "(repeatable)" + (f" (env {COLUMNS_ENV}: a comma-separated list)" if env else ""))

@@ -6,6 +6,10 @@ a function-local import still ties the two modules together, and ``importlib`` c
 name their module in the text (`_dynamic_import`). The graph must have
 
 * no cycle (two modules that import each other, directly or around a longer ring);
+* no cycle between packages either (`package_graph`: every module counts as its package,
+  but a module directly in a package that has subpackages, like `common.errors` or
+  `ppre.columns`, is a layer of its own): `common.stats` and `common.metrics` may not use
+  each other, even through modules that do not import each other;
 * `common/` importing no party and not the CLI (`tester_service`, `client_service`, `ppre`);
 * the parties importing not each other (`tester_service` <-> `client_service`), and the
   Tester's demographics importing only `common` and themselves;
@@ -26,6 +30,12 @@ name their module in the text (`_dynamic_import`). The graph must have
   executor, the tables reader or a party;
 * no Tester-only module in `common/` (BISG, census names, clipping, randomized response
   live in `tester_service/demographics/`).
+
+And no module imports a private name (``from a.b import _x``, `_x` not a dunder) of
+another module of ours (`private_imports`): a name that other modules need is public
+where it is defined. The tests are exempt: a test may pin a private step's behaviour
+through the step itself (a white-box check that breaks only the test when the step
+changes, which is what it is for), and no product module imports a test.
 
 The checks are plain functions over a graph, so the tests below also feed them graphs
 with a breach and show they report it.
@@ -186,6 +196,51 @@ def party_modules_in_common(graph: dict[str, set[str]]) -> list[str]:
     return sorted(m for m in graph if _under(m, "common") and m.rsplit(".", 1)[-1] in TESTER_ONLY)
 
 
+def package_of(module: str, packages: set[str]) -> str:
+    """The node of the package-level graph that `module` belongs to: a package itself; a
+    module in a package without subpackages, that package; a module directly in a
+    package with subpackages (`common.errors`, `common.tables`, `ppre.columns`), itself:
+    such a package is a set of layers, each of one module or one subpackage."""
+    if module in packages or "." not in module:
+        return module
+    parent = module.rsplit(".", 1)[0]
+    return module if any(p.startswith(parent + ".") for p in packages) else parent
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """{package: the packages its modules import} (`package_of`), from the module graph; a
+    package is a module some other module lies under."""
+    packages = {m for m in graph if any(other.startswith(m + ".") for other in graph)}
+    out: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        pa = package_of(a, packages)
+        out.setdefault(pa, set()).update(pb for pb in (package_of(b, packages) for b in targets) if pb != pa)
+    return out
+
+
+def name_imports(root: Path = ROOT) -> list[tuple[str, str, str]]:
+    """(importer, module, name) for every ``from module import name`` of a project module
+    in `PACKAGES` under `root`, anywhere in its body (relative levels resolved)."""
+    files = {module_name(p, root): p for pkg in PACKAGES for p in sorted((root / pkg).rglob("*.py"))
+             if "__pycache__" not in p.parts}
+    out = []
+    for importer, path in files.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = _resolve(node, importer, path.name == "__init__.py")
+                if base.split(".")[0] in PACKAGES:
+                    out.extend((importer, base, alias.name) for alias in node.names)
+    return out
+
+
+def private_imports(imports: list[tuple[str, str, str]]) -> list[str]:
+    """Every private name (one leading underscore, not a dunder) a module imports from
+    another module, as ``importer -> module._name``."""
+    return sorted({f"{importer} -> {module}.{name}" for importer, module, name in imports
+                   if name.startswith("_") and not name.startswith("__") and module != importer})
+
+
 # --------------------------------------------------------------------------------------
 # The tree as it is
 # --------------------------------------------------------------------------------------
@@ -206,6 +261,7 @@ def test_the_graph_sees_the_imports_the_code_makes(graph):
     assert "common.execution.memory" in graph["common.execution.parallel"]  # inside a function
     assert "common.stats.quantiles" in graph["common.stats.intervals"]
     assert "common.stats.correction" in graph["common.stats.moments"]
+    assert "common.stats.correction" in graph["common.metrics.auc_placements"]  # inside a function
     assert {"common.net.tls", "common.protocol.wire"} <= graph["common.net.channels"]
     assert "common.protocol.session" in graph["common.protocol.validation"]
     assert len(graph) > 60
@@ -213,6 +269,14 @@ def test_the_graph_sees_the_imports_the_code_makes(graph):
 
 def test_no_import_cycle(graph):
     assert cycles(graph) == [], "modules that import each other (directly or in a ring)"
+
+
+def test_no_import_cycle_between_packages(graph):
+    assert cycles(package_graph(graph)) == [], "packages that import each other (directly or in a ring)"
+
+
+def test_no_private_name_is_imported_from_another_module():
+    assert private_imports(name_imports()) == []
 
 
 def test_common_imports_no_party_and_the_parties_not_each_other(graph):
@@ -302,6 +366,60 @@ def test_the_statistics_import_no_metric_protocol_executor_crypto_or_party():
                                "common.stats.correction -> common.protocol.validation",
                                "common.stats.intervals -> common.metrics.scoring",
                                "common.stats.moments -> common.protocol.wire"]
+
+
+def test_cycles_between_packages_are_found_where_no_modules_make_one():
+    graph = {"common.stats.intervals": {"common.metrics.scoring", "common.errors"},
+             "common.stats.results": {"common.stats.intervals"}, "common.stats": set(),
+             "common.metrics.scoring": {"common.errors", "common.tables"},
+             "common.metrics.pot": {"common.stats.results"}, "common.metrics": {"common.metrics.pot"},
+             "common.errors": set(), "common.tables": {"common.errors"}, "common": set(),
+             "ppre.columns": {"ppre.flags"}, "ppre.flags": set(), "ppre.commands": {"ppre.columns"},
+             "ppre.commands.client": {"ppre.commands", "ppre.columns"}, "ppre.commands.runs": set(),
+             "ppre.cli": {"ppre.commands.client"}, "ppre": set()}
+    assert cycles(graph) == []
+    assert package_graph(graph)["common.stats"] == {"common.metrics", "common.errors"}
+    assert package_graph(graph)["common.tables"] == {"common.errors"}  # a layer of its own in `common`
+    assert cycles(package_graph(graph)) == [["common.metrics", "common.stats"]]
+    # a module directly in `ppre` that imports a command, when other commands import it
+    graph["ppre.columns"] = {"ppre.commands.runs"}
+    assert cycles(graph) == [] and cycles(package_graph(graph)) == [
+        ["common.metrics", "common.stats"], ["ppre.columns", "ppre.commands"]]
+
+
+def test_a_metric_import_in_the_statistics_of_a_copy_of_the_tree_is_found(tmp_path):
+    root = _copy_of_the_tree(tmp_path)
+    assert cycles(package_graph(import_graph(root))) == []
+    intervals = root / "common" / "stats" / "intervals.py"
+    intervals.write_text(intervals.read_text(encoding="utf-8")
+                         + "\n\ndef _late():\n    from common.metrics.scoring import dense_score_rank  # noqa\n"
+                           "    return dense_score_rank\n", encoding="utf-8")
+    graph = import_graph(root)
+    assert cycles(graph) == []  # scoring imports no statistics: no two modules import each other
+    assert any({"common.metrics", "common.stats"} <= set(c) for c in cycles(package_graph(graph)))
+    assert "common.stats.intervals -> common.metrics.scoring" in breaches(graph)
+
+
+def test_private_imports_are_found():
+    imports = [("ppre.columns", "ppre.commands", "_Names"), ("ppre.config.tester", "ppre.config.check", "_size"),
+               ("ppre.columns", "ppre.flags", "RepeatedNames"), ("common.metrics", "common.metrics", "_load"),
+               ("common.stats.results", "common.stats", "__doc__"), ("ppre.cli", "ppre", "__version__")]
+    assert private_imports(imports) == ["ppre.columns -> ppre.commands._Names",
+                                        "ppre.config.tester -> ppre.config.check._size"]
+
+
+def test_a_private_import_in_a_copy_of_the_tree_is_found_relative_and_function_local(tmp_path):
+    root = _copy_of_the_tree(tmp_path)
+    assert private_imports(name_imports(root)) == []
+    results = root / "common" / "stats" / "results.py"
+    results.write_text(results.read_text(encoding="utf-8")
+                       + "\n\ndef _late():\n    from .verdict import _detectable  # noqa\n    return _detectable\n",
+                       encoding="utf-8")
+    columns = root / "ppre" / "columns.py"
+    columns.write_text(columns.read_text(encoding="utf-8") + "\nfrom ppre.report.model import _noisy  # noqa\n",
+                       encoding="utf-8")
+    assert private_imports(name_imports(root)) == ["common.stats.results -> common.stats.verdict._detectable",
+                                                   "ppre.columns -> ppre.report.model._noisy"]
 
 
 def _copy_of_the_tree(tmp_path: Path) -> Path:

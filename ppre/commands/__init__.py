@@ -6,6 +6,8 @@ import os
 import signal
 import time
 
+from ppre.flags import RepeatedNames
+
 #: SIGTERM to exit: sessions get this long to end cleanly, gRPC calls a little more
 SHUTDOWN_SESSIONS_S = 5.0
 SHUTDOWN_GRACE_S = 2.0
@@ -57,19 +59,8 @@ def make_executor(args: argparse.Namespace):
     return executor
 
 
-class _Names(argparse.Action):
-    """A repeatable NAME[,NAME...] option whose first use replaces its default (an env
-    variable or the development identity) instead of adding to it."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        current = getattr(namespace, self.dest, None)
-        current = list(current) if isinstance(current, list) and current is not self.default else []
-        current.append(values)
-        setattr(namespace, self.dest, current)
-
-
 def add_names_argument(s: argparse.ArgumentParser, flag: str, env_name: str, default: str, what: str) -> None:
-    s.add_argument(flag, action=_Names, default=os.environ.get(env_name, default), metavar="NAME",
+    s.add_argument(flag, action=RepeatedNames, default=os.environ.get(env_name, default), metavar="NAME",
                    help=f"{what} (repeatable, or a comma-separated list; env {env_name}, default {default})")
 
 

@@ -9,7 +9,8 @@ from common.errors import InputError
 from ppre.commands import add_names_argument, add_service_arguments, add_tls_arguments, link_settings, tls_identity
 
 
-def _named(values: list[str]) -> dict[str, str]:
+def dataset_files(values: list[str]) -> dict[str, str]:
+    """The ``--dataset NAME=FILE`` values as {name: file} (also read by ``ppre client check-config``)."""
     out = {}
     for item in values:
         name, sep, path = item.partition("=")
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from ppre.columns import client_columns
     from client_service.results import ResultStore
     results = ResultStore(args.results_dir)  # checked before the service starts
-    registry = DatasetRegistry(args.data_dir, _named(args.dataset), client_columns(args))
+    registry = DatasetRegistry(args.data_dir, dataset_files(args.dataset), client_columns(args))
     test_bits = paillier.test_key_bits()
     config = ClientConfig(registry, modulus_bits=test_bits or paillier.MIN_MODULUS_BITS,
                           allow_insecure=test_bits is not None,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from common.errors import InputError, PPREError
-from ppre.config.file import _PROBLEMS, _SOURCES
+from ppre.config.file import PROBLEMS_ATTRIBUTE, SOURCES_ATTRIBUTE
 from ppre.config.table import settings
 
 
@@ -58,7 +58,7 @@ class Report:
         return [f"{c.name}: {c.message}" for c in self.checks if not c.ok]
 
     def settings(self) -> dict[str, dict]:
-        sources = getattr(self.args, _SOURCES, {})
+        sources = getattr(self.args, SOURCES_ATTRIBUTE, {})
         out = {}
         for s in settings(self.service):
             value = getattr(self.args, s.dest, None)
@@ -106,16 +106,18 @@ class Report:
         return 2 if self.problems else 0
 
 
-def _size(path: str | Path) -> str:
-    from common.tables import _size_text
+def size_words(path: str | Path) -> str:
+    """A file's size as people read it ("?" where it cannot be read)."""
+    from common.tables import size_text
     try:
-        return _size_text(os.stat(path).st_size)
+        return size_text(os.stat(path).st_size)
     except OSError:
         return "?"
 
 
-def _config_problems(report: Report) -> None:
-    problems = getattr(report.args, _PROBLEMS, [])
+def config_problems(report: Report) -> None:
+    """The configuration file's problems (`ppre.config.file.apply`) as the report's first check."""
+    problems = getattr(report.args, PROBLEMS_ATTRIBUTE, [])
     config = getattr(report.args, "config", None)
     for p in problems:
         report.fail("configuration file", p)
@@ -123,7 +125,9 @@ def _config_problems(report: Report) -> None:
         report.ok("configuration file", f"{config}: read")
 
 
-def _check_service_settings(report: Report, names_flag: str, names_role: str) -> None:
+def check_service_settings(report: Report, names_flag: str, names_role: str) -> None:
+    """The settings both services share: the links (peer timeout, session limit), the allow-list
+    of `names_flag` (`names_role`s) and the executor."""
     args = report.args
     from common.net.tls import AllowList, parse_names
     from ppre.commands import link_settings
@@ -151,7 +155,8 @@ def _check_service_settings(report: Report, names_flag: str, names_role: str) ->
     report.run("executor", executor, lambda name: name)
 
 
-def _check_tls(report: Report) -> None:
+def check_tls(report: Report) -> None:
+    """The TLS identity: its certificate, key and CA, and how long it is valid (or --insecure)."""
     import datetime as dt
 
     from ppre.commands import tls_identity
@@ -176,7 +181,9 @@ def _check_tls(report: Report) -> None:
     report.run("TLS", load, describe)
 
 
-def _check_writable_parent(report: Report, name: str, path: str | None, what: str) -> None:
+def check_writable_parent(report: Report, name: str, path: str | None, what: str) -> None:
+    """Whether the file `path` (`what`: how it is written) can be written: its directory exists
+    and it is a file if it exists."""
     if not path:
         return
     parent = Path(path).expanduser().resolve().parent

@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from ppre.columns import client_columns
-from ppre.config.check import Report, _check_service_settings, _check_tls, _config_problems, _size
+from ppre.config.check import Report, check_service_settings, check_tls, config_problems, size_words
 
 
 def _metric_variants():
@@ -59,7 +59,7 @@ def _check_dataset(report: Report, registry, name: str, columns: dict[str, str])
     details = {"file": str(path), "rows": rows, "columns": names, "metrics": served,
                "missing": {k: v for k, v in missing.items()}}
     if served:
-        report.ok(f"dataset {name}", f"{path}: {rows} rows, {_size(path)}; serves {', '.join(served)}", **details)
+        report.ok(f"dataset {name}", f"{path}: {rows} rows, {size_words(path)}; serves {', '.join(served)}", **details)
     elif not failed:
         closest, absent = min(missing.items(), key=lambda kv: len(kv[1]))
         lacks = ", ".join(c if mapped_name(c, columns) == c else f"{c} (read from '{columns[c]}' by the column mapping)"
@@ -72,20 +72,20 @@ def _check_dataset(report: Report, registry, name: str, columns: dict[str, str])
 def check_client(args: argparse.Namespace) -> int:
     """`ppre client check-config`."""
     from client_service.datasets import DatasetRegistry
-    from ppre.commands.client import _named
+    from ppre.commands.client import dataset_files
 
     report = Report("client", args)
-    _config_problems(report)
+    config_problems(report)
     columns = report.run("column mapping", lambda: client_columns(args),
                          lambda m: ", ".join(f"{a} <- '{b}'" for a, b in m.items()) or "none (the standard names)")
     if not args.data_only:
-        _check_service_settings(report, "--allow-tester", "Tester")
-        _check_tls(report)
+        check_service_settings(report, "--allow-tester", "Tester")
+        check_tls(report)
         if getattr(args, "results_dir", None):
             from client_service.results import results_directory
             report.run("results directory", lambda: results_directory(args.results_dir),
                        lambda p: f"{p} (results of audits whose recipient is the Test-Client)")
-    named = report.run("named datasets", lambda: _named(args.dataset)) if args.dataset else {}
+    named = report.run("named datasets", lambda: dataset_files(args.dataset)) if args.dataset else {}
     if args.data_dir and not Path(args.data_dir).is_dir():
         report.fail("data directory", f"{args.data_dir}: is not a directory")
     registry = DatasetRegistry(args.data_dir, named or {}, columns or {})

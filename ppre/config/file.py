@@ -18,9 +18,9 @@ from typing import Any
 from common.errors import InputError
 from ppre.config.table import LIST_KEYS, Setting, settings
 
-_GIVEN = "_ppre_given"
-_SOURCES = "config_sources"
-_PROBLEMS = "config_problems"
+GIVEN_ATTRIBUTE = "_ppre_given"
+SOURCES_ATTRIBUTE = "config_sources"
+PROBLEMS_ATTRIBUTE = "config_problems"
 
 
 def _toml_type(value: Any) -> str:
@@ -139,9 +139,9 @@ def apply(args: argparse.Namespace, service: str, *, collect: bool = False) -> a
     configuration file (if any); note each setting's source in ``args.config_sources``.
     Problems of the file raise (all of them, in one error), or with ``collect`` are kept
     in ``args.config_problems`` (check-config)."""
-    given = set(getattr(args, _GIVEN, ()) or ())
-    if hasattr(args, _GIVEN):
-        delattr(args, _GIVEN)
+    given = set(getattr(args, GIVEN_ATTRIBUTE, ()) or ())
+    if hasattr(args, GIVEN_ATTRIBUTE):
+        delattr(args, GIVEN_ATTRIBUTE)
     values: dict[str, Any] = {}
     problems: list[InputError] = []
     if getattr(args, "config", None):
@@ -161,6 +161,6 @@ def apply(args: argparse.Namespace, service: str, *, collect: bool = False) -> a
             sources[s.key] = "file"
         else:
             sources[s.key] = "default"
-    setattr(args, _SOURCES, sources)
-    setattr(args, _PROBLEMS, [str(p) for p in problems])
+    setattr(args, SOURCES_ATTRIBUTE, sources)
+    setattr(args, PROBLEMS_ATTRIBUTE, [str(p) for p in problems])
     return args

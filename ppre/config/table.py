@@ -18,6 +18,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ppre.flags import RepeatedNames
+
 #: the environment variable that names the configuration file
 CONFIG_ENV = "PPRE_CONFIG"
 #: the services a configuration file configures: (command module, action)
@@ -137,7 +139,7 @@ def settings(service: str) -> tuple[Setting, ...]:
             kind = "bool"
         elif key in ("columns", "datasets"):
             kind = key
-        elif type(action).__name__ == "_Names":
+        elif isinstance(action, RepeatedNames):
             kind = "names"
         elif action.type is int:
             kind = "int"

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 
 from ppre.columns import tester_columns
-from ppre.config.check import (Report, _check_service_settings, _check_tls, _check_writable_parent, _config_problems,
-                               _size)
+from ppre.config.check import (Report, check_service_settings, check_tls, check_writable_parent, config_problems,
+                               size_words)
 
 
 def check_tester(args: argparse.Namespace) -> int:
@@ -25,7 +25,7 @@ def check_tester(args: argparse.Namespace) -> int:
     from tester_service.release import PrivacyAccountant, ReleasePolicy
 
     report = Report("tester", args)
-    _config_problems(report)
+    config_problems(report)
     columns = report.run("column mapping", lambda: tester_columns(args),
                          lambda m: ", ".join(f"{a} <- '{b}'" for a, b in m.items()) or "none (the standard names)")
     prep = report.run("preparation settings", lambda: preparation_config(args),
@@ -51,10 +51,10 @@ def check_tester(args: argparse.Namespace) -> int:
     if args.buckets < 1:
         report.fail("bootstrap buckets", f"--buckets must be at least 1, got {args.buckets}")
     if not args.data_only:
-        _check_service_settings(report, "--allow-operator", "operator")
-        _check_writable_parent(report, "audit log", args.audit_log, "appended to")
-        _check_writable_parent(report, "run history", getattr(args, "history", None), "SQLite run history")
-        _check_tls(report)
+        check_service_settings(report, "--allow-operator", "operator")
+        check_writable_parent(report, "audit log", args.audit_log, "appended to")
+        check_writable_parent(report, "run history", getattr(args, "history", None), "SQLite run history")
+        check_tls(report)
 
     if bool(args.probabilities) == bool(args.members):
         report.fail("inputs", "give exactly one of --probabilities (a prepared table) and --members")
@@ -65,7 +65,7 @@ def check_tester(args: argparse.Namespace) -> int:
 
         def describe(table):
             groups = [c for c in table.columns if c != "member_id"]
-            return (f"{args.probabilities}: {len(table)} members, {_size(args.probabilities)}; "
+            return (f"{args.probabilities}: {len(table)} members, {size_words(args.probabilities)}; "
                     f"groups {', '.join(groups)}")
         report.run("probability table", lambda: read_probability_table(args.probabilities, mapping, columns),
                    describe)
@@ -77,7 +77,7 @@ def check_tester(args: argparse.Namespace) -> int:
             validate_members(frame, str(args.members), opt_out)
             return frame
         member_frame = report.run("members file", members, lambda f: (
-            f"{args.members}: {len(f)} members, {_size(args.members)}; columns {', '.join(f.columns)}"))
+            f"{args.members}: {len(f)} members, {size_words(args.members)}; columns {', '.join(f.columns)}"))
         survey = None
         if args.self_id:
             def self_id():
@@ -87,7 +87,7 @@ def check_tester(args: argparse.Namespace) -> int:
                 self_id_categories(frame, str(args.self_id))
                 return frame
             survey = report.run("Self-ID file", self_id, lambda f: (
-                f"{args.self_id}: {len(f)} answers, {_size(args.self_id)}"))
+                f"{args.self_id}: {len(f)} answers, {size_words(args.self_id)}"))
         if member_frame is not None and prep is not None and (survey is not None or not args.self_id):
             def preparation():
                 out = prepare(member_frame, survey, prep, labels=(str(args.members), str(args.self_id)))

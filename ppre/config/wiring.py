@@ -14,7 +14,7 @@ import os
 from typing import Callable
 
 from ppre.config.client import check_client
-from ppre.config.file import _GIVEN, apply
+from ppre.config.file import GIVEN_ATTRIBUTE, apply
 from ppre.config.table import CONFIG_ENV, SERVICES, settings_table
 from ppre.config.tester import check_tester
 
@@ -23,10 +23,10 @@ from ppre.config.tester import check_tester
 def _noting(cls: type) -> type:
     """`cls` whose call also notes, in the namespace, that its option was given."""
     def __call__(self, parser, namespace, values, option_string=None):
-        given = getattr(namespace, _GIVEN, None)
+        given = getattr(namespace, GIVEN_ATTRIBUTE, None)
         if given is None:
             given = set()
-            setattr(namespace, _GIVEN, given)
+            setattr(namespace, GIVEN_ATTRIBUTE, given)
         given.add(self.dest)
         return cls.__call__(self, parser, namespace, values, option_string)
     return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__, "_ppre_noting": True})

@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 
 from common.errors import InputError
 from common.races import RACES, GroupMapping, race_label_to_index
-from common.tables import (_HOW, MissingColumn, arrow_to_numpy, check_member_ids, clean_member_ids, did_you_mean,
+from common.tables import (HOW_TO_MAP, MissingColumn, arrow_to_numpy, check_member_ids, clean_member_ids, did_you_mean,
                            file_columns, fill_empty, first_row, misspelling_hint, read_text_table, string_scalar)
 from tester_service.demographics import bisg as bisg_mod
 from tester_service.demographics import clipping, randomized_response
@@ -337,7 +337,7 @@ def needed_column(column: str, setting: str, file_columns, label: str, parameter
     column found, and how to map it."""
     hint = did_you_mean(column, file_columns)
     return MissingColumn(f"{setting} needs a '{column}' column, which the members file does not have{hint}; "
-                         f"map the file's column with the column mapping ({_HOW})", column,
+                         f"map the file's column with the column mapping ({HOW_TO_MAP})", column,
                          file=label, parameter=parameter)
 
 
