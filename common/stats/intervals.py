@@ -196,8 +196,8 @@ def is_informative(low: Any, high: Any, tau: float) -> bool:
 def null_scaled(values: np.ndarray, index: dict[str, int], bounds: tuple[float, float] | None) -> np.ndarray:
     """`values` with each group's replicates spread as they would be at the overall's value:
     rep ← est + (rep − est)·s, s = max(1, √(spread(overall)/spread(est))), spread(x) =
-    (x − lo)(hi − x) the binomial-type variance on the range [lo, hi] (module docstring,
-    "Intervals"). The verdict's test is of "no gap", under which every group's value is
+    (x − lo)(hi − x) the binomial-type variance on the range [lo, hi] (module
+    docstring, "Intervals"). The verdict's test is of "no gap", under which every group's value is
     the overall's; a group whose estimate sits nearer a bound than the overall's (few
     events: a low rate) has a bootstrap spread that is too small exactly when its
     estimate is far from the truth, which is how a small group makes false findings.

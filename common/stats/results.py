@@ -58,7 +58,7 @@ class GroupResult:
     corrected_estimate: float | None = None
     corrected_ci_low: float | None = None
     corrected_ci_high: float | None = None
-    #: whether the interval's half-width is at most INFORMATIVE_SHARE·τ (module docstring)
+    #: whether the interval's half-width is at most INFORMATIVE_SHARE·τ (`common.stats.intervals`)
     informative: bool = False
     corrected_informative: bool | None = None
 
@@ -422,7 +422,7 @@ def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, 
            interval: str | None = None, corrected=None, noisy: bool | None = None,
            min_size: float = 0.0) -> AuditReport:
     """The result from the cells' ratios `values` ((R+1, cells): row 0 the estimate).
-    `small_groups` (from the Tester: module docstring, "Left out") take no part in the
+    `small_groups` (from the Tester: `common.stats.left_out`) take no part in the
     verdict of a per-group metric. `noisy`: whether release noise was on (None: not
     known); without it (False) the verdict tests with each group's spread at the
     overall's value (`null_scaled`), and only with it does its advice name the privacy
@@ -431,7 +431,7 @@ def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, 
     attenuation-corrected values (`common.stats.correction.Corrected`), reported beside the
     weighted ones with intervals from the same replicates; the verdict stays on the
     weighted estimates (the paper's) and says how the corrected gap bears on it.
-    Every reported value is clipped to its range (`value_range`, module docstring). A
+    Every reported value is clipped to its range (`common.stats.intervals.value_range`). A
     metric whose cells are counts reports them itself (`Metric.cell_report`), withholding
     a count below `min_size`, the controls' minimum effective size."""
     counted = metric.cell_report(plan, values, option=option, params=params, info=info, confidence=confidence,
@@ -535,7 +535,6 @@ def _jsonable(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-
-# Names the message layer and the parties still import from here; they now live in
+# Names the Tester (`tester_service.release_items`) still imports from here; they live in
 # `common.stats.left_out`.
 from common.stats.left_out import MIN_EFFECTIVE_SIZE, small_for_verdict  # noqa: E402,F401

@@ -74,7 +74,7 @@ class Verdict:
     message: str = ""
     #: groups left out of the verdict (effective size below MIN_EFFECTIVE_SIZE)
     excluded_groups: tuple[str, ...] = ()
-    #: the minimum detectable difference at these settings (module docstring), None when undefined
+    #: the minimum detectable difference at these settings (`common.stats.intervals`), None when undefined
     mdd: float | None = None
     #: groups (or pair cells) not compared because not informative; any makes "none" impossible
     uninformative: tuple[str, ...] = ()
