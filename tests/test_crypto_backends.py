@@ -25,7 +25,7 @@ from common.crypto.masking import R_MAX_BITS, RatioMask
 from common.errors import InputError, ProtocolError
 from tester_service import aggregation
 from tests.helpers import TEST_BITS, local_audit, make_inputs
-from tests.test_control_pins import small_order_u
+from tests.curve25519 import small_order_u
 
 
 
