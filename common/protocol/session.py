@@ -60,11 +60,11 @@ class PartySession:
     how a progress tick reaches its owner (`_report_rows`) and what its `close` drops
     (`_drop_secrets`)."""
 
-    transitions: "Transitions"  # noqa: F821 (common.protocol.transitions)
+    transitions: "common.protocol.transitions.Transitions"  # (both import this module)
     phase: enum.Enum
     _clock: PhaseClock
     _checkpoint: Callable[[], None] | None
-    _inbound: "Gate"  # noqa: F821 (common.protocol.validation.Gate)
+    _inbound: "common.protocol.validation.Gate"
 
     def _lap(self, name: str) -> None:
         self._clock.lap(name)
