@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_intervals.py [--metric ero|output] [--sizes 10000,100000] [--datasets 400]
                                               [--bootstrap 1000] [--power 10000:0.05,100000:0.02] [--seed 1]
 
-A plaintext twin of the release (`tester_service.protocol.TesterSession._aggregate` under the
+A plaintext twin of the release (`tester_service.release_items`, step 6 under the
 default `ReleasePolicy`, correction on): per group the noised aggregates Num_j = Σ q_ij·f_i and
 Den_j = Σ q_ij·d_i (q the quantised probabilities, 2^32 per row), "overall" their sum, and the
 pair items Σ w_ab·f, Σ w_ab·d on the pair weights `common.stats.correction.pair_weights`, each slot with
@@ -28,7 +28,7 @@ y = clip(N(1.0 + gap·[race = black], 0.5), −1, 3), declared range −1:3. Its
 carries three components in fixed point (2^-24, the metric's own `components` and
 `quantize`): f = y − c (c = 1, the range's centre), 1 and f², packed as with a 2048-bit key
 (4 slots on one ciphertext: the group items' f² slot is released at σ_m, as the Tester's
-`_square_scales` does), noise `moment_sigmas(2, squares=1)` times each slot's sensitivity
+`square_scales` does), noise `moment_sigmas(2, squares=1)` times each slot's sensitivity
 (`Metric.slot_sensitivity`: the component's bound × 2^32); then `finish_release` with the
 correction bounded to the range and `finish()` with the metric's parameters and tau 0.05
 (the CLI's default; the output metric's tau is in the outcome's units). Truths: the
@@ -199,7 +199,7 @@ def release_moments(metric, params: dict, info: dict, p, columns, policy: Releas
                     rng: np.random.Generator):
     """As `release`, for a metric with real-valued components: group items (f, d and the
     square where the rows carry one) with σ₀ on f and d and σ_m on the square
-    (`TesterSession._square_scales`), overall their sum, pair items with σ_m on every slot;
+    (`tester_service.release_items.square_scales`), overall their sum, pair items with σ_m on every slot;
     each slot's sd the multiplier times its sensitivity (bound × 2^32)."""
     n = len(columns[0])
     comps, layout, plan, pairs_plan = moments_plan(metric, params, info, n)

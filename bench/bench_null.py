@@ -4,7 +4,7 @@ often it finds one that is (ERO, release controls off).
     .venv/bin/python bench/bench_null.py [--sizes 10000,100000] [--datasets 400] [--bootstrap 1000]
                                          [--power 10000:0.05,100000:0.02] [--seed 1] [--markdown]
 
-A plaintext twin of the protocol's bootstrap (`tester_service.protocol.TesterSession._aggregate`
+A plaintext twin of the protocol's bootstrap (`tester_service.release_items`, step 6
 without release noise): the joined rows go into `common.stats.bootstrap.DEFAULT_BUCKETS` random buckets
 (`assign_buckets`), the bucket sums of q_ij·f and q_ij·d are formed per group (q the quantised
 probabilities, 2^32 per row, `common.crypto.encoding.quantize_probabilities`; "overall" the sum of the

@@ -45,7 +45,7 @@ releases under the default `ReleasePolicy`, built from the real code wherever it
 Every form: the items whose effective size Σ_i p_ij plus N(0, threshold σ²) is below the
 policy's minimum are withheld (`Plan.suppress`), the groups whose noised size is below
 `common.stats.left_out.MIN_EFFECTIVE_SIZE` (or withheld) are left out of the verdict, as
-`TesterSession._suppress_small` decides; the random-group forms then finish with the real
+`tester_service.release_items.suppress_small` decides; the random-group forms then finish with the real
 `common.stats.results.finish()` at interval "random_groups" and `noisy=True` (est ±
 t_{G−1}·sd/√G, the verdict's Bonferroni band). `--check` runs one small audit per metric
 through the real sans-I/O sessions (Paillier, MQOS-AUC's masked squaring round trip) with the
@@ -146,7 +146,7 @@ class Audit:
 
 def canonical_units(q: np.ndarray, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """(order, units): the Tester's canonical row order (by probability vectors) and each
-    row's random group in that order (`TesterSession._aggregate`)."""
+    row's random group in that order (`tester_service.release_items.sum_buckets`)."""
     order = np.lexsort([col for col in reversed(q.T)])
     units = np.empty(len(q), dtype=np.int64)
     for m, idx in enumerate(boot.assign_buckets(len(q), count, rng)):
@@ -156,7 +156,7 @@ def canonical_units(q: np.ndarray, count: int, rng: np.random.Generator) -> tupl
 
 def suppression(q: np.ndarray, policy: ReleasePolicy, rng: np.random.Generator, noise: bool):
     """(withheld groups' indices, groups left out of the verdict): effective sizes Σ p_ij with
-    threshold noise against the policy's minimum and MIN_EFFECTIVE_SIZE (`_suppress_small`)."""
+    threshold noise against the policy's minimum and MIN_EFFECTIVE_SIZE (`suppress_small`)."""
     sizes = q.sum(axis=0) / SCALE
     if noise:
         sizes = sizes + rng.normal(0.0, policy.threshold_sigma(), len(sizes))
@@ -281,7 +281,7 @@ def pot_moment_audit(p: np.ndarray, frame: pd.DataFrame, policy: ReleasePolicy, 
     noise_sd = est_sd + [0.0] * len(est_sd)  # the header's form: the estimate's, then no groups
     withheld, small = suppression(q, policy, rng, noise)
     hidden = [i for i, item in enumerate(plan.items) if item.weight in withheld]  # cells only, not M's items
-    # a withheld item reaches the finishing party as zeros (`TesterSession._send_items`)
+    # a withheld item reaches the finishing party as zeros (`tester_service.release_items.mask_items`)
     row = [[0 if i in hidden else int(x) for x in slots] for i, slots in enumerate(row)]
     values, _ = finish_release(plan, moments, row, noise_sd, MOMENT_REPLICATES, withheld=hidden)
     report = finish(POT, plan, values, option="default", confidence=CONFIDENCE, tau=DEFAULT_TAU, params=params,
@@ -407,7 +407,7 @@ def auc_moment_audit(p: np.ndarray, frame: pd.DataFrame, policy: ReleasePolicy, 
     noise_sd = est_sd + [0.0] * len(est_sd)  # the header's form: the estimate's, then no groups
     withheld, small = suppression(q, policy, rng, noise)
     hidden = [i for i, item in enumerate(plan.items[:len(cells)]) if i in withheld]  # cell j is item j
-    # a withheld item reaches the finishing party as zeros (`TesterSession._send_items`)
+    # a withheld item reaches the finishing party as zeros (`tester_service.release_items.mask_items`)
     row = [[0, 0] if i in hidden else slots for i, slots in enumerate(row)]
     values, _ = finish_release(plan, moments, row, noise_sd, MOMENT_REPLICATES, withheld=hidden)
     report = finish(metric, plan, values, option="exact", confidence=CONFIDENCE, tau=DEFAULT_TAU, params={},

@@ -38,7 +38,7 @@ from common.execution import parallel
 from common.metrics.base import Layout, composite_items
 from common.protocol.session import PhaseClock, chunk_ticks
 from common.stats import correction, moments
-from common.stats.results import MIN_EFFECTIVE_SIZE, small_for_verdict
+from common.stats.left_out import MIN_EFFECTIVE_SIZE, small_for_verdict
 from proto import ppre_pb2 as pb
 from tester_service import aggregation
 from tester_service.audit_spec import AuditSpec

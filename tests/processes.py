@@ -44,6 +44,7 @@ from typing import Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.crypto import paillier
 from common.net import channels
 from common.net.tls import CLIENT_IDENTITY, TESTER_IDENTITY, DevCA, TlsIdentity
 from tests.helpers import free_loopback_port, make_inputs, pid_alive
@@ -81,10 +82,13 @@ def foreground_argv(argv: list[str]) -> list[str]:
     return [sys.executable, "-I", "-S", "-c", _SIGINT_DEFAULT, *argv]
 
 
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """os.environ without proxies and without inherited PPRE_ settings, plus `extra`."""
+def child_env(extra: dict[str, str] | None = None, *, test_keys: bool = True) -> dict[str, str]:
+    """os.environ without proxies and without inherited PPRE_ settings but the test-key
+    size (`PPRE_TEST_KEY_BITS`, tests/conftest.py; `test_keys=False`: production keys), plus
+    `extra`."""
+    kept = {paillier.TEST_KEY_ENV} if test_keys else set()
     env = {k: v for k, v in os.environ.items()
-           if k.lower() not in _PROXY_VARS and not k.startswith("PPRE_")}
+           if k.lower() not in _PROXY_VARS and (not k.startswith("PPRE_") or k in kept)}
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.update(extra or {})
@@ -269,6 +273,7 @@ class ServiceProcess:
     env: dict[str, str] = field(default_factory=dict)
     prefix: list[str] = field(default_factory=list)
     health_address: str | None = None  # where the test reaches its health service (default: address)
+    test_keys: bool = True             # the suite's test keys (False: 2048-bit, `child_env`)
     tls: TlsIdentity | None = None     # what the test presents to it (None: plaintext)
     server_name: str | None = None     # the identity its certificate carries
     proc: subprocess.Popen | None = None
@@ -280,7 +285,7 @@ class ServiceProcess:
         assert self.proc is None or self.proc.poll() is not None, f"{self.name} is already running"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        env = child_env({"TMPDIR": str(self.run_dir), "HOME": str(self.run_dir), **self.env})
+        env = child_env({"TMPDIR": str(self.run_dir), "HOME": str(self.run_dir), **self.env}, test_keys=self.test_keys)
         with open(self.log_path, "ab") as log:
             log.write(f"==== start {self.starts + 1}: {' '.join(self.argv_tail)}\n".encode())
             log.flush()

@@ -115,12 +115,16 @@ class Deployment:
         self.operators: list[OperatorAudit] = []
 
     def pair(self, dataset: Dataset, *, client_address: str | None = None, tester_kw: dict | None = None,
-             client_kw: dict | None = None, proxy: bool = False) -> tuple[ServiceProcess, ServiceProcess]:
+             client_kw: dict | None = None, proxy: bool = False,
+             test_keys: bool = False) -> tuple[ServiceProcess, ServiceProcess]:
         """Start the Test-Client, then the Tester pointing at it (or at a proxy in front of it).
         `client_address`: where the Tester and the health checks reach the Test-Client, when
-        that is not where it listens (a namespace)."""
+        that is not where it listens (a namespace). The services make production keys unless
+        `test_keys`: a fault must find each phase of these audits under way, which the
+        suite's test keys shorten below what the triggers can catch."""
         client = make_client(self.base, dataset, **(client_kw or {}))
         client.health_address = client_address
+        client.test_keys = test_keys
         self.services.append(client)
         client.start()
         client.wait_healthy()
@@ -130,6 +134,7 @@ class Deployment:
             self.proxies.append(FreezableProxy((host, int(port))))
             target = self.proxies[-1].address
         tester = make_tester(self.base, dataset, target, **(tester_kw or {}))
+        tester.test_keys = test_keys
         self.services.append(tester)
         tester.start()
         tester.wait_healthy()
@@ -714,7 +719,7 @@ def test_soak_audits_do_not_grow_memory_fds_or_threads(soak, deploy, tiny, reque
     from tester_service.server import run_audit
 
     env = {"PPRE_WORKERS": "1"}
-    tester, client = deploy.pair(tiny, tester_kw={"env": env}, client_kw={"env": env})
+    tester, client = deploy.pair(tiny, tester_kw={"env": env}, client_kw={"env": env}, test_keys=True)
     samples: dict[int, tuple] = {0: (tester.usage(), client.usage())}
     durations = []
     t_start = time.monotonic()

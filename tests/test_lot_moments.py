@@ -187,7 +187,8 @@ def test_every_released_lot_item_carries_noise_the_second_moments_included(monke
     """Under the controls each item the Tester releases gets its own noise: the cells at
     σ₀ and the second moments' pair items at σ_m (`ReleasePolicy.moment_sigmas`), none of
     them with a zero scale (pooled cells are sums of noised items, no draw of their own)."""
-    from tester_service.protocol import AuditSpec, TesterSession
+    from tester_service import release_items
+    from tester_service.protocol import AuditSpec
     from tester_service.release import MOMENT_SHARE, PAIR_FACTOR, THRESHOLD_SHARE, ReleasePolicy
     from tests.helpers import local_audit
     from tests.metric_data import random_ranked_lists
@@ -196,13 +197,13 @@ def test_every_released_lot_item_carries_noise_the_second_moments_included(monke
     hsm = rng.uniform(0.0, 1.0, 400)
     tester = pd.DataFrame({"member_id": [f"m{i:06d}" for i in range(400)], "hsm": hsm, "non_hsm": 1.0 - hsm})
     draws: list = []
-    original = TesterSession._add_noise
+    original = release_items.add_noise
 
-    def recording(self, ciphertext, scales, sigma):
+    def recording(audit, ciphertext, scales, sigma):
         draws.append((sigma, list(scales)))
-        return original(self, ciphertext, scales, sigma)
+        return original(audit, ciphertext, scales, sigma)
 
-    monkeypatch.setattr(TesterSession, "_add_noise", recording)
+    monkeypatch.setattr(release_items, "add_noise", recording)
     policy = ReleasePolicy(rho=1.0, budget=1.0)
     local_audit(tester, lists, spec=AuditSpec(metric="lot", client_dataset="d", bootstrap=50, seed=1),
                 release=policy)

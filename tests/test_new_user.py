@@ -23,9 +23,10 @@ RACES_HEADER = "member_id,white,black,api,aian,multiple,hispanic\n"
 
 
 def ppre(*args: str, timeout: float = 60.0, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """`ppre ARGS` as a user runs it (its own process), stdout and stderr apart."""
+    """`ppre ARGS` as a user runs it (its own process, production keys: no test-key
+    setting), stdout and stderr apart."""
     return subprocess.run([*ppre_argv(), *args], capture_output=True, text=True, timeout=timeout,
-                          env=child_env(), cwd=cwd or REPO)
+                          env=child_env(test_keys=False), cwd=cwd or REPO)
 
 
 # --------------------------------------------------------------------------- a busy port

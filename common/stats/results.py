@@ -534,7 +534,3 @@ def _jsonable(params: dict[str, Any]) -> dict[str, Any]:
         out[k] = list(v) if isinstance(v, tuple) else v
     return out
 
-
-# Names the Tester (`tester_service.release_items`) still imports from here; they live in
-# `common.stats.left_out`.
-from common.stats.left_out import MIN_EFFECTIVE_SIZE, small_for_verdict  # noqa: E402,F401
