@@ -11,7 +11,7 @@ from client_service.protocol import ClientSession
 from common.crypto import paillier
 from tester_service.protocol import AuditSpec, TesterSession
 from tester_service.release import ReleasePolicy
-from tests.helpers import TEST_BITS
+from tests.helpers import TEST_BITS, one_key_inline_chunks
 
 
 @pytest.fixture(scope="module")
@@ -20,11 +20,11 @@ def client_key():
 
 
 @pytest.fixture
-def fast_crypto(monkeypatch, client_key):
+def fast_crypto(client_key):
     """One cached key pair for the Test-Client (so a test can decrypt what it receives),
-    inline chunks."""
-    monkeypatch.setenv("PPRE_WORKERS", "1")
-    monkeypatch.setattr("client_service.protocol.paillier.generate_keypair", lambda *a, **kw: client_key)
+    inline chunks (`tests.helpers.one_key_inline_chunks`)."""
+    with one_key_inline_chunks(client_key):
+        yield
 
 
 def _loader(frame: pd.DataFrame):

@@ -21,13 +21,15 @@ TEST_BITS = 1024  # tests only: production refuses < 2048
 
 
 @contextlib.contextmanager
-def one_key_inline_chunks():
-    """For sans-I/O sessions: every Test-Client session takes one cached test key pair
-    (no key generation per audit) and the per-row work runs inline (no worker pool)."""
+def one_key_inline_chunks(key=None):
+    """For sans-I/O sessions: every Test-Client session takes one test key pair (`key`, one
+    the test holds to read what the Test-Client receives; default a fresh one), with no key
+    generation per audit, and the per-row work runs inline (no worker pool). The one
+    in-process key override; processes take `PPRE_TEST_KEY_BITS` (tests/conftest.py)."""
     import pytest
 
     from common.crypto import paillier
-    key = paillier.generate_keypair(TEST_BITS, allow_insecure=True)
+    key = key if key is not None else paillier.generate_keypair(TEST_BITS, allow_insecure=True)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PPRE_WORKERS", "1")
         mp.setattr("client_service.protocol.paillier.generate_keypair", lambda *a, **kw: key)

@@ -63,6 +63,9 @@ def ppre_argv() -> list[str]:
     script = Path(sys.executable).with_name("ppre")
     if script.is_file() and os.access(script, os.X_OK):
         return [str(script)]
+    found = shutil.which("ppre")
+    if found:
+        return [found]
     return [sys.executable, "-m", "ppre.cli"]
 
 

@@ -74,7 +74,8 @@ import pytest
 import yaml
 
 from tests.helpers import free_loopback_port, netns_usable
-from tests.processes import NetnsNetwork, sweep_stale_namespaces
+from tests import processes
+from tests.processes import NetnsNetwork, ppre_argv, sweep_stale_namespaces
 
 log = logging.getLogger("test_compose")
 
@@ -91,7 +92,6 @@ BOOTSTRAP = 50
 HEALTH_TIMEOUT_S = 60.0
 AUDIT_TIMEOUT_S = 180.0
 
-_PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "grpc_proxy", "no_proxy")
 
 
 # --------------------------------------------------------------------------- compose file
@@ -209,27 +209,14 @@ def start_order(compose: dict) -> list[str]:
     return order
 
 
-def ppre_argv() -> list[str]:
-    """How to run `ppre` here: the console script next to this interpreter, else `-m ppre.cli`."""
-    script = Path(sys.executable).with_name("ppre")
-    if script.is_file() and os.access(script, os.X_OK):
-        return [str(script)]
-    found = shutil.which("ppre")
-    if found:
-        return [found]
-    return [sys.executable, "-m", "ppre.cli"]
-
-
 def resolve_ppre(argv: list[str]) -> list[str]:
     return ppre_argv() + list(argv[1:]) if argv and argv[0] == "ppre" else list(argv)
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k.lower() not in _PROXY_VARS and not k.startswith("PPRE_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra or {})
-    return env
+    """The services' and commands' environment as the compose file declares it: no PPRE_
+    setting of this test run, production keys (`tests.processes.child_env`)."""
+    return processes.child_env(extra, test_keys=False)
 
 
 # --------------------------------------------------------------------------- test data

@@ -347,7 +347,8 @@ def test_shutdown_closes_the_client_not_the_cluster():
 # --------------------------------------------------------------------------- the compose profile
 
 def _compose_config(env: dict[str, str]) -> dict | None:
-    from tests.test_compose import _docker_compose_cmd, child_env
+    from tests.processes import child_env
+    from tests.test_compose import _docker_compose_cmd
 
     cmd = _docker_compose_cmd()
     if cmd is None:

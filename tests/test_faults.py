@@ -702,7 +702,7 @@ SOAK_HANDLER_WORKERS = channels.handler_workers(max(tester_server.TesterConfig.m
 
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("soak", [pytest.param(LONG_SOAK, marks=[pytest.mark.long, pytest.mark.cost(320)], id="200"),
-                                  pytest.param(SUITE_SOAK, marks=pytest.mark.cost(40), id="60")])
+                                  pytest.param(SUITE_SOAK, marks=pytest.mark.cost(30), id="60")])
 def test_soak_audits_do_not_grow_memory_fds_or_threads(soak, deploy, tiny, request):
     """No fault: consecutive tiny audits (200 in the long tier, 60 in the suite; 200
     members, B = 20, the tests' Paillier keys) against one pair of long-running service

@@ -22,7 +22,7 @@ WIDTH_AT_1M = 0.01
 
 @pytest.mark.parametrize("members", [
     pytest.param(1_000_000, marks=[pytest.mark.long, pytest.mark.cost(390)], id="1M"),
-    pytest.param(100_000, marks=pytest.mark.cost(45), id="100k")])
+    pytest.param(100_000, marks=pytest.mark.cost(15), id="100k")])
 def test_ero_at_production_size_completes_under_the_default_controls(members, tmp_path):
     from common.execution.parallel import ProcessExecutor, worker_count
     from ppre import audit_local

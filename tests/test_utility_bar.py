@@ -146,7 +146,7 @@ PAIR_SECONDS = {"lot": 750, "pot": 380, "mqos-auc": 355, "output": 115, "mqos-nd
 
 
 #: the same at SUITE_MEMBERS
-SUITE_PAIR_SECONDS = {"lot": 135, "mqos-auc": 20, "pot": 20, "ero": 15}
+SUITE_PAIR_SECONDS = {"lot": 85, "mqos-auc": 27, "pot": 23, "ero": 15}
 
 
 @dataclass(frozen=True)
