@@ -663,8 +663,10 @@ def test_an_audit_beyond_the_session_limit_is_refused(deploy, big, request, limi
     def second_audit() -> None:
         refused.append(deploy.operator(tester, "small", as_json=True, timeout=60).wait())
 
+    # the running audit is the big one: after its shuffled table it still has seconds of work,
+    # more than the second operator's process takes to start (the small one could end first)
     trigger = Trigger("psi_shuffled", second_audit)
-    first = deploy.operator(tester, "small", as_json=False, bootstrap=20, timeout=120, on_progress=trigger).wait()
+    first = deploy.operator(tester, big.name, as_json=False, bootstrap=20, timeout=120, on_progress=trigger).wait()
     assert trigger.fired_at is not None, first.describe()
     assert first.rc == 0, f"the running audit failed: {first.describe()}\n{deploy.logs()}"
     assert len(refused) == 1
