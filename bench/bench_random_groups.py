@@ -601,7 +601,7 @@ def check(n: int = 4000, seed: int = 7) -> int:
         both_none = sum(x is None and y is None for x, y in pairs)
         diff = max((abs(x - y) for x, y in pairs if x is not None and y is not None), default=0.0)
         mismatch = sum((x is None) != (y is None) for x, y in pairs)
-        sd_real, sd_twin = np.array(session._noise_sd), np.array(twin.noise_sd)
+        sd_real, sd_twin = np.array(session._released.noise_sd), np.array(twin.noise_sd)
         # the twin's slots are per cell's item; the real header's per item slot of its layout
         sd_rel = float(np.max(np.abs(np.sort(sd_real[sd_real > 0]) / np.sort(sd_twin[sd_twin > 0]) - 1))) \
             if len(sd_real[sd_real > 0]) == len(sd_twin[sd_twin > 0]) else math.inf

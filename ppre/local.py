@@ -97,9 +97,9 @@ def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: Dat
     from common.execution import memory
     memory.protect_process()  # both parties' tables and keys in this one process: no core dump (design §7)
     if modulus_bits is None:
-        test_bits = paillier.test_key_bits()
-        modulus_bits, allow_insecure = test_bits or paillier.MIN_MODULUS_BITS, allow_insecure or test_bits is not None
-        if test_bits is not None:
+        modulus_bits, test_keys = paillier.process_key_size()
+        allow_insecure = allow_insecure or test_keys
+        if test_keys:
             print(f"ppre: {paillier.test_keys_label()}", file=sys.stderr, flush=True)
     settings = settings or LinkSettings.from_env()
     pki = DevCA.generate("PPRE local run CA") if tls else None

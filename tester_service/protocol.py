@@ -635,12 +635,6 @@ class TesterSession(PartySession):
         yield from wire.table_messages(wire.ciphertext_table(pb.AGGREGATES, width), len(out.ciphertexts),
                                        ciphertexts=paillier.ciphertexts_to_bytes(out.ciphertexts, width))
 
-    # the plan and the release as the session's earlier attributes named them (tests read them)
-    _plan = property(lambda self: self._plans.plan if self._plans else None)
-    _correction = property(lambda self: self._plans.correction if self._plans else None)
-    _suppressed = property(lambda self: self._released.suppressed if self._released else [])
-    _noise_sd = property(lambda self: self._released.noise_sd if self._released else [])
-
     # ------------------------------------------------------------------ step 7
     def _finish(self, report: AuditReport, client_seconds: dict[str, float]) -> list[pb.PeerMessage]:
         self._lap("wait_for_client_result")

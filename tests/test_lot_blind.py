@@ -105,7 +105,7 @@ def test_the_finisher_withholds_a_cell_whose_noised_size_is_below_the_minimum(mo
     for recipient in ("client", "tester"):
         report, t, _ = local_audit(tester, client, spec=spec(result_recipient=recipient),
                                    release=controls(1e9))
-        assert t._suppressed == []
+        assert t._released.suppressed == []
         assert report.cells and all(c.estimate is None for c in report.cells), report.cells
         assert len(report.release["suppressed"]) == len(report.cells) and "suppressed: " in render_text(report)
         shown = [[c.estimate is not None for c in local_audit(

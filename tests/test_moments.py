@@ -409,7 +409,7 @@ def test_output_audit_under_the_controls_releases_second_moments_with_squares(mo
     # twice f's in a pair item; the pair items of f² join where f² has a ciphertext of its own
     sd, slots = seen["noise"]
     s0, sm = policy.moment_sigmas(2.0, squares=1)
-    layout, plan, first_pair = session._layout, session._plan, session._correction.first_item
+    layout, plan, first_pair = session._layout, session._plans.plan, session._plans.correction.first_item
     (f_ct, f_slot), (sq_ct, sq_slot) = layout.position(0), layout.position(2)
     f_sd = {i: sd[i * slots + f_slot] for i, item in enumerate(plan.items) if item.ciphertext == f_ct}
     sq_sd = {i: sd[i * slots + sq_slot] for i, item in enumerate(plan.items) if item.ciphertext == sq_ct}

@@ -386,7 +386,7 @@ def test_auc_exact_carries_noise_sized_from_its_released_form_not_the_group_size
     assert noisy.interval == "percentile" and noisy.release["rho"] == 1.0
     assert noisy.release["interval_from"].startswith("second moments")
     cells = len(RACES) + 1
-    sd = np.array(t_session._noise_sd).reshape(2, -1, 2)[0, :cells]  # the estimate's cells, (V, D)
+    sd = np.array(t_session._released.noise_sd).reshape(2, -1, 2)[0, :cells]  # the estimate's cells, (V, D)
     assert np.all(sd[:, 0] == sd[0, 0]) and np.all(sd[:, 1] == sd[0, 1])  # no cell's size in it
     assert sd[0, 0] == pytest.approx(sd[0, 1] / 2, rel=1e-6)
     for g in noisy.groups:

@@ -199,6 +199,13 @@ def test_key_bits() -> int | None:
     return bits
 
 
+def process_key_size() -> tuple[int, bool]:
+    """(modulus bits, allow_insecure) for the keys a service or command of this process
+    makes: `test_key_bits()` where it is set, else the production 2048 bits."""
+    bits = test_key_bits()
+    return (MIN_MODULUS_BITS, False) if bits is None else (bits, True)
+
+
 def test_keys_label() -> str | None:
     """What a command that makes keys says where it starts under `PPRE_TEST_KEY_BITS`."""
     bits = test_key_bits()

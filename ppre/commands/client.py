@@ -60,9 +60,8 @@ def run(args: argparse.Namespace) -> int:
     from client_service.results import ResultStore
     results = ResultStore(args.results_dir)  # checked before the service starts
     registry = DatasetRegistry(args.data_dir, dataset_files(args.dataset), client_columns(args))
-    test_bits = paillier.test_key_bits()
-    config = ClientConfig(registry, modulus_bits=test_bits or paillier.MIN_MODULUS_BITS,
-                          allow_insecure=test_bits is not None,
+    bits, test_keys = paillier.process_key_size()
+    config = ClientConfig(registry, modulus_bits=bits, allow_insecure=test_keys,
                           settings=link_settings(args), max_sessions=args.max_sessions, tls=tls,
                           allowed_testers=parse_names(args.allow_tester), executor=make_executor(args),
                           accept_noiseless=args.accept_noiseless, results=results)
@@ -73,5 +72,5 @@ def run(args: argparse.Namespace) -> int:
             else "results in memory only (--results-dir DIR keeps them)")
     print(f"client serving on {args.host}:{port}; datasets: {', '.join(registry.names()) or 'none'}; {security}; "
           f"{kept}; crypto backend {batch.backend()} ({batch.backend_reason()})"
-          + (f"; {paillier.test_keys_label()}" if test_bits is not None else ""), flush=True)
+          + (f"; {paillier.test_keys_label()}" if test_keys else ""), flush=True)
     return serve_forever(server, servicer, config.executor)

@@ -247,9 +247,7 @@ def run(args: argparse.Namespace) -> int:
                    allowed_operators=parse_names(args.allow_operator), client_name=args.client_identity)
     service["history"] = args.history or None  # opened (and its schema checked) before anything listens
     service["executor"] = make_executor(args)
-    test_bits = paillier.test_key_bits()
-    if test_bits is not None:
-        service["min_modulus_bits"] = test_bits
+    service["min_modulus_bits"], test_keys = paillier.process_key_size()
     service["release"], service["accountant"] = release
     if args.probabilities:
         mapping = preparation_config(args).group_mapping
@@ -265,5 +263,5 @@ def run(args: argparse.Namespace) -> int:
                 f"Test-Client identity {config.client_name}" if tls is not None else "INSECURE plaintext")
     print(f"tester serving on {args.host}:{port}; Test-Client at {args.client}; {security}; "
           f"crypto backend {batch.backend()} ({batch.backend_reason()})"
-          + (f"; {paillier.test_keys_label()}" if test_bits is not None else ""), flush=True)
+          + (f"; {paillier.test_keys_label()}" if test_keys else ""), flush=True)
     return serve_forever(server, servicer, config.executor)
