@@ -6,6 +6,15 @@ only wires them to a command line, as `docker-compose.yml` and an operator would
 """
 from __future__ import annotations
 
+import os
+
+#: gRPC's C core logs through absl, which writes INFO lines to stderr unless told
+#: otherwise: a peer that shuts down with calls in flight makes it print "Got goaway".
+#: stderr is part of this command's contract (`--json` writes only the audit id there),
+#: so the core keeps to errors unless the operator asks for more (GRPC_VERBOSITY is read
+#: once, when grpc is first imported: hence here, before any command module).
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 #: what `from ppre import ...` offers, loaded on first use (the CLI stays light)
 _API = {"audit_local": "ppre.api", "AuditFailed": "ppre.api", "AuditReport": "common.stats.results"}
 __all__ = sorted(_API)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -175,6 +176,43 @@ def test_a_refused_json_audit_writes_only_the_audit_id_on_stderr(own_files, tmp_
     assert str(ledger) in error["message"] and "--privacy-ledger" in error["message"] \
         and "--privacy-budget" in error["message"]
     assert [line.split(":")[0] for line in out.stderr.splitlines()] == ["audit id"], out.stderr
+
+
+#: a server stopped while a client's streams are open: the client's gRPC core receives
+#: GOAWAY "Cancelling all calls", which it logs at INFO unless told not to
+_PEER_GOES_AWAY = """
+import sys, time
+from concurrent import futures
+if sys.argv[1] == "ppre":
+    import ppre
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+server = grpc.server(futures.ThreadPoolExecutor(4))
+health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+streams = [stub.Watch(health_pb2.HealthCheckRequest()) for _ in range(3)]
+for stream in streams:
+    next(stream)
+server.stop(grace=None)
+time.sleep(0.5)
+"""
+
+
+def _peer_goes_away(first_import: str) -> str:
+    env = {key: value for key, value in child_env(test_keys=False).items() if key != "GRPC_VERBOSITY"}
+    out = subprocess.run([sys.executable, "-c", _PEER_GOES_AWAY, first_import], capture_output=True,
+                         text=True, timeout=60, env=env, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    return out.stderr
+
+
+def test_a_peer_that_goes_away_leaves_the_commands_stderr_alone():
+    """The gRPC core's own INFO lines (a GOAWAY when the other service stops with calls
+    in flight) reached `--json`'s stderr, which promises the audit id only."""
+    assert "goaway" in _peer_goes_away("grpc").lower()  # the core does log it by default
+    assert _peer_goes_away("ppre") == ""
 
 
 def test_a_json_audit_refused_before_it_starts_is_one_json_object(own_files):
