@@ -408,7 +408,7 @@ class ClientSession(PartySession):
         del encrypted, codes, order, place
         self._lap("psi_encrypt_own_ids")
         plan = self._blind_plan = self._metric.blind_plan(
-            self._blind_groups, len(self._strata_labels), self._option, self._params, n_rows=len(strata),
+            self._blind_groups, len(self._strata_labels), self._option, self._params,
             n_members=len(points) // commutative.POINT_BYTES, tester_modulus_bits=self._tester_key.n.bit_length())
         self._reader = wire.TableReader(wire.member_vectors(plan.member_cts, self._tester_key.ciphertext_bytes))
         yield from wire.table_messages(wire.member_points(), len(points) // commutative.POINT_BYTES, points=points)

@@ -137,8 +137,11 @@ class TesterSession(PartySession):
         self._charge = charge
         #: the report's release information (`release_items.Released.info`, then step 7's)
         self._release_info: dict[str, Any] = {}
+        #: the rows one member may be in, which the noise is sized from: the metric's cap
+        #: (`Metric.member_rows_cap`), or without one our count (`_rows_per_member`)
         self._multiplicity = 1
-        #: the row count the slots' noise is sized by (`_rows_l2`; else the multiplicity)
+        #: the row count the slots' noise is sized by (the cap; without one, our L2 count
+        #: for cells kept apart per stratum, else the multiplicity)
         self._sensitivity_rows: float = 1
         self.phase = TESTER.initial
         #: every message from the Test-Client is checked here first (common.protocol.validation)
@@ -427,11 +430,30 @@ class TesterSession(PartySession):
         distinct members; the counts are then dropped. An intersection empty or too small
         gets `IntersectionRefused`, whose text is the same whatever the size: the
         Test-Client learns "refused", never a count (design §8.2)."""
-        self._multiplicity, self._sensitivity_rows = self._rows_per_member()
-        if self.metric.unique_ids and self.metric.n_ids == 1 and self._multiplicity > 1:
+        multiplicity, l2 = self._rows_per_member()
+        if self.metric.unique_ids and self.metric.n_ids == 1 and multiplicity > 1:
             raise ProtocolError("a member appears in more than one row of a dataset whose member ids must be unique")
+        self._multiplicity, self._sensitivity_rows = self._sized_rows(multiplicity, l2)
         if self._distinct_members() < self.release.min_intersection:
             raise IntersectionRefused()
+
+    def _sized_rows(self, multiplicity: int | None, l2: float | None) -> tuple[int, float]:
+        """The (m, L2 count) the noise is sized from (design §8.3): the metric's cap on
+        rows per member (`Metric.member_rows_cap`, the audit's parameter) for both, never
+        what the Test-Client states nor its data; our count `multiplicity` (None where we
+        see no row: LOT's blind path) above it is a Test-Client that broke the protocol.
+        Without a cap, our counts."""
+        cap = self.metric.member_rows_cap(self.params)
+        if cap is None:
+            if multiplicity is None:
+                raise NotImplementedError(f"{self.metric.name} declares no cap on rows per member, which a path "
+                                          f"blind to its rows sizes its noise from")
+            return int(multiplicity), float(l2)
+        if multiplicity is not None and multiplicity > cap:
+            raise ProtocolError(f"a member is in {multiplicity} rows of the Test-Client's table, above the cap of "
+                                f"{cap} rows per member ({self.metric.member_rows_cap_name}) that this audit's "
+                                f"noise is sized from")
+        return cap, float(cap)
 
     def _distinct_members(self) -> int:
         """The distinct members among the joined rows: their positions in `_index`, whose
@@ -506,7 +528,7 @@ class TesterSession(PartySession):
         self.n_matched = int(found.sum())
         self._lap("client_encrypt_and_join")
         self._progress("join", f"{self.n_matched} members matched")
-        self._multiplicity, self._sensitivity_rows = self.metric.stated_member_rows(self._info)
+        self._multiplicity, self._sensitivity_rows = self._sized_rows(None, None)  # no row seen: the cap
         if self.n_matched < self.release.min_intersection:  # an empty one too: one refusal for both
             raise IntersectionRefused()
         q = np.zeros((len(doubled), len(self.groups)), dtype=np.int64)
@@ -514,8 +536,8 @@ class TesterSession(PartySession):
         del sealed, at, found, doubled
         self._member_q = q
         plan = self._blind_plan = self.metric.blind_plan(
-            self.groups, len(self._strata_labels), self.spec.metric_option, self.params, n_rows=self._client_rows,
-            n_members=len(q), tester_modulus_bits=self._tester_key.public.n.bit_length())
+            self.groups, len(self._strata_labels), self.spec.metric_option, self.params, n_members=len(q),
+            tester_modulus_bits=self._tester_key.public.n.bit_length())
         plaintexts = blind_pairs.vector_plaintexts(plan, q)
         encrypt = self._tester_key.encrypt_task()
         parts = parallel.split(plaintexts, self._executor.chunk_count())

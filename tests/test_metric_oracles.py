@@ -573,7 +573,8 @@ def test_lot_cells_equal_pandas_eq7(tmp_path, option, recipient):
 
     report = run_through_services(tmp_path, table, lists, "lot", option=option,
                                   params={"same_group_pairs": "true", "relevance_range": "-10:10",
-                                          "out_of_range": "refuse"}, recipient=recipient)
+                                          "out_of_range": "refuse", "rows_per_member": "1000"},  # every row
+                                  recipient=recipient)
 
     pairs = lot_oracle(lists, group_of, option)
     if option == "idcg":

@@ -519,10 +519,21 @@ class Metric:
         Tester knew no size to decide on (`tester_blind`). Default: none (the Tester decided)."""
         return []
 
-    def stated_member_rows(self, info: dict[str, Any]) -> tuple[int, float]:
-        """On a path where the Tester sees no row (`tester_blind`): the Test-Client's stated
-        m and L2 row count that the noise is sized from (what `sensitivity_rows` counts)."""
-        raise NotImplementedError(f"{self.name} has no path blind to its rows")
+    def member_rows_cap(self, params: dict[str, Any]) -> int | None:
+        """The most rows of the Test-Client's table one member may be in, declared by the
+        Tester's audit spec (a parameter, like the value bounds: design §8.3), from which
+        the release noise and the suppression noise are sized (m, and for cells kept apart
+        per stratum the L2 count too: a member's c rows can all fall in one stratum), never
+        from what the Test-Client states nor from its data. The Test-Client keeps its rows
+        within it; where the Tester sees the rows it counts them and refuses a member above
+        it (`ProtocolError`); where it does not (`tester_blind`) a Test-Client above it is
+        out of model, as one beyond its value bounds is (docs/threat-model.md). None: no
+        cap, the Tester sizes the noise from its own count over all the Test-Client's rows
+        (`sensitivity_rows`). Default: 1 for a metric whose member ids are unique per row."""
+        return 1 if self.unique_ids and self.n_ids == 1 else None
+
+    #: how a refusal names the cap of `member_rows_cap` (its parameter, or the rule)
+    member_rows_cap_name = "one row per member"
 
     def tester_blind(self, params: dict[str, Any]) -> bool:
         """Whether this audit aggregates without the Tester seeing any row (LOT under the
@@ -716,10 +727,11 @@ class Metric:
         """Per slot of an item of a race-dependent weight column: the most one member's
         probability vector can move it, in the slot's fixed-point units, per unit of
         ||Δp||₂ (`tester_service.release`): the component's bound times the weight scale
-        (a probability, or a product of two, at 2^32 each) times `multiplicity`, the
-        Tester's count of the rows one member is in (for metrics whose cells are kept
-        apart per stratum, the L2 count sqrt(max_i Σ_s n_is²): a member's rows in
-        different strata move different cells). The component's bound is the metric's
+        (a probability, or a product of two, at 2^32 each) times `multiplicity`, the rows
+        one member may be in: the cap of `member_rows_cap`, or without one the Tester's
+        count (for metrics whose cells are kept apart per stratum, the L2 count
+        sqrt(max_i Σ_s n_is²): a member's rows in different strata move different
+        cells; `sensitivity_rows`). The component's bound is the metric's
         declared bound (`value_bounds`) in fixed point. Slots past the last component are 0."""
         weight_scale = 1 << (PROBABILITY_BITS * self.n_ids)
         out = []

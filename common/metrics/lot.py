@@ -39,9 +39,30 @@ that row's stratum an L2 change of at most ||Δp||₂·||p_other||₂·|ΔỸ| �
 (||p_other||₂ ≤ 1). The released items are the per-rank-pair cells only (the pooled
 cells are their sums, formed by the Tester: post-processing, no noise of their own),
 so a member with n_is rows in rank pair s moves them by an L2 norm of at most
-√2·bound·sqrt(Σ_s n_is²): `Metric.slot_sensitivity` multiplies the bound by the
-Tester's count sqrt(max_i Σ_s n_is²) (√2 for a member at ranks 2-9 of one query,
-not 2 as its row count would give).
+√2·bound·sqrt(Σ_s n_is²). With at most c rows per member (below) that is at most
+√2·bound·c, reached by a member at rank 1 of c lists (all c rows in rank pair 1-2), so
+`Metric.slot_sensitivity` multiplies the bound by c, the cap the Tester declares,
+never by a count the Test-Client states or the Tester reads off the data; the noisy
+sizes that decide suppression (`tester_service.release`) are sized by the same c.
+
+**Rows per member** (design §8.3). A member may be in any number of lists, and each
+row it is in moves the cells: the Tester's audit spec declares c, the most rows one
+member may be in (`rows_per_member`, `--metric-param rows_per_member=C`; default
+`DEFAULT_ROWS_PER_MEMBER` = 4: a member inside two lists, or at an end of four), which
+reaches the Test-Client with the other parameters and is checked among the value bounds
+of its HelloAck. The Test-Client keeps its rows within it before anything is encrypted
+(`rows_within_cap`): its rows in order (the lists in the order their query ids first
+appear in the dataset, each from its top rank down), a row kept only while both of its
+members are still below c, the others dropped and counted (`info["rows_over_cap"]`, a
+count over its own rows before the join, shown beside the result). The noise's sd grows
+in proportion to c: declare about the most rows members really have (`ppre synth`'s
+lists put a member in 2 lists, up to 4 rows: the default; one list per member, as in
+the paper's validation data, needs c = 2 and halves the noise), and raise it when the
+result reports many rows dropped. Where the Tester sees the rows (without the release
+controls) it counts them itself and refuses a table with a member above c
+(`ProtocolError`); on the blind path (below) it cannot, as it cannot check encrypted
+values: a Test-Client that exceeds c there is out of this threat model, as one that
+exceeds the value bounds is (docs/threat-model.md, "Declared value bounds").
 
 **Interval under release noise** (`common.stats.moments`, design §8.4). Released: the cells'
 sums per rank pair (as above) and, per rank pair s, the second moments of its cells
@@ -86,9 +107,10 @@ to rounding), with the same noise, masking and finish (`tester_service.blind_pai
 `client_service.blind_pairs`). The Tester opens the vectors of members it holds (it
 learns the intersection, inherent to the design) and never sees a row, a pair or a rank,
 nor decrypts any member's sums; the Test-Client sees only ciphertexts under the Tester's
-key. The sensitivity count it would have read off the rows the Test-Client states
-instead (`MEMBER_ROWS_INFO`: m and sqrt(max_i Σ_s n_is²) over its whole table), as it
-states the gaps' spreads.
+key. It cannot count the rows per member here, and needs no count: the noise is sized
+from the cap c (above), which both parties read from the audit's parameters; the masks r
+are sized from it too (a member's sums in one rank pair fold at most c rows:
+`BlindPairs.derive`). The Test-Client states only the gaps' spreads.
 """
 from __future__ import annotations
 
@@ -101,7 +123,7 @@ import numpy as np
 from common.crypto.masking import STATISTICAL_BITS
 from common.errors import InputError
 from common.metrics.base import (OUT_OF_RANGE_PARAM, PROBABILITY_BITS, SECOND_MOMENTS, Cell, ClientRows, Component,
-                                 Item, Metric, Param, Plan, bounded_column, boolean, finite_column, sensitivity_rows,
+                                 Item, Metric, Param, Plan, bounded_column, boolean, finite_column, positive_int,
                                  value_range)
 from common.metrics.ranking import lot_rows, ranked_lists
 
@@ -121,8 +143,13 @@ MAX_GAP_SPREAD = (2.0 * MAX_RAW_RELEVANCE) ** 2
 FULL_MOMENTS_CELLS = 6
 #: a probability's fixed-point scale (2^32): a cell's weight, a product of two, is at its square
 PAIR_WEIGHT_SCALE = float(1 << PROBABILITY_BITS)
-#: the Test-Client's stated count of one member's rows under the blind path: [m, sqrt(max_i Σ_s n_is²)]
-MEMBER_ROWS_INFO = "member_rows"
+#: the rows one member may be in when none is declared (`rows_per_member`, module docstring
+#: "Rows per member"): two lists, each with the member inside (a head and a tail row)
+DEFAULT_ROWS_PER_MEMBER = 4
+#: the most rows per member an operator may declare
+MAX_ROWS_PER_MEMBER = 1 << 20
+#: the Test-Client's count of the rows it dropped to keep every member within the cap
+OVER_CAP_INFO = "rows_over_cap"
 
 
 @dataclass(frozen=True)
@@ -153,14 +180,16 @@ class BlindPairs:
     total_slots: int
 
     @classmethod
-    def derive(cls, groups: int, strata: int, tail_pairs, head_pairs, *, n_rows: int, n_members: int,
+    def derive(cls, groups: int, strata: int, tail_pairs, head_pairs, *, rows_per_member: int, n_members: int,
                gap_bound: float, tester_modulus_bits: int) -> "BlindPairs":
-        """r `STATISTICAL_BITS` wider than a member's sums over all the Test-Client's rows;
-        the sums' slots wide enough for Σ_a w_a·(z + r) over all members (w ≤ 2^32); m
+        """r `STATISTICAL_BITS` wider than a member's sums in one rank pair, which fold at
+        most `rows_per_member` rows (the cap both parties read from the audit's parameters;
+        module docstring, "Rows per member"), each slot at most max(gap, 1)·2^32·2^32; the
+        sums' slots wide enough for Σ_a w_a·(z + r) over all members (w ≤ 2^32); m
         `STATISTICAL_BITS` wider than that; as many slots per ciphertext as fit below a
         third of the Tester's n."""
         delta = int(math.ceil(gap_bound * (1 << VALUE_BITS))) + 1
-        z_bits = (max(1, n_rows) * max(delta, 1 << VALUE_BITS) * (1 << PROBABILITY_BITS)).bit_length()
+        z_bits = (max(1, rows_per_member) * max(delta, 1 << VALUE_BITS) * (1 << PROBABILITY_BITS)).bit_length()
         mask_bits = z_bits + STATISTICAL_BITS
         total = mask_bits + PROBABILITY_BITS + max(1, n_members).bit_length() + 1
         capacity = tester_modulus_bits - 3
@@ -220,25 +249,27 @@ def gap_spreads(delta: np.ndarray, rank_pair: np.ndarray, n_pairs: int) -> list[
     return [round(float(x), 9) for x in np.clip(spread, 0.0, None)]
 
 
-def member_rows(higher, lower, rank_pair: np.ndarray) -> list[float]:
-    """[m, sqrt(max_i Σ_s n_is²)] over all the Test-Client's rows (`sensitivity_rows`):
-    the counts the Tester reads off the rows on the plaintext path, stated on the blind one."""
+def rows_within_cap(higher, lower, cap: int) -> np.ndarray:
+    """Which rows to keep so that no member is in more than `cap` of them (module
+    docstring, "Rows per member"): the rows in their order (the lists in the order their
+    query ids first appear in the dataset, each from its top rank down), a row kept only
+    while both its members are still below the cap. Deterministic: the same table keeps
+    the same rows."""
     import pandas as pd
-    codes, _ = pd.factorize(pd.Series(np.concatenate([np.asarray(higher, dtype=object),
-                                                       np.asarray(lower, dtype=object)]), dtype=object))
-    members = np.column_stack([codes[:len(higher)], codes[len(higher):]])
-    return [float(np.bincount(members.ravel()).max()), round(sensitivity_rows(members, rank_pair), 9)]
-
-
-def check_member_rows(value, n_strata: int) -> None:
-    """The stated [m, l2]: 1 ≤ m ≤ 2^31 whole, and m/sqrt(S) ≤ l2 ≤ m over S rank pairs
-    (Cauchy-Schwarz for the member with m rows; Σ_s n_is² ≤ (Σ_s n_is)² ≤ m² for any)."""
-    if not isinstance(value, list) or len(value) != 2 or \
-            not all(isinstance(x, (int, float)) and math.isfinite(x) for x in value):
-        raise ValueError("member rows")
-    m, l2 = float(value[0]), float(value[1])
-    if not (1.0 <= m <= float(1 << 31) and m == int(m)) or not m / math.sqrt(max(1, n_strata)) - 1e-6 <= l2 <= m + 1e-6:
-        raise ValueError("member rows")
+    higher, lower = np.asarray(higher, dtype=object), np.asarray(lower, dtype=object)
+    codes, _ = pd.factorize(pd.Series(np.concatenate([higher, lower]), dtype=object))
+    heads, tails = codes[:len(higher)], codes[len(higher):]
+    keep = np.ones(len(heads), dtype=bool)
+    if not len(heads) or int(np.bincount(codes).max()) <= cap:  # nobody above the cap: every row
+        return keep
+    used = np.zeros(int(codes.max()) + 1, dtype=np.int64)
+    for r, (a, b) in enumerate(zip(heads.tolist(), tails.tolist())):
+        if used[a] < cap and used[b] < cap:
+            used[a] += 1
+            used[b] += 1
+        else:
+            keep[r] = False
+    return keep
 
 
 def _relevance_range(text: str) -> tuple[float, float]:
@@ -257,6 +288,10 @@ class Lot(Metric):
               Param("relevance_range", "raw: LO:HI, the relevances' possible range; relevances outside it are "
                     "clipped (or refused: out_of_range); the release noise is sized from HI − LO (default 0:1)",
                     _relevance_range, DEFAULT_RELEVANCE_RANGE),
+              Param("rows_per_member", f"c: the most rows (adjacent pairs) one member may be in, about twice "
+                    f"the lists it is in; rows beyond it are dropped (counted: rows_over_cap); the release noise "
+                    f"grows in proportion to c (default {DEFAULT_ROWS_PER_MEMBER})",
+                    positive_int(MAX_ROWS_PER_MEMBER), DEFAULT_ROWS_PER_MEMBER),
               OUT_OF_RANGE_PARAM)
     numeric_columns = ("rank", "relevance")
     text_columns = ("query_id",)
@@ -266,7 +301,7 @@ class Lot(Metric):
     strata_cells = True
     uses_strata = True
     moment_interval = True
-    stated_facts = (SPREAD_INFO, MEMBER_ROWS_INFO)
+    stated_facts = (SPREAD_INFO,)
     verdict_rule = "negative_cells"
     #: under the release controls the Tester never sees a row (module docstring)
     blind_pairs = True
@@ -280,12 +315,13 @@ class Lot(Metric):
         """No stratum beside a row on the blind path (no row at all reaches the Tester)."""
         return not self.tester_blind(params)
 
-    @staticmethod
-    def stated_member_rows(info) -> tuple[int, float]:
-        """The blind path's row counts the noise is sized from (`MEMBER_ROWS_INFO`, checked
-        by `check_info`): m and sqrt(max_i Σ_s n_is²) over the Test-Client's whole table."""
-        m, l2 = info[MEMBER_ROWS_INFO]
-        return int(m), float(l2)
+    member_rows_cap_name = "rows_per_member"
+
+    def member_rows_cap(self, params) -> int:
+        """c, the audit's `rows_per_member` (module docstring, "Rows per member"): the
+        noise's m and its L2 count over the rank pairs alike (a member at rank 1 of c
+        lists has all its c rows in one rank pair)."""
+        return int(params.get("rows_per_member") or DEFAULT_ROWS_PER_MEMBER)
 
     def withheld_by_size(self, plan, row, min_size, params) -> list[int]:
         """On the blind path the Tester knows no cell's size: a cell (per rank pair or
@@ -313,11 +349,14 @@ class Lot(Metric):
         cells = self.cell_pairs(groups, params)
         return tuple(sorted({tuple(sorted((cells[c][end], cells[d][end]))) for c, d in self.moment_pairs(len(cells))}))
 
-    def blind_plan(self, groups, strata: int, option, params, *, n_rows: int, n_members: int,
+    def blind_plan(self, groups, strata: int, option, params, *, n_members: int,
                    tester_modulus_bits: int) -> BlindPairs:
+        """The blind path's slot plan (`BlindPairs.derive`), from what both parties know
+        alike: the groups, the rank pairs, the audit's parameters (the cap on rows per
+        member among them), the member table's size and the Tester's key."""
         return BlindPairs.derive(len(groups), strata, self.tail_pairs(groups, params), self.head_pairs(groups, params),
-                                 n_rows=n_rows, n_members=n_members, gap_bound=self.gap_bound(option, params),
-                                 tester_modulus_bits=tester_modulus_bits)
+                                 rows_per_member=self.member_rows_cap(params), n_members=n_members,
+                                 gap_bound=self.gap_bound(option, params), tester_modulus_bits=tester_modulus_bits)
 
     def blind_items(self, groups, params) -> list[tuple]:
         """The blind path's items of one rank pair, in the plan's order (`plan`, then
@@ -341,10 +380,12 @@ class Lot(Metric):
         return IDCG_GAP_BOUND
 
     def value_bounds(self, option, params):
+        """The bounds the noise is sized from: the gap's, and the rows per member."""
+        cap = {"rows_per_member": float(self.member_rows_cap(params))}
         if option != "raw":
-            return {"gap": IDCG_GAP_BOUND}
+            return {"gap": IDCG_GAP_BOUND, **cap}
         lo, hi = params.get("relevance_range") or DEFAULT_RELEVANCE_RANGE
-        return {"relevance_lo": float(lo), "relevance_hi": float(hi), "gap": float(hi - lo)}
+        return {"relevance_lo": float(lo), "relevance_hi": float(hi), "gap": float(hi - lo), **cap}
 
     def value_range(self, option, params):
         """The range of Ỹ (a cell, a difference of two Ỹ, lies in [lo − hi, hi − lo])."""
@@ -365,17 +406,19 @@ class Lot(Metric):
                                        file=file, column="relevance", bound="relevance_range")
             frame = frame.assign(relevance=relevance)
         rows = lot_rows(ranked_lists(frame, file), option)
-        delta = np.asarray(rows.delta, dtype=np.float64)
+        keep = rows_within_cap(rows.higher_ids, rows.lower_ids, self.member_rows_cap(params))
+        delta = np.asarray(rows.delta, dtype=np.float64)[keep]
         if option != "raw":
             delta = self._bounded_gaps(delta, params, clipped, file)
         values = np.column_stack([delta, np.ones_like(delta)])
-        info = {"queries": rows.n_queries, "pairs": rows.n_pairs, "skipped_single_item": rows.skipped_single_item,
-                "skipped_zero_idcg": rows.skipped_zero_idcg, **clipped}
+        rank_pair = np.asarray(rows.rank_pair)[keep]
+        info = {"queries": rows.n_queries, "pairs": int(keep.sum()), "skipped_single_item": rows.skipped_single_item,
+                "skipped_zero_idcg": rows.skipped_zero_idcg, **clipped, OVER_CAP_INFO: int((~keep).sum())}
         if params.get(SECOND_MOMENTS):  # stated for the interval under release noise alone
-            info[SPREAD_INFO] = gap_spreads(delta, np.asarray(rows.rank_pair), len(rows.rank_pair_labels))
-            info[MEMBER_ROWS_INFO] = member_rows(rows.higher_ids, rows.lower_ids, np.asarray(rows.rank_pair))
-        return ClientRows(ids=(np.asarray(rows.higher_ids, dtype=object), np.asarray(rows.lower_ids, dtype=object)),
-                          values=values, units=np.asarray(rows.query), strata=np.asarray(rows.rank_pair),
+            info[SPREAD_INFO] = gap_spreads(delta, rank_pair, len(rows.rank_pair_labels))
+        return ClientRows(ids=(np.asarray(rows.higher_ids, dtype=object)[keep],
+                               np.asarray(rows.lower_ids, dtype=object)[keep]),
+                          values=values, units=np.asarray(rows.query)[keep], strata=rank_pair,
                           strata_labels=tuple(rows.rank_pair_labels), info=info)
 
     @staticmethod
@@ -393,7 +436,7 @@ class Lot(Metric):
     def check_info(self, info, strata_labels):
         if not 1 <= len(strata_labels):
             raise ValueError("no rank pairs")
-        if int(info.get("rows_clipped", 0)) < 0:
+        if int(info.get("rows_clipped", 0)) < 0 or int(info.get(OVER_CAP_INFO, 0)) < 0:
             raise ValueError("clipped rows")
         if SPREAD_INFO not in info:  # stated only for second moments (`Metric.stated_facts`)
             return
@@ -401,8 +444,6 @@ class Lot(Metric):
         if not isinstance(spreads, list) or len(spreads) != len(strata_labels) or \
                 not all(isinstance(x, (int, float)) and 0.0 <= float(x) <= MAX_GAP_SPREAD for x in spreads):
             raise ValueError("gap spreads per rank pair")
-        if MEMBER_ROWS_INFO in info:
-            check_member_rows(info[MEMBER_ROWS_INFO], len(strata_labels))
 
     # ------------------------------------------------------------- interval under release noise
     def moment_plan(self, plan, groups, option, params, info, layout):

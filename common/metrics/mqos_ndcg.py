@@ -19,12 +19,21 @@ other dataset facts). Per viewer it encodes f = Σ_q (NDCG(q) − 1/2) and d = n
 viewer's kept queries, so |f| ≤ n_v/2 ≤ K/2 and 0 ≤ d ≤ K; each cell adds 1/2 back
 (`Cell.offset`), the same query-weighted mean.
 
-**Sensitivity** (`tester_service.release`; design §8.3). One viewer is one row (m = 1).
-Replacing its probability vector (||Δp||₂ ≤ √2) moves group j's numerator by Δp_j·f and
-its denominator by Δp_j·d: over all groups at most √2·K/2 and √2·K, the components'
-bounds K/2 and K (`Metric.slot_sensitivity`, times the Tester's row count m). So the
-noise grows with K, not with the 2^20 queries a viewer could have; a K far above the
-queries viewers actually issue costs accuracy, one below them costs data (counted).
+**Sensitivity** (`tester_service.release`; design §8.3). K is this metric's cap on a
+member's rows: a viewer's rows are its queries, and the Test-Client folds the at most K
+it keeps into one encrypted row, so the cap on encrypted rows per member is 1
+(`member_rows_cap`). Replacing a viewer's probability vector (||Δp||₂ ≤ √2) moves group
+j's numerator by Δp_j·f and its denominator by Δp_j·d: over all groups at most √2·K/2
+and √2·K, the components' bounds K/2 and K (`Metric.slot_sensitivity`, times the one
+row). So the noise grows in proportion to K, declared by the Tester, never with what the
+Test-Client states or the 2^20 queries a viewer could have; a K far above the queries
+viewers actually issue costs accuracy, one below them costs data (counted: `ppre
+synth`'s viewers issue 10 to 30 queries, of which the default K = 5 keeps 5: the
+result's `queries_dropped` says how many were left out). The effective sizes that decide
+suppression count viewers (Σ p over their rows), which one viewer moves by at most
+||Δp||₂ whatever K: their noise is sized by the one row. The Tester sees these rows: a
+viewer in more than one of them is a Test-Client that broke the protocol, refused
+(`ProtocolError`).
 
 **Interval under release noise** (`common.stats.moments`, design §8.4). Released: the
 estimate's sums and the pair items' S^d_ab = Σ p_a·p_b·d (as for ERO); the delta method
@@ -99,6 +108,13 @@ class MqosNdcg(Metric):
                     f"random (the rest are dropped and counted); the release noise grows with K "
                     f"(default {DEFAULT_QUERIES_PER_VIEWER})", positive_int(MAX_QUERIES_PER_VIEWER),
                     DEFAULT_QUERIES_PER_VIEWER),)
+
+    member_rows_cap_name = "one row per viewer, its queries folded in"
+
+    def member_rows_cap(self, params) -> int:
+        """One encrypted row per viewer (module docstring, "Sensitivity"): its queries,
+        at most `max_queries_per_viewer`, are folded into it."""
+        return 1
 
     @staticmethod
     def _cap(params) -> int:
