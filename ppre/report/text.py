@@ -79,6 +79,11 @@ def render_text(report: "AuditReport") -> str:
         lines.append(f"warning: {clipped:,} rows lay outside the declared range ({declared or 'the default'}) and "
                      f"were clipped into it before encryption; the results describe the clipped values "
                      f"(declare the range the values can take, or --out-of-range refuse)")
+    over_cap = int(report.info.get("rows_over_cap") or 0)
+    if over_cap:  # the Test-Client left out rows beyond the declared rows per member (common.metrics.lot)
+        lines.append(f"note: {over_cap:,} rows were left out before encryption: they would have put a member in "
+                     f"more than rows_per_member = {report.params.get('rows_per_member')} rows (the release noise "
+                     f"grows in proportion to it: raise it if many rows are left out)")
     lines.append(f"verdict: {v.message}")
     if v.severity == "inconclusive" and v.members_factor is not None and report.n_matched:
         lines.append(f"conclusive from about {math.ceil(v.members_factor * report.n_matched):,} joined members "
