@@ -33,8 +33,14 @@ at most √2·m·bound_c over all groups and strata. Noise with standard deviati
 σ·m·bound_c (in the slot's fixed-point units) on every slot of C components makes one
 release ρ = C/σ²-zCDP. bound_c is the metric's declared bound (`Metric.value_bounds`:
 an outcome range, queries per viewer, ...), which the Test-Client clips its values to
-before encryption; m is the Tester's count (`common.metrics.base.sensitivity_rows`: for
-cells kept apart per stratum, sqrt(max_i Σ_s n_is²)); and a metric whose components
+before encryption; m is the metric's cap on rows per member that the Tester's audit
+spec declares (`Metric.member_rows_cap`: LOT's `rows_per_member`, also its L2 count
+over rank pairs; one row per member for MQOS-NDCG and the metrics with unique ids),
+never a count the Test-Client states, and which the Test-Client keeps to (the Tester
+refuses a member above it where it sees the rows), or, for a metric without a cap, the
+Tester's count over all the Test-Client's rows (`common.metrics.base.sensitivity_rows`:
+for cells kept apart per stratum, sqrt(max_i Σ_s n_is²)); the noisy sizes of item 3
+below are sized by the same m; and a metric whose components
 cannot all reach their bounds in one row sizes σ for β < C (`Metric.sensitivity_components`:
 ρ = β/σ²). A bootstrap would reuse every member in every replicate: noise
 that kept B replicates private would swamp their spread, so with noise the interval

@@ -116,8 +116,9 @@ class Audit:
     """What step 6 reads of the audit: the operator's spec (`tester_service.audit_spec`),
     the metric for its option and release with its parameters, the groups, what the
     HelloAck announced (strata, dataset facts, the Test-Client's key and slot layout),
-    the release controls and form, and the intersection's counts that size the noise
-    (`multiplicity`: the most rows a member is in; `sensitivity_rows`: the row count the
+    the release controls and form, and the rows per member that size the noise
+    (`multiplicity`: the most rows a member may be in, the metric's cap or without one the
+    Tester's count, `Metric.member_rows_cap`; `sensitivity_rows`: the row count the
     slots' noise is sized by); `draws`, where the noise comes from."""
 
     spec: AuditSpec

@@ -27,9 +27,9 @@ j's numerator by Δp_j·f and its denominator by Δp_j·d: over all groups at mo
 and √2·K, the components' bounds K/2 and K (`Metric.slot_sensitivity`, times the one
 row). So the noise grows in proportion to K, declared by the Tester, never with what the
 Test-Client states or the 2^20 queries a viewer could have; a K far above the queries
-viewers actually issue costs accuracy, one below them costs data (counted: `ppre
-synth`'s viewers issue 10 to 30 queries, of which the default K = 5 keeps 5: the
-result's `queries_dropped` says how many were left out). The effective sizes that decide
+viewers actually issue costs accuracy, one below them costs data (counted: the result's
+`queries_dropped` says how many were left out; `ppre synth`'s viewers issue 1 to 3
+queries, which the default K = 5 keeps whole). The effective sizes that decide
 suppression count viewers (Σ p over their rows), which one viewer moves by at most
 ||Δp||₂ whatever K: their noise is sized by the one row. The Tester sees these rows: a
 viewer in more than one of them is a Test-Client that broke the protocol, refused

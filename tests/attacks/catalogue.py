@@ -167,6 +167,19 @@ def out_of_bounds_attack(root: Path) -> list[Line]:
                  f"out of model (range proofs: roadmap); error {outcome.max_error:.0e}; our Test-Client refuses")]
 
 
+def rows_per_member_attack(root: Path) -> list[Line]:
+    """(C) a Test-Client states one row per member on LOT's blind path (`rows_per_member`);
+    the defence (the Tester's own cap) is in the code, so the line before it is the one
+    measured on the commit before the cap."""
+    from tests.attacks import rows_per_member
+    with one_key_inline_chunks():
+        outcome = rows_per_member.run()
+    return [Line("C under-stated rows per member", REMOVED, 14, round(outcome.blind, 1), outcome.targets,
+                 "measured before the cap: the noise sized from the stated rows"),
+            Line("C under-stated rows per member", DEFAULTS, outcome.recovered, round(outcome.blind, 1),
+                 outcome.targets, "the noise sized from rows_per_member (default 4), rows beyond it dropped")]
+
+
 def pytest_lines(name: str, test_file: str) -> Callable[[Path], list[Line]]:
     """An attack whose test has no runner here: its tests through pytest (count and the
     outcomes they print)."""
@@ -194,6 +207,7 @@ RUNNERS: dict[str, Callable[[Path], list[Line]]] = {
     "averaging": averaging_reads,
     "row-linking": row_linking_attack,
     "out-of-bounds": out_of_bounds_attack,
+    "rows-per-member": rows_per_member_attack,
     "pair-graph": pytest_lines("B pair-graph linker", "test_pair_graph.py"),
     "operations": pytest_lines("F operations", "test_operations.py"),
 }
