@@ -202,7 +202,9 @@ SPECS = {
                         params={"outcome_range": "-1:1"}),
     "mqos-ndcg": AuditSpec(metric="mqos-ndcg", client_dataset="d", bootstrap=10, seed=1),
     "pot": AuditSpec(metric="pot", client_dataset="d", bootstrap=10, seed=1),
-    "lot": AuditSpec(metric="lot", client_dataset="d", bootstrap=10, seed=1, metric_option="raw"),
+    # every row kept (a member of `lot_dataset` is in up to 8): the rows are what the linker reads
+    "lot": AuditSpec(metric="lot", client_dataset="d", bootstrap=10, seed=1, metric_option="raw",
+                     params={"rows_per_member": "16"}),
     "mqos-auc": AuditSpec(metric="mqos-auc", client_dataset="d", bootstrap=10, seed=1, metric_option="exact"),
     "prob-count": AuditSpec(metric="prob-count", client_dataset="d", bootstrap=10, seed=1),
 }

@@ -65,7 +65,9 @@ def _small_groups(tester: pd.DataFrame, client: pd.DataFrame, policy: ReleasePol
         if direction == "to_client" and message.WhichOneof("body") == "aggregates_header":
             seen.extend(message.aggregates_header.small_groups)
 
-    spec = AuditSpec(metric="lot", client_dataset="d", bootstrap=10, seed=1, metric_option="raw")
+    # a cap on rows per member that keeps the target's 99 rows (the list, not the cap, is under test)
+    spec = AuditSpec(metric="lot", client_dataset="d", bootstrap=10, seed=1, metric_option="raw",
+                     params={"rows_per_member": str(DECOYS)})
     local_audit(tester, client, spec=spec, tap=tap, release=policy, n_buckets=16)
     return seen
 
