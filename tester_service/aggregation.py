@@ -21,7 +21,7 @@ import numpy as np
 from gmpy2 import mpz
 
 from common.stats import bootstrap as boot
-from common.crypto import batch, masking, paillier
+from common.crypto import batch, ifma_lanes, masking, paillier
 from common.crypto.commutative import POINT_BYTES
 from tester_service.release import RELEASE_GROUPS, IntersectionRefused
 
@@ -59,10 +59,136 @@ def bucket_sums_packed(n: int, width: int, jobs: Sequence[tuple[bytes, Sequence[
     """`bucket_sums_chunk` on packed ciphertexts (`width` bytes each, big-endian) and
     weight columns as arrays: both travel to the worker as buffers (no list of a million
     Python integers pickled on the Tester's own thread) and become integers there (the
-    ciphertexts were checked as they arrived, `tester_service.join.double_client_chunk`)."""
-    return bucket_sums_chunk(n, [([int.from_bytes(packed[i:i + width], "big") for i in range(0, len(packed), width)],
-                                  [column.tolist() if isinstance(column, np.ndarray) else column for column in columns])
-                                 for packed, columns in jobs])
+    ciphertexts were checked as they arrived, `tester_service.join.double_client_chunk`).
+    Where the IFMA kernel runs, a job whose weights are non-negative integers below 2^62
+    goes to it as buffers, cut into lanes by `lane_plan` (`lane_sums`); the same integers."""
+    n2 = n * n
+    lanes = _lane_modulus(n2)
+    out = []
+    for packed, columns in jobs:
+        arrays = _lane_columns(columns) if lanes is not None else None
+        if arrays is not None and width <= 8 * lanes[1].words:
+            out.append(lane_sums(*lanes, packed, width, arrays))
+            continue
+        out += bucket_sums_chunk(n, [([int.from_bytes(packed[i:i + width], "big") for i in range(0, len(packed), width)],
+                                      [column.tolist() if isinstance(column, np.ndarray) else column
+                                       for column in columns])])
+    return out
+
+
+# ------------------------------------------------------------------ the kernel's lanes
+#: the widest weight `lane_sums` takes (the kernel reads exponents of up to 64 bits)
+LANE_WEIGHT_BITS = 62
+#: the kernel's eight lanes
+LANES = 8
+
+
+def _lane_modulus(n2: int):
+    """(the IFMA kernel, n²'s form) where this process runs the kernel and n² fits it, else None."""
+    kernel = batch._kernel()
+    if kernel is None or int(n2).bit_length() > ifma_lanes.MAX_MODULUS_BITS:
+        return None
+    return kernel, batch._modulus_form(kernel, int(n2))
+
+
+def _lane_columns(columns: Sequence) -> list[np.ndarray] | None:
+    """The weight columns as uint64 arrays, or None where one is not integers in
+    [0, 2^LANE_WEIGHT_BITS) (signed pair weights, wider ones: `bucket_sums_chunk`)."""
+    out = []
+    for column in columns:
+        array = np.asarray(column)
+        if array.dtype.kind not in "iu" or array.ndim != 1:
+            return None
+        if len(array) and (int(array.min()) < 0 or int(array.max()) >> LANE_WEIGHT_BITS):
+            return None
+        out.append(array.astype(np.uint64, copy=False))
+    return out
+
+
+def lane_cost(calls: Sequence[Sequence[tuple[int, int, int]]], window: int, rows: int) -> int:
+    """Products (eight lanes each) of `ppre_multi_exp_mb8` for `calls` over `rows` bases:
+    per call and window, one per base (a base whose eight digits are all 0 is skipped:
+    not counted), two per bucket, and the squarings between windows."""
+    return sum(max(digits for _, _, digits in call) * (rows + (2 << window) + window) for call in calls)
+
+
+def lane_plan(bits: Sequence[int], rows: int) -> tuple[int, list[list[tuple[int, int, int]]]]:
+    """How `lane_sums` cuts weight columns of `bits` bits (their largest value's) over
+    `rows` bases into the kernel's calls: (window w, calls), each call up to eight lane
+    pieces (column, first digit, digits), a piece being the column's w-bit digits from
+    its first on; a column is the product of its pieces' results, each raised to
+    2^(w·first). The kernel runs every lane of a call through as many windows as its
+    longest piece, so whole columns fill the first calls, eight at a time, and the
+    columns left over go into the remaining lanes cut into shorter pieces where that
+    takes fewer windows (21 columns of 3 digits and a constant: 8 windows, not 9). The
+    plan of the fewest products (`lane_cost`) over the windows 1..16; a column of zeros
+    has no piece (its sum is Enc(0), 1)."""
+    best: tuple[int, int, list] | None = None
+    for w in range(1, 17):
+        digits = [-(-b // w) for b in bits]
+        if any(d * w > 64 for d in digits):
+            continue
+        order = sorted((c for c in range(len(bits)) if digits[c]), key=lambda c: -digits[c])
+        for whole in range(0, -(-len(order) // LANES) + 1):
+            head = order[:whole * LANES]
+            calls = [[(c, 0, digits[c]) for c in head[i:i + LANES]] for i in range(0, len(head), LANES)]
+            rest = order[whole * LANES:]
+            for size in sorted({digits[c] for c in rest}) or [0]:
+                pieces = sorted(((c, first, min(size, digits[c] - first)) for c in rest
+                                 for first in range(0, digits[c], size)), key=lambda piece: -piece[2]) if size else []
+                plan = calls + [pieces[i:i + LANES] for i in range(0, len(pieces), LANES)]
+                cost = lane_cost(plan, w, rows)
+                if best is None or (cost, len(plan)) < best[:2]:
+                    best = (cost, len(plan), (w, plan))
+    return best[2] if best is not None else (1, [])
+
+
+def lane_sums(kernel, modulus, packed: bytes, width: int, columns: Sequence[np.ndarray]) -> list[int]:
+    """[Enc(Σ_i w_i·v_i) for each weight column] over packed ciphertexts (`width` bytes
+    each, big-endian) in the IFMA kernel: the bases converted to its form once, from the
+    buffer, and the columns' digits handed to it as uint64 arrays (`lane_plan`), with no
+    Python integer per row but where a base is not below n² (reduced, as `multi_exp_many`
+    does). The same integers as `bucket_sums_chunk`."""
+    m = modulus.value
+    count = len(packed) // width if width else 0
+    if count == 0 or not columns:
+        return [1 % m] * len(columns)
+    words, digits_n = modulus.words, modulus.n
+    size = 8 * words  # the kernel's input: `words` little-endian 64-bit words per base
+    raw = np.frombuffer(packed, dtype=np.uint8, count=count * width).reshape(count, width)
+    little = np.zeros((count, size), dtype=np.uint8)
+    little[:, :width] = raw[:, ::-1]
+    # a base not below m (only where its top byte is at least m's) is reduced first
+    for i in np.flatnonzero(raw[:, 0] >= (m >> (8 * (width - 1)))):
+        value = int.from_bytes(raw[i].tobytes(), "big")
+        if value >= m:
+            little[i] = np.frombuffer((value % m).to_bytes(size, "little"), dtype=np.uint8)
+    mont = np.empty(count * digits_n, dtype=np.uint64)
+    if kernel._montgomery(little.ctypes.data, count, words, digits_n, modulus.digits, modulus.k0,
+                          modulus.r2_digits, mont.ctypes.data):
+        raise ValueError("the IFMA kernel refused the sizes")
+    bits = [int(column.max()).bit_length() if len(column) else 0 for column in columns]
+    window, calls = lane_plan(bits, count)
+    buckets = np.empty((1 << window) * digits_n * LANES, dtype=np.uint64)
+    out = np.empty(LANES * words, dtype=np.uint64)
+    exps = np.empty((count, LANES), dtype=np.uint64)
+    n2 = gmpy2.mpz(m)
+    sums: list = [gmpy2.mpz(1)] * len(columns)
+    for call in calls:
+        span = max(d for _, _, d in call)
+        exps[:] = 0
+        for lane, (c, first, d) in enumerate(call):
+            piece = columns[c] >> np.uint64(first * window) if first else columns[c]
+            exps[:, lane] = piece & np.uint64((1 << (d * window)) - 1) if d * window < 64 else piece
+        if kernel._multi(mont.ctypes.data, count, words, exps.ctypes.data, min(span * window, 64), window, digits_n,
+                         modulus.digits, modulus.k0, modulus.r_digits, buckets.ctypes.data, out.ctypes.data):
+            raise ValueError("the IFMA multi-exponentiation refused the sizes")
+        for (c, first, _), value in zip(call, modulus.numbers(out.tobytes(), len(call))):
+            value = gmpy2.mpz(value)
+            if first:
+                value = gmpy2.powmod(value, 1 << (first * window), n2)
+            sums[c] = sums[c] * value % n2
+    return [int(s) for s in sums]
 
 
 #: largest subset size `replicate_chunk` considers (a table of 2^k products per subset)
