@@ -22,6 +22,20 @@ probabilities (and LOT's normalised relevances), else the declared `outcome_rang
 differences and pair cells to [lo − hi, hi − lo]. Estimates are clipped before the
 differences are formed; the replicates are not (they measure the noise as it is).
 
+Resolution (`resolved`): a value the Test-Client finishes is a masked ratio
+(Num + u₁)/(Den + u₂), u below one fixed-point unit (`common.crypto.masking`, design
+§4.7), so the estimate and every replicate each carry their own rounding, up to about
+RESOLUTION (2⁻³², one unit of one member's weight) of the value's size. Where a cell
+does not vary (every value equal: all clipped to one bound, a constant outcome), that
+rounding is all that is left: zeros read as 1e-33, and the replicates' quantiles,
+which are the spread of their own rounding, excluded the estimate's in about
+1 − confidence of such cells. So a value within RESOLUTION of 0 is 0 and a replicate
+within RESOLUTION of its estimate is the estimate, before any interval is formed; and
+a reported interval holds its estimate by construction (`estimate_intervals`). A compared
+difference whose standard error is within RESOLUTION (`degenerate`) supports no
+statement of power: its MDD is undefined (`detectable_differences`), as is an MDD below
+STATED_MDD (it would read 0.0000: the rounding of a cell of a tiny effective size).
+
 Informative: an estimate or difference is *informative* when its interval's half-width
 is at most INFORMATIVE_SHARE·τ (τ/2), measured before clipping (`informative` in the
 JSON of every group, cell, curve point and difference; `corrected_informative` for the
@@ -46,6 +60,14 @@ POWER = 0.8
 Z_POWER = 0.8416212335729143
 #: metrics whose group estimates are rates, AUCs, NDCGs or probabilities: [0, 1]
 UNIT_RANGE_METRICS = ("ero", "mqos-auc", "mqos-ndcg", "prob-count")
+#: the precision of a finished value, relative to max(1, |value|): a masked ratio is exact
+#: to one fixed-point unit, 2^-32 of one member's weight (`common.crypto.masking`); values
+#: closer than this are the same value (module docstring, "Resolution")
+RESOLUTION = 2.0 ** -32
+#: the MDD is stated to 4 decimals: one below half a unit of the last reads 0.0000 and
+#: states nothing (a standard error that small is a masked ratio's rounding in a cell of
+#: a tiny effective size, not sampling): treated as a difference that does not vary
+STATED_MDD = 0.5e-4
 
 
 def finite_or_none(x: Any) -> float | None:
@@ -57,11 +79,46 @@ def finite_or_none(x: Any) -> float | None:
 
 
 # ----------------------------------------------------------------------------------
+# Resolution
+# ----------------------------------------------------------------------------------
+def tolerance(estimates: np.ndarray) -> np.ndarray:
+    """Per column, how close two values are to be the same: RESOLUTION·max(1, |estimate|)."""
+    est = np.asarray(estimates, dtype=np.float64)
+    return RESOLUTION * np.maximum(1.0, np.where(np.isfinite(est), np.abs(est), 1.0))
+
+
+def resolved(values: np.ndarray) -> np.ndarray:
+    """`values` ((R+1, C)) at the precision a finished value has (module docstring,
+    "Resolution"): a value within RESOLUTION of 0 is 0, and a replicate within
+    RESOLUTION·max(1, |estimate|) of its column's estimate is the estimate. NaN stays NaN."""
+    out = np.array(values, dtype=np.float64, copy=True)
+    if out.size == 0:
+        return out
+    with np.errstate(invalid="ignore"):
+        out[np.abs(out) <= RESOLUTION] = 0.0
+        est = out[0]
+        near = np.abs(out[1:] - est) <= tolerance(est)
+    out[1:] = np.where(near & np.isfinite(est), est, out[1:])
+    return out
+
+
+def degenerate(values: np.ndarray, method: str) -> np.ndarray:
+    """Per column of `values` ((R+1, C)): whether its standard error is within the
+    resolution of its estimate (module docstring): a difference that does not vary across
+    the replicates, of which no power can be stated."""
+    se = standard_errors(values, method)
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(se) & (se <= tolerance(values[0]))
+
+
+# ----------------------------------------------------------------------------------
 # Intervals
 # ----------------------------------------------------------------------------------
 def marginal_intervals(values: np.ndarray, confidence: float, method: str) -> tuple[np.ndarray, np.ndarray]:
     """(low, high) per column of `values` ((R+1, C): row 0 the estimate, rows 1.. the
-    bootstrap replicates or the random groups); NaN replicates are ignored."""
+    bootstrap replicates or the random groups); NaN replicates are ignored. The t
+    interval est ± t·sd/√G holds its estimate; a percentile interval is the replicates'
+    quantiles, which need not (`estimate_intervals`)."""
     alpha = 1.0 - confidence
     reps = values[1:]
     c = values.shape[1]
@@ -76,6 +133,20 @@ def marginal_intervals(values: np.ndarray, confidence: float, method: str) -> tu
             half = t_quantile(1 - alpha / 2, col.size - 1) * col.std(ddof=1) / math.sqrt(col.size)
             low[j], high[j] = values[0, j] - half, values[0, j] + half
     return low, high
+
+
+def estimate_intervals(values: np.ndarray, confidence: float, method: str) -> tuple[np.ndarray, np.ndarray]:
+    """The intervals a result reports around its estimates: `marginal_intervals`, whose
+    ends reach to the estimate where they stop short of it. A percentile interval is the
+    replicates' quantiles and need not hold the estimate, which is no replicate: where a
+    cell's spread is the masked ratio's rounding alone (module docstring, "Resolution",
+    beyond `resolved`'s reach in a cell of less than one member's weight) or the
+    bootstrap distribution lies off the estimate (a ratio of few rows); an interval
+    reported around an estimate holds it. The t interval is unchanged (it holds it)."""
+    low, high = marginal_intervals(values, confidence, method)
+    est = values[0] if values.size else np.empty(0)
+    defined = np.isfinite(low) & np.isfinite(high) & np.isfinite(est)
+    return np.where(defined, np.minimum(low, est), low), np.where(defined, np.maximum(high, est), high)
 
 
 def simultaneous_bands(values: np.ndarray, confidence: float, method: str) -> tuple[np.ndarray, np.ndarray]:
@@ -139,10 +210,14 @@ def standard_errors(values: np.ndarray, method: str) -> np.ndarray:
 def detectable_differences(values: np.ndarray, confidence: float, method: str) -> np.ndarray:
     """Per compared difference, the minimum detectable difference (MDD): the true gap the
     simultaneous band detects with probability POWER, h + z_POWER·se, h the band's
-    half-width (q·se) and se the difference's standard error (module docstring)."""
+    half-width (q·se) and se the difference's standard error (module docstring); NaN
+    where the difference does not vary (`degenerate`): a standard error of 0, or of the
+    masked values' rounding alone, states no power, nor does one below STATED_MDD."""
     band_low, band_high = simultaneous_bands(values, confidence, method)
     se = standard_errors(values, method)
-    return (band_high - band_low) / 2.0 + Z_POWER * se
+    mdd = (band_high - band_low) / 2.0 + Z_POWER * se
+    with np.errstate(invalid="ignore"):
+        return np.where(degenerate(values, method) | (mdd < STATED_MDD), np.nan, mdd)
 
 
 # ----------------------------------------------------------------------------------
