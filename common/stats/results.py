@@ -29,8 +29,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from common.errors import ProtocolError
-from common.stats.intervals import (clip, difference_range, finite_or_none, is_informative, marginal_intervals,
-                                    null_scaled, value_range)
+from common.stats.declared_range import clipped_facts
+from common.stats.intervals import (clip, difference_range, estimate_intervals, finite_or_none, is_informative,
+                                    null_scaled, resolved, value_range)
 from common.stats.verdict import Verdict, verdict_of
 
 DEFAULT_TAU = 0.05
@@ -274,7 +275,8 @@ class AuditReport:
                               mdd=finite_or_none(v.get("mdd")),
                               uninformative=tuple(str(g) for g in v.get("uninformative", ())),
                               members_factor=finite_or_none(v.get("members_factor")),
-                              attenuation=dict(v["attenuation"]) if v.get("attenuation") else None)
+                              attenuation=dict(v["attenuation"]) if v.get("attenuation") else None,
+                              clipped=dict(v["clipped"]) if v.get("clipped") else None)
             return cls(
                 metric=str(d["metric"]), metric_option=str(d["metric_option"]), n_matched=int(d["n_matched"]),
                 bootstrap=int(d["bootstrap"]), confidence=float(d["confidence"]), interval=str(d["interval"]),
@@ -431,9 +433,13 @@ def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, 
     attenuation-corrected values (`common.stats.correction.Corrected`), reported beside the
     weighted ones with intervals from the same replicates; the verdict stays on the
     weighted estimates (the paper's) and says how the corrected gap bears on it.
-    Every reported value is clipped to its range (`common.stats.intervals.value_range`). A
-    metric whose cells are counts reports them itself (`Metric.cell_report`), withholding
-    a count below `min_size`, the controls' minimum effective size."""
+    Every reported value is clipped to its range (`common.stats.intervals.value_range`),
+    after the values are taken at their resolution (`common.stats.intervals.resolved`: a
+    masked ratio's rounding is no measurement). Rows the Test-Client clipped into a
+    declared range (`info["rows_clipped"]`) are weighed in the verdict
+    (`common.stats.declared_range`). A metric whose cells are counts reports them itself
+    (`Metric.cell_report`), withholding a count below `min_size`, the controls' minimum
+    effective size."""
     counted = metric.cell_report(plan, values, option=option, params=params, info=info, confidence=confidence,
                                  tau=tau, min_size=min_size)
     if counted is not None:
@@ -441,18 +447,19 @@ def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, 
     cells = list(plan.cells)
     bounds = value_range(metric, option, params)
     pair_bounds = difference_range(bounds) if not params.get("dti_weights") else None
-    values = _clip_estimates(values, cells, bounds, pair_bounds)
+    values = _clip_estimates(resolved(values), cells, bounds, pair_bounds)
     extra_cells, extra = metric.derived(cells, values, params, info)
     if extra_cells:
         cells += extra_cells
-        values = _clip_estimates(np.hstack([values, extra]), cells, bounds, pair_bounds)
+        values = _clip_estimates(np.hstack([values, resolved(extra)]), cells, bounds, pair_bounds)
     method = interval or metric.interval
-    low, high = marginal_intervals(values, confidence, method)
+    low, high = estimate_intervals(values, confidence, method)
     entries = _entries(cells, values, low, high, bounds, pair_bounds, tau)
     fixed = [(None, None, None, None)] * len(cells)
     if corrected is not None:
-        cvalues = _clip_estimates(corrected.values, cells[:corrected.values.shape[1]], bounds, pair_bounds)
-        clow, chigh = marginal_intervals(cvalues, confidence, method)
+        cvalues = _clip_estimates(resolved(corrected.values), cells[:corrected.values.shape[1]], bounds,
+                                  pair_bounds)
+        clow, chigh = estimate_intervals(cvalues, confidence, method)
         fixed = _entries(cells[:cvalues.shape[1]], cvalues, clow, chigh, bounds, pair_bounds, tau)
         fixed += [(None, None, None, None)] * (len(cells) - len(fixed))
     groups, pairs, curves = [], [], []
@@ -473,7 +480,8 @@ def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, 
         diffs = _differences(index, null_scaled(values, index, bounds), confidence, method, tau, bounds)[1]
     verdict = verdict_of(metric.verdict_rule, cells, groups, pairs, index, diff_labels, diffs, values,
                          small=set(small_groups) if index else set(), confidence=confidence, method=method, tau=tau,
-                         bounds=bounds, pair_bounds=pair_bounds, noisy=noisy, metric=metric.name, corrected=corrected)
+                         bounds=bounds, pair_bounds=pair_bounds, noisy=noisy, metric=metric.name, corrected=corrected,
+                         clipped=clipped_facts(metric.name, option, params, info))
     return AuditReport(metric=metric.name, metric_option=option, n_matched=0, bootstrap=replicates,
                        confidence=confidence, interval=method, groups=groups, verdict=verdict, cells=pairs,
                        curves=curves, differences=differences, params=_jsonable(params), info=dict(info),
@@ -497,7 +505,7 @@ def _differences(index: dict[str, int], values: np.ndarray, confidence: float, m
     if not diff_cols:
         return diff_labels, None, []
     diffs = np.column_stack(diff_cols)
-    dlow, dhigh = marginal_intervals(diffs, confidence, method)
+    dlow, dhigh = estimate_intervals(diffs, confidence, method)
     rng = difference_range(bounds)
     return diff_labels, diffs, [
         Difference(kind, a, b, clip(diffs[0, i], rng), clip(dlow[i], rng), clip(dhigh[i], rng),

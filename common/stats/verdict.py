@@ -54,7 +54,7 @@ import numpy as np
 
 from common.stats import wording
 from common.stats.intervals import (INFORMATIVE_SHARE, clip, detectable_differences, difference_range,
-                                    finite_or_none, is_informative, marginal_intervals, simultaneous_bands)
+                                    estimate_intervals, finite_or_none, is_informative, simultaneous_bands)
 
 #: "flagged" is the inclusion rule's (probabilistic count) only
 SEVERITIES = ("none", "low", "moderate", "high", "inconclusive", "insufficient data", "flagged")
@@ -82,25 +82,33 @@ class Verdict:
     members_factor: float | None = None
     #: with a correction: the compared pair's corrected gap and whether the weighted one understates it
     attenuation: dict[str, Any] | None = None
+    #: where the Test-Client clipped rows into a declared range: how many, of how many, whether
+    #: a large share, and the parameter that declares it (`common.stats.declared_range`)
+    clipped: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
 class Bands:
     """A compared family's intervals, per difference: the marginal ones (`low`, `high`), the
-    simultaneous band (clipped to the differences' range) and the MDD."""
+    simultaneous band (clipped to the differences' range), the MDD, and whether the
+    difference does not vary across the replicates (`flat`: a band but no MDD,
+    `common.stats.intervals.detectable_differences`)."""
 
     low: np.ndarray
     high: np.ndarray
     band_low: np.ndarray
     band_high: np.ndarray
     mdds: np.ndarray
+    flat: np.ndarray
 
     @classmethod
     def of(cls, values: np.ndarray, confidence: float, method: str, span: tuple[float, float] | None) -> "Bands":
-        low, high = marginal_intervals(values, confidence, method)
+        low, high = estimate_intervals(values, confidence, method)
         band_low, band_high = (np.clip(b, *span) if span is not None else b
                                for b in simultaneous_bands(values, confidence, method))
-        return cls(low, high, band_low, band_high, detectable_differences(values, confidence, method))
+        mdds = detectable_differences(values, confidence, method)  # NaN where no power is stated
+        return cls(low, high, band_low, band_high, mdds,
+                   np.isnan(mdds) & np.isfinite(band_low) & np.isfinite(band_high))
 
 
 # ----------------------------------------------------------------------------------
@@ -136,12 +144,16 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
     beyond_range = mdd is not None and _detectable(mdd, span) is None
     factor, widest = _members_needed(mdd, mdd_widest, beyond_range, tau, (left_out_factor, left_out_widest),
                                      excluded)
-    conclusive = not left_out and not excluded and mdd is not None and mdd <= tau and bool(banded.all())
+    flat = [labels[i] for i in np.flatnonzero(banded & bands.flat)]
+    conclusive = (not left_out and not excluded and mdd is not None and mdd <= tau and bool(banded.all())
+                  and not flat)
     pick, severity = _compared_pick(significant, adverse, banded, strict, tau, conclusive)
+    needed = (wording.FLAT_NEEDED if flat and factor is None and not left_out and not excluded
+              else wording.needed_words(factor, noisy, widest))
     message = _message(severity, rule, labels[pick], est[pick], bands, pick, confidence, tau, span,
                        mdd=mdd, beyond_range=beyond_range, significant=significant, compared=len(labels),
                        left_out=left_out, strict_significance=strict_significance, excluded_words=excluded_words,
-                       needed=wording.needed_words(factor, noisy, widest))
+                       needed=needed, flat=flat, banded=int(banded.sum()))
     message += wording.non_overlapping_words(non_overlap, bool(significant.any()))
     return Verdict(rule, tau, severity, bool(significant.any()), severity in ("moderate", "high"),
                    _compared_entry(labels, est, bands, pick, tau, span),
@@ -255,18 +267,19 @@ def _compared_entry(labels: Sequence[str], est: np.ndarray, bands: Bands, pick: 
 def _message(severity: str, rule: str, label: str, estimate: float, bands: Bands, pick: int, confidence: float,
              tau: float, span: tuple[float, float] | None, *, mdd: float | None, beyond_range: bool,
              significant: np.ndarray, compared: int, left_out: Sequence[str], strict_significance: bool,
-             excluded_words: str, needed: str) -> str:
+             excluded_words: str, needed: str, flat: Sequence[str] = (), banded: int = 0) -> str:
     """The verdict's message for its severity (`common.stats.wording`), the groups left out
-    for their size included."""
+    for their size included; `flat`: the banded differences (of `banded`) that do not
+    vary, of which no power is stated."""
     phrase = wording.rule_phrase(rule, estimate)
     band = (bands.band_low[pick], bands.band_high[pick])
-    detectable = wording.detectable_words(mdd, beyond_range, span)
+    detectable = wording.detectable_words(mdd, beyond_range, span, flat, banded)
     if severity == "none":
         return wording.no_disparity_message(phrase, label, estimate, confidence, band, tau, detectable) \
             + excluded_words
     if severity == "inconclusive":
         return wording.inconclusive_message(phrase, label, estimate, confidence, band, tau, detectable, mdd,
-                                            beyond_range, left_out, excluded_words, needed)
+                                            beyond_range, left_out, excluded_words, needed, flat=bool(flat))
     return wording.significant_message(severity, phrase, label, estimate, confidence, band, tau,
                                        int(significant.sum()), compared,
                                        _uncertain_size(severity, _nearer_end(rule, estimate, *band), tau),
@@ -324,12 +337,13 @@ def _round_factor(factor: float | None) -> float | None:
 def verdict_of(rule: str, cells: Sequence, groups: Sequence, pairs: Sequence, index: dict[str, int],
                diff_labels: Sequence[tuple[str, str, str]], diffs: np.ndarray | None, values: np.ndarray, *,
                small: set[str], confidence: float, method: str, tau: float, bounds, pair_bounds,
-               noisy: bool | None, metric: str, corrected=None) -> Verdict:
+               noisy: bool | None, metric: str, corrected=None, clipped: dict[str, Any] | None = None) -> Verdict:
     """The verdict of a result being finished (`common.stats.results.finish`): its rule's
     compared family among `cells` (the groups' and pair cells' results `groups` and
     `pairs`, the groups' columns `index`, the differences `diffs` labelled `diff_labels`,
-    the cells' `values`), with the groups in `small` left out for their size and the
-    attenuation-corrected gap beside the weighted one where a correction was asked for."""
+    the cells' `values`), with the groups in `small` left out for their size, the
+    attenuation-corrected gap beside the weighted one where a correction was asked for,
+    and what the clipping into a declared range leaves of it (`clipped`: `with_clipping`)."""
     labels, fam, left_out, (factor, widest), strict = compared_family(rule, cells, groups, pairs, index,
                                                                       diff_labels, diffs, values, small, tau,
                                                                       bounds)
@@ -347,7 +361,32 @@ def verdict_of(rule: str, cells: Sequence, groups: Sequence, pairs: Sequence, in
                                strict_significance=not noisy, span=pair_bounds)
     if corrected is not None and verdict.compared and rule in ("range", "below_overall"):
         verdict = with_attenuation(verdict, corrected, index, confidence, method, bounds, groups)
-    return verdict
+    return with_clipping(verdict, clipped, confidence)
+
+
+def with_clipping(verdict: Verdict, clipped: dict[str, Any] | None, confidence: float) -> Verdict:
+    """The verdict where the Test-Client clipped rows into a declared range
+    (`common.stats.declared_range`): the facts beside it (`clipped`) always; where the
+    share is large (at least CLIPPED_SHARE of its rows, overall) the result describes the
+    range's ends more than the data: a verdict with nothing significant ("none" or
+    "inconclusive") is "inconclusive" for that reason (no gap between clipped values is
+    a finding either way, and more members would not change it: no factor of members);
+    any other keeps its severity (a significant one read off the clipped values) with a
+    message that says so and which range to declare. A smaller
+    share leaves the verdict as it is (the pages warn beside it)."""
+    if not clipped:
+        return verdict
+    if not clipped.get("large"):
+        return replace(verdict, clipped=dict(clipped))
+    if verdict.severity in ("none", "inconclusive"):
+        c = verdict.compared or {}
+        label, estimate = str(c.get("label", "")), c.get("estimate")
+        phrase = wording.rule_phrase(verdict.rule, estimate if finite_or_none(estimate) is not None else 0.0)
+        message = wording.clipped_message(phrase, label, estimate, confidence,
+                                          (c.get("band_low"), c.get("band_high")), clipped)
+        return replace(verdict, severity="inconclusive", message=message, members_factor=None,
+                       clipped=dict(clipped))
+    return replace(verdict, message=verdict.message + wording.clipped_clause(clipped), clipped=dict(clipped))
 
 
 def _eligible(g, overall, bounds, tau: float) -> bool:
@@ -457,7 +496,7 @@ def with_attenuation(verdict: Verdict, corrected, index, confidence, method, bou
     weighted = verdict.compared["estimate"]
     low = high = None
     if series is not None:
-        lo, hi = marginal_intervals(np.column_stack([np.r_[gap, series[1:]]]), confidence, method)
+        lo, hi = estimate_intervals(np.column_stack([np.r_[gap, series[1:]]]), confidence, method)
         rng = difference_range(bounds)
         low, high = clip(lo[0], rng), clip(hi[0], rng)
     understates = weighted is not None and abs(gap) > abs(weighted) and gap * weighted >= 0

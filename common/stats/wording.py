@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from common.stats.declared_range import RANGE_PARAMETERS, range_flag, range_text
 from common.stats.intervals import INFORMATIVE_SHARE, POWER, finite_or_none
 from common.stats.left_out import MIN_EFFECTIVE_SIZE, MIN_KISH_SIZE, RATE_METRICS
 
@@ -105,8 +106,22 @@ def rule_phrase(rule: str, estimate: float) -> str:
     return RULE_PHRASES[rule]
 
 
-def detectable_words(mdd: float | None, beyond_range: bool, span: tuple[float, float] | None) -> str:
-    """The minimum detectable difference in words (`common.stats.intervals`)."""
+#: why no power is stated for compared differences that do not vary (`common.stats.intervals.degenerate`)
+FLAT_WORDS = ("the compared values do not vary across the replicates (every value equal, as when all were "
+              "clipped to one end of the declared range), so no detectable gap can be stated")
+#: what would make an audit whose compared values do not vary conclusive
+FLAT_NEEDED = "conclusive only on values that vary (check that they were not all clipped to one value)"
+
+
+def detectable_words(mdd: float | None, beyond_range: bool, span: tuple[float, float] | None,
+                     flat: Sequence[str] = (), compared: int = 0) -> str:
+    """The minimum detectable difference in words (`common.stats.intervals`); `flat`: the
+    compared differences that do not vary, of which no power is stated (of `compared`)."""
+    if flat and (mdd is None or len(flat) >= compared):
+        return FLAT_WORDS
+    if flat:
+        return (f"the smallest gap this audit detects with {POWER:.0%} power is {mdd:.4f} among the comparisons "
+                f"that vary; {', '.join(flat)} do not vary across the replicates, so no power is stated for them")
     if beyond_range:
         return (f"no gap the metric can take (at most {span[1]:g}) is detectable with {POWER:.0%} power at "
                 f"this size")
@@ -144,6 +159,71 @@ def uncertain_size_words(nearer: float, milder: str) -> str:
             f"({milder}), so how large the gap is stays uncertain")
 
 
+def clipped_words(facts: dict[str, Any]) -> str:
+    """How many rows were clipped into the declared range, of how many, and which range
+    (`common.stats.declared_range.clipped_facts`)."""
+    parameter = facts.get("parameter")
+    what = RANGE_PARAMETERS.get(parameter, "values") if parameter else "normalised relevance gaps"
+    rows, share = facts.get("rows"), finite_or_none(facts.get("share"))
+    count = (f"{int(facts['rows_clipped']):,} of the Test-Client's {int(rows):,} {what} ({share:.0%})"
+             if rows and share is not None else f"{int(facts['rows_clipped']):,} rows")
+    declared = (f"{parameter} {range_text(facts['declared'])}" if parameter and facts.get("declared")
+                else "the default" if parameter else "[-1, 1]")
+    beyond = {"below": ", below its lower end", "above": ", above its upper end",
+              "both ends": ", beyond both ends"}.get(facts.get("beyond") or "", "")
+    unstated = "" if rows else f" (how many {what} the Test-Client has is not stated)"
+    return (f"{count} lay outside the declared range ({declared}){beyond} and were clipped into it before "
+            f"encryption{unstated}")
+
+
+def range_advice(facts: dict[str, Any]) -> str:
+    """What to declare so that no value is clipped: the parameter's flag and the range."""
+    parameter = facts.get("parameter")
+    if not parameter:
+        return ("use whole-number relevance grades, or option raw with --relevance-range LO:HI covering every "
+                "relevance")
+    what = RANGE_PARAMETERS.get(parameter, "values")
+    declared = facts.get("declared") or (0.0, 1.0)
+    lo, hi = float(declared[0]), float(declared[1])
+    which = {"below": f"LO at most the smallest of the {what}, below {lo:g}",
+             "above": f"HI at least the largest of the {what}, above {hi:g}"}.get(
+        facts.get("beyond") or "", f"LO the smallest and HI the largest value the {what} can take")
+    return f"declare their range with {range_flag(parameter)} LO:HI ({which}; now {range_text(declared)})"
+
+
+def _large(facts: dict[str, Any]) -> str:
+    return f"at least {float(facts.get('threshold', 0.5)):.0%} of the rows"
+
+
+def clipped_warning(facts: dict[str, Any]) -> str:
+    """The warning beside the verdict, on every page, where rows were clipped."""
+    if facts.get("large"):
+        return (f"{clipped_words(facts)}, {_large(facts)}: the result describes the clipped values, not the data; "
+                f"{range_advice(facts)}")
+    return (f"{clipped_words(facts)}; the results describe the clipped values (declare the range the values can "
+            f"take, or --out-of-range refuse: {range_advice(facts)})")
+
+
+def clipped_clause(facts: dict[str, Any]) -> str:
+    """The clause a verdict's message ends with where a large share was clipped and the
+    verdict keeps its severity (a significant gap: the clipped values', its size not the data's)."""
+    return (f"; the result describes clipped values: {clipped_words(facts)}, {_large(facts)}, so the gaps are "
+            f"the clipped values' and their size not the data's; {range_advice(facts)}")
+
+
+def clipped_message(phrase: str, label: str, estimate: Any, confidence: float, band: tuple[Any, Any],
+                    facts: dict[str, Any]) -> str:
+    """The message of a verdict with nothing significant on values mostly clipped
+    (`common.stats.verdict.with_clipping`): inconclusive, whatever it would have been."""
+    estimate = finite_or_none(estimate)
+    on_clipped = (f"; on the clipped values the {phrase}, {label} = {estimate:+.4f}, has a {confidence:.0%} "
+                  f"simultaneous interval {interval_words(*band)} that {band_relation(*band)}"
+                  if estimate is not None else "")
+    return (f"inconclusive: the result describes clipped values, not the data: {clipped_words(facts)}, "
+            f"{_large(facts)}, so no gap between them is a finding either way{on_clipped}; "
+            f"{range_advice(facts)} and audit again")
+
+
 # ----------------------------------------------------------------------------------
 # The verdict's message
 # ----------------------------------------------------------------------------------
@@ -164,10 +244,13 @@ def no_disparity_message(phrase: str, label: str, estimate: float, confidence: f
 
 def inconclusive_message(phrase: str, label: str, estimate: float, confidence: float, band: tuple[Any, Any],
                          tau: float, detectable: str, mdd: float | None, beyond_range: bool,
-                         left_out: Sequence[str], excluded: str, needed: str) -> str:
-    message = (f"inconclusive at this size and privacy level: the {phrase}, {label} = {estimate:+.4f}, "
+                         left_out: Sequence[str], excluded: str, needed: str, flat: bool = False) -> str:
+    """Nothing significant, and a gap of tau was not shown detectable; `flat`: some
+    compared differences do not vary, so the power statement `detectable` says so."""
+    message = (("inconclusive: " if flat else "inconclusive at this size and privacy level: ")
+               + f"the {phrase}, {label} = {estimate:+.4f}, "
                f"has a {confidence:.0%} simultaneous interval {interval_words(*band)} that {band_relation(*band)}"
-               + (f", but {detectable}" if mdd is None or beyond_range
+               + (f", but {detectable}" if mdd is None or beyond_range or flat
                   else f", but {detectable}, above tau {tau:g}" if mdd > tau
                   else f"; {detectable} (tau {tau:g}) among the groups compared"))
     if left_out:

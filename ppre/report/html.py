@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from ppre.report.escape import esc
 from ppre.report.model import (
     AGGREGATES_ONLY, PHASE_TOTAL, PREPARATION_WORDS, PROVENANCE, PROVENANCE_TABLE, RULE_WORDS, ci_text,
-    correction_words, count_text, finite, intervals_words, left_out_reason, members_heading, metric_description,
+    clipped_text, correction_words, count_text, finite, intervals_words, left_out_reason, members_heading, metric_description,
     metric_title, num, plain_words, rank_order, receipt_line, release_words, signed_text, verdict_words,
 )
 from ppre.report.plots import CORRECTED_COLOUR, OVERALL_COLOUR, WEIGHTED_COLOUR, curve_charts, forest_legend, forest_plot
@@ -86,6 +86,9 @@ def verdict_section(report: "AuditReport") -> str:
     if v.non_overlapping:
         facts.append("<li><strong>Groups whose intervals do not overlap</strong> (shown, not used for the "
                      f"verdict): {_list([f'{a} / {b}' for a, b in v.non_overlapping])}</li>")
+    clipped = clipped_text(report)
+    if clipped:  # the estimates are of the clipped values: said beside the verdict, as the table says it
+        facts.append(f'<li class="warn"><strong>Clipped values:</strong> {esc(clipped)}</li>')
     if v.excluded_groups:
         facts.append(f"<li><strong>Left out of the verdict</strong> ({esc(left_out_reason(report))}; marked \u2020): "
                      f"{_list(list(v.excluded_groups))}</li>")

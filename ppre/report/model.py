@@ -2,10 +2,10 @@
 `AuditReport` as plain text, without markup. It holds the number formats (an estimate, a
 signed difference, an interval, a count, a parameter in words), the metric's title and
 description, the intervals and the verdict in words (design §3.6), why groups were left
-out of the verdict, the forest plot's reference line, the release and correction
-summaries, the order of LOT's rank pairs, a pool's member-count heading, a receipt in
-one line, and the fixed texts (data provenance, the
-aggregates-only promise, the labels of the preparation counts). It imports only
+out of the verdict, the warning on values clipped into a declared range, the forest
+plot's reference line, the release and correction summaries, the order of LOT's rank
+pairs, a pool's member-count heading, a receipt in one line, and the fixed texts (data
+provenance, the aggregates-only promise, the labels of the preparation counts). It imports only
 `common` (`common.stats`, `common.metrics`): never `plots` nor `html`, which build on it.
 """
 from __future__ import annotations
@@ -13,8 +13,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from common.stats.declared_range import clipped_facts
 from common.stats.results import DELIVERED, NOISED_MEMBERS
-from common.stats.wording import correction_summary, left_out_words, release_summary, score_bins_words
+from common.stats.wording import (FLAT_WORDS, clipped_warning, clipped_words, correction_summary, left_out_words,
+                                  range_advice, release_summary, score_bins_words)
 
 if TYPE_CHECKING:  # pragma: no cover
     from common.stats.results import AuditReport
@@ -169,10 +171,36 @@ def reference_line(report: "AuditReport") -> tuple[float | None, str, bool]:
     return None, "", False
 
 
+def clipped_of(report: "AuditReport") -> dict[str, Any] | None:
+    """The result's clipped rows (`common.stats.declared_range`): the verdict's facts, or
+    for a result finished before the verdict held them, the same facts from its
+    dataset facts (never "large": that verdict did not weigh them)."""
+    if report.verdict.clipped:
+        return report.verdict.clipped
+    facts = clipped_facts(report.metric, report.metric_option, report.params, report.info)
+    return {**facts, "large": False} if facts else None
+
+
+def clipped_text(report: "AuditReport") -> str:
+    """The warning every page shows beside the verdict where rows were clipped into a
+    declared range ("" where none were): how many, and which range to declare."""
+    clipped = clipped_of(report)
+    return clipped_warning(clipped) if clipped else ""
+
+
 def verdict_words(report: "AuditReport") -> tuple[str, str]:
     v = report.verdict
     tau = report.tau
     pct = f"{report.confidence:.0%}"
+    clipped = v.clipped or {}
+    if clipped.get("large") and v.severity == "inconclusive":
+        return ("Inconclusive: the result describes clipped values",
+                f"{clipped_words(clipped)[:1].upper()}{clipped_words(clipped)[1:]}: the result describes the "
+                f"range's ends more than the data, so no gap between them is a finding either way. "
+                f"{range_advice(clipped)[:1].upper()}{range_advice(clipped)[1:]} and audit again.")
+    if v.severity == "inconclusive" and FLAT_WORDS in v.message:
+        return ("Inconclusive: the compared values do not vary",
+                f"No compared difference is significant, but {FLAT_WORDS}: it is no finding either way.")
     if v.rule == "inclusion":
         level = plain_words(report.params.get("inclusion_level"))
         t = plain_words(report.params.get("count_threshold"))

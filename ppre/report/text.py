@@ -1,8 +1,10 @@
 """The result as plain text: the tables `ppre audit`, `ppre demo` and `ppre runs show`
 print (`render_text`). Every column is as wide as its longest value, so columns never run
 together; the verdict, the correction, the release controls, the group mapping and the
-preparation counts follow, one line each. It reads the result (`common.stats.results`)
-and says what the page says (`ppre.report.model`), without markup.
+preparation counts follow, one line each; where the Test-Client clipped rows into a
+declared range, a warning beside the verdict says how many and which range to declare.
+It reads the result (`common.stats.results`) and says what the page says
+(`ppre.report.model`), without markup.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 from common.stats.intervals import INFORMATIVE_SHARE
 from common.stats.results import preparation_in_order, release_clean
 from common.stats.wording import correction_summary, release_summary, score_bins_words
-from ppre.report.model import members_heading, receipt_line
+from ppre.report.model import clipped_text, members_heading, receipt_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from common.stats.results import AuditReport
@@ -72,13 +74,9 @@ def render_text(report: "AuditReport") -> str:
         lines.append(f"inf.: informative, the interval's half-width at most {INFORMATIVE_SHARE:g} tau "
                      f"= {INFORMATIVE_SHARE * report.tau:g}")
     v = report.verdict
-    clipped = int(report.info.get("rows_clipped") or 0)
+    clipped = clipped_text(report)
     if clipped:  # the estimates are of the clipped values: say so beside the verdict
-        declared = ", ".join(f"{k} {_range_words(report.params[k])}" for k in ("outcome_range", "relevance_range")
-                             if report.params.get(k) is not None)
-        lines.append(f"warning: {clipped:,} rows lay outside the declared range ({declared or 'the default'}) and "
-                     f"were clipped into it before encryption; the results describe the clipped values "
-                     f"(declare the range the values can take, or --out-of-range refuse)")
+        lines.append(f"warning: {clipped}")
     over_cap = int(report.info.get("rows_over_cap") or 0)
     if over_cap:  # the Test-Client left out rows beyond the declared rows per member (common.metrics.lot)
         lines.append(f"note: {over_cap:,} rows were left out before encryption: they would have put a member in "
@@ -127,10 +125,3 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return text in ("n/a", "")
     return True
-
-
-def _range_words(value) -> str:
-    """A declared range as the flags write it (LO:HI), from its JSON form."""
-    if isinstance(value, (list, tuple)) and len(value) == 2:
-        return f"{float(value[0]):g}:{float(value[1]):g}"
-    return str(value)
