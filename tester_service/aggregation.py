@@ -105,11 +105,16 @@ def _lane_columns(columns: Sequence) -> list[np.ndarray] | None:
     return out
 
 
-def lane_cost(calls: Sequence[Sequence[tuple[int, int, int]]], window: int, rows: int) -> int:
-    """Products (eight lanes each) of `ppre_multi_exp_mb8` for `calls` over `rows` bases:
-    per call and window, one per base (a base whose eight digits are all 0 is skipped:
-    not counted), two per bucket, and the squarings between windows."""
-    return sum(max(digits for _, _, digits in call) * (rows + (2 << window) + window) for call in calls)
+def lane_cost(calls: Sequence[Sequence[tuple[int, int, int]]], window: int, rows: int) -> float:
+    """Estimated time (µs, 2048-bit keys, this repository's Xeon) of `ppre_multi_exp_mb8`
+    for `calls` over `rows` bases: per call and window, one product into a bucket per base
+    (dearer as the buckets outgrow the caches: 7.3 µs at w = 1, 9.3 at 11, 11.7 at 16), two
+    per bucket (7.7 µs each) and the squarings between windows, and per call its digits'
+    array (about 0.2 µs a base); a base whose eight digits are all 0 is skipped, which this
+    does not count (bench/RESULTS.md, 2026-12-06)."""
+    insert = 7.3 + 0.15 * window + 0.04 * max(0, window - 8) ** 2
+    return sum(max(digits for _, _, digits in call) * (rows * insert + (2 << window) * 7.7 + window * 7.7)
+               + rows * 0.2 for call in calls)
 
 
 def lane_plan(bits: Sequence[int], rows: int) -> tuple[int, list[list[tuple[int, int, int]]]]:
