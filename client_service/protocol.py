@@ -430,7 +430,7 @@ class ClientSession(PartySession):
         stride, per = plan.member_cts, plan.vector_cts
         tasks = []
         for first, stop, rows in blind_pairs.member_ranges(
-                heads, n_members, self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS)):
+                heads, n_members, plan.range_count(n_members, self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS))):
             tail_cts = [vectors[stride * b:stride * b + 2 * per] for b in tails[rows].tolist()]
             tasks.append((plan, tester, base, heads[rows] - first, strata[rows], [gaps[i] for i in rows.tolist()],
                           tail_cts, heads_list[first:stop], masks[first * plan.strata:stop * plan.strata]))

@@ -574,7 +574,8 @@ class TesterSession(PartySession):
         del packed
         rows = plan.strata * per
         tasks = [(plan, sums[part.start * rows:part.stop * rows], weights[part.start:part.stop], key.public.n2)
-                 for part in parallel.split(range(len(held)), self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS))]
+                 for part in parallel.split(range(len(held)), plan.range_count(
+                     len(held), self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS)))]
         ticks = chunk_ticks(len(tasks), partial(self._tick, "aggregation"))
         shares = self._executor.run_chunks(blind_pairs.weighted_share, tasks, checkpoint=ticks)
         del tasks, sums, weights
