@@ -97,8 +97,9 @@ weights w_a (p_ag, and p_ag·p_ag' for the head pairs) (`BlindPairs`). The Test-
 forms, per member a and rank pair s, z_as = Π over its rows (a, b) in s of
 Enc_T(delta_b)^ΔỸ · Enc_T(weight_b) and returns Enc_T(z + r) for every member in the
 member table's order (r per slot, `STATISTICAL_BITS` wider than any z: statistically
-hiding, so a member that heads no row of s looks like any other); then per rank pair
-the masks' totals Enc_T(Σ_a w_a·r + m), from the Tester's encrypted head weights, and
+hiding, so a member that heads no row of s looks like any other; Enc_T(r) drawn with a
+randomizer base of the Test-Client's own, so that a Tester announcing a weak h cannot
+read which sums are products of its own vectors); then per rank pair the masks' totals Enc_T(Σ_a w_a·r + m), from the Tester's encrypted head weights, and
 Enc(m) per released item under its own key. The Tester multiplies the members' sums by
 their head weights under its key (A = Enc_T(Σ_a w_a·(z + r))), decrypts the totals
 alone, and forms each item as Enc(A − (Σ_a w_a·r + m)) · Enc(m) = Enc(Σ_rows p_ag·p_bh·
