@@ -11,8 +11,10 @@ draws its own), then the CPU time of the whole run (this process and its workers
     .venv/bin/python bench/bench_lot_blind.py [--queries 1000,4000] [--bits 2048] [--workers N] [--ops]
 
 `--ops` first prints what the path's operations cost one at a time (CPU time, one
-process): encryption under a peer's key and the owner's, decryption modulo p, an
-exponentiation by a 33-bit gap, and a multi-exponentiation share with 146-bit masks.
+process, this process's backend): encryption under a peer's key and the owner's,
+decryption modulo p, a row's term (an exponentiation by a 33-bit gap, in the lanes), a
+share of the masks' totals (per base and column, masks at the plan's width) and of the
+Tester's weighted totals (32-bit weights), then what they add up to per member.
 """
 from __future__ import annotations
 
@@ -57,12 +59,13 @@ def run(queries: int, bits: int, executor, blind: bool):
 
 
 def operation_costs(bits: int, count: int = 400) -> None:
-    """The per-operation costs the blind path is made of (module docstring, `--ops`)."""
+    """The per-operation costs the blind path is made of (module docstring, `--ops`), on
+    this process's backend, and what they add up to per member of the member table
+    (9 rank pairs, two groups: the paper's and `ppre synth`'s shape)."""
     import secrets
 
-    import gmpy2
-
-    from common.crypto import paillier
+    from common.crypto import batch, paillier
+    from common.metrics.lot import RANGE_MEMBERS, METRIC
     key = paillier.generate_keypair(bits, allow_insecure=bits < 2048)
     pub = key.public
     values = [secrets.randbits(bits // 2 - 8) for _ in range(count)]  # below p/3: decodable mod p
@@ -70,20 +73,41 @@ def operation_costs(bits: int, count: int = 400) -> None:
     paillier.encrypt_chunk(pub.n, pub.h, values[:2])
     encrypt(values[:2])  # the fixed-base tables, built once per key
     cts = paillier.encrypt_chunk(pub.n, pub.h, values)
-    n2 = gmpy2.mpz(pub.n2)
+    plan = METRIC.blind_plan(("hsm", "non_hsm"), 9, "idcg", {"second_moments": True}, n_members=10_000,
+                             tester_modulus_bits=bits)
+    bases = (cts * (-(-RANGE_MEMBERS // count)))[:RANGE_MEMBERS]
 
-    def per(fn) -> float:
+    def per(fn, n=count) -> float:
         t = time.process_time()
         fn()
-        return (time.process_time() - t) / count * 1e3
-    costs = {"encryption, a peer's key": per(lambda: paillier.encrypt_chunk(pub.n, pub.h, values)),
-             "encryption, the owner's (CRT)": per(lambda: encrypt(values)),
-             "decryption mod p": per(lambda: decrypt(cts)),
-             "exponentiation by a 33-bit gap": per(lambda: [gmpy2.powmod(c, (1 << 33) - 7, n2) for c in cts]),
-             "multi-exponentiation share, 146-bit": per(
-                 lambda: paillier.multi_exp(cts, [secrets.randbits(146) for _ in cts], pub.n2))}
+        return (time.process_time() - t) / n * 1e3
+    costs = {
+        "encryption, a peer's key": per(lambda: paillier.encrypt_chunk(pub.n, pub.h, values)),
+        "encryption, the owner's (CRT)": per(lambda: encrypt(values)),
+        "decryption mod p": per(lambda: decrypt(cts)),
+        "a row's term: exponentiation by a 33-bit gap": per(
+            lambda: batch.powmod_many(cts, [(1 << 33) - 7] * count, pub.n2, 33)),
+        f"masks' totals: per base and column, {plan.mask_bits}-bit": per(
+            lambda: batch.multi_exp_wide(bases, [[secrets.randbits(plan.mask_bits) for _ in bases]
+                                                 for _ in range(8)], pub.n2), RANGE_MEMBERS * 8),
+        "weighted totals: per base and column, 32-bit": per(
+            lambda: batch.multi_exp_many(bases, [[secrets.randbits(32) for _ in bases] for _ in range(8)], pub.n2),
+            RANGE_MEMBERS * 8)}
+    print(f"  backend {batch.backend()}; multi-exponentiations over {RANGE_MEMBERS} bases (a range)")
     for name, ms in costs.items():
-        print(f"  {name:<40} {ms:.3f} ms")
+        print(f"  {name:<55} {ms:.4f} ms")
+    c = list(costs.values())
+    cells = plan.strata * plan.vector_cts
+    model = {"Tester: its vectors (owner encryptions)": plan.member_cts * c[1],
+             "Test-Client: masked sums (encryptions, a peer's key)": cells * c[0],
+             "Test-Client: masks' totals (columns per member)": plan.strata * plan.sum_slots * plan.weight_cts * c[4],
+             "Tester: weighted totals (columns per member)": cells * plan.weights * c[5],
+             "Test-Client: rows' terms (about 1.8 rows per member)": 1.8 * plan.vector_cts * c[3]}
+    print(f"  per member of the member table ({plan.strata} rank pairs, {plan.sum_slots} sum slots, "
+          f"{plan.weights} head weights), CPU:")
+    for name, ms in model.items():
+        print(f"    {name:<55} {ms:.3f} ms")
+    print(f"    {'total':<55} {sum(model.values()):.3f} ms")
 
 
 def _cpu() -> float:

@@ -26,26 +26,68 @@ from typing import Sequence
 import gmpy2
 import numpy as np
 
-from common.crypto import encoding, paillier
+from common.crypto import batch, encoding, paillier
+from common.execution import parallel
 from common.metrics.lot import BlindPairs
 
 
-def masked_sums(plan: BlindPairs, vectors: Sequence[int], tester: paillier.PublicKey, n_members: int,
-                heads: np.ndarray, tails: np.ndarray, strata: np.ndarray, gaps: np.ndarray) -> list[int]:
-    """Per member (the member table's order) and rank pair, its `vector_cts` sums z_as
-    (module docstring), unmasked: member b's vector is `vectors[b·member_cts:]`, its
-    delta block then its weight block (`BlindPairs.member_cts`); each row's head, tail
-    (member positions), rank pair and quantised gap."""
+def member_part(plan: BlindPairs, tester: paillier.PublicKey, base: int, heads: np.ndarray, strata: np.ndarray,
+                gaps: Sequence[int], tail_cts: Sequence[Sequence[int]], head_weights: Sequence[Sequence[int]],
+                masks: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+    """One range of the member table (module docstring), as an executor task: its members'
+    masked sums Enc_T(z + r) (per member, rank pair and `vector_cts`, in that order) and
+    its share of the masks' totals, Π_a U_a^(r_asj) per rank pair s, slot j and weights
+    ciphertext t, flat in that order (the range's members only: the shares of all ranges
+    multiply into the totals, `paillier.add_encrypted`).
+
+    `heads` (each row's head, a position within the range), `strata`, `gaps` (quantised,
+    signed) and `tail_cts` (each row's tail vector: its delta block then its weight block,
+    `vector_cts` each) describe the rows the range's members head; `head_weights` are the
+    range's U_a (`weight_cts` each), `masks` its r (`sum_slots` values per member and rank
+    pair). A row's term Enc_T(delta_b)^|ΔỸ| comes from the lanes (`batch.powmod_many`);
+    a (member, rank pair)'s terms of negative gaps are multiplied apart and inverted once.
+    The masks are encrypted with `base`, a randomizer base of our own for the Tester's key
+    (`paillier.randomizer_base`): a Tester that announced a weak h cannot switch the
+    rerandomisation of our sums off."""
     n2 = gmpy2.mpz(tester.n2)
-    per, stride = plan.vector_cts, plan.member_cts
-    vec = [gmpy2.mpz(v) for v in vectors]
-    sums: list = [None] * (n_members * plan.strata * per)
-    for a, b, s, d in zip(heads.tolist(), tails.tolist(), strata.tolist(), gaps.tolist()):
-        base = (a * plan.strata + s) * per
-        for t in range(per):
-            x = gmpy2.powmod(vec[stride * b + t], int(d), n2) * vec[stride * b + per + t] % n2
-            sums[base + t] = x if sums[base + t] is None else sums[base + t] * x % n2
-    return [1 if x is None else int(x) for x in sums]
+    per, n_strata, count = plan.vector_cts, plan.strata, len(head_weights)
+    cells = count * n_strata
+    pos: list = [None] * (cells * per)
+    neg: list = [None] * (cells * per)
+    if len(heads):
+        gaps = [int(d) for d in gaps]
+        bits = max(1, max(abs(d) for d in gaps).bit_length())
+        powers = batch.powmod_many([row[t] for row in tail_cts for t in range(per)],
+                                   [abs(d) for d in gaps for _ in range(per)], tester.n2, bits)
+        for i, (a, s, d) in enumerate(zip(heads.tolist(), strata.tolist(), gaps)):
+            base_at = (a * n_strata + s) * per
+            for t in range(per):
+                weight = gmpy2.mpz(tail_cts[i][per + t])
+                at = base_at + t
+                pos[at] = weight if pos[at] is None else pos[at] * weight % n2
+                if d:
+                    into = pos if d > 0 else neg
+                    into[at] = gmpy2.mpz(powers[i * per + t]) if into[at] is None else into[at] * powers[i * per + t] % n2
+    sums = [1 if p is None else p if q is None else p * gmpy2.invert(q, n2) % n2 for p, q in zip(pos, neg)]
+    masked = add_masks(sums, tester, sums_plaintexts(plan, masks), base)
+    columns = [[masks[a * n_strata + s][j] for a in range(count)] for s in range(n_strata) for j in range(plan.sum_slots)]
+    per_weight_ct = [batch.multi_exp_wide([u[t] for u in head_weights], columns, tester.n2)
+                     for t in range(plan.weight_cts)]  # the same bases for every column: all at once
+    shares = [per_weight_ct[t][c] for c in range(len(columns)) for t in range(plan.weight_cts)]
+    return masked, shares
+
+
+def member_ranges(heads: np.ndarray, n_members: int, parts: int) -> list[tuple[int, int, np.ndarray]]:
+    """The member table cut into `parts` ranges [first, stop) with the rows each range's
+    members head (indices into the rows, the order `member_part` reads them in)."""
+    order = np.argsort(heads, kind="stable")
+    sorted_heads = heads[order]
+    out = []
+    for chunk in parallel.split(range(n_members), parts):
+        first, stop = chunk.start, chunk.stop
+        lo, hi = np.searchsorted(sorted_heads, [first, stop])
+        out.append((first, stop, order[lo:hi]))
+    return out
 
 
 def head_vectors(plan: BlindPairs, vectors: Sequence[int]) -> list[list[int]]:
@@ -59,9 +101,10 @@ def draw(bits: int, count: int, length: int) -> list[list[int]]:
     return [[secrets.randbits(bits) for _ in range(length)] for _ in range(count)]
 
 
-def add_masks(sums: Sequence[int], tester: paillier.PublicKey, plaintexts: Sequence[int]) -> list[int]:
-    """Enc_T(z + r) = z · Enc_T(r), rerandomised by Enc_T's fresh randomness."""
-    masks = paillier.encrypt_chunk(tester.n, tester.h, list(plaintexts))
+def add_masks(sums: Sequence[int], tester: paillier.PublicKey, plaintexts: Sequence[int], base: int) -> list[int]:
+    """Enc_T(z + r) = z · Enc_T(r), rerandomised by Enc_T's fresh randomness drawn with
+    `base`, our own randomizer base for the Tester's key (`member_part`)."""
+    masks = paillier.encrypt_chunk(tester.n, base, list(plaintexts))
     n2 = tester.n2
     return [int(gmpy2.mpz(z) * m % n2) for z, m in zip(sums, masks)]
 

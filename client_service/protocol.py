@@ -416,47 +416,54 @@ class ClientSession(PartySession):
     def _send_masked_sums(self, end: pb.TableEnd, _: None) -> Iterator[pb.PeerMessage]:
         """The blind path's rows and totals (`client_service.blind_pairs`): per member of the
         member table, in its order and without ids, HE_T.Enc(z + r) per rank pair; then per
-        rank pair the masks' totals HE_T.Enc(Σ_a w_a·r + m) and the item masks HE.Enc(m)."""
+        rank pair the masks' totals HE_T.Enc(Σ_a w_a·r + m) and the item masks HE.Enc(m).
+        Both are formed range by range of the member table on the executor
+        (`blind_pairs.member_part`)."""
         plan, tester = self._blind_plan, self._tester_key
         heads, tails, strata, gaps = self._blind_rows
         self._blind_rows = None
         vectors, self._member_vectors = self._member_vectors, []
         n_members = len(vectors) // plan.member_cts
-        sums = blind_pairs.masked_sums(plan, vectors, tester, n_members, heads, tails, strata, gaps)
-        del heads, tails, strata, gaps
-        self._tick("he_encrypt", 0, n_members)
+        base = paillier.randomizer_base(tester.n)  # ours: a weak h of the Tester's switches nothing off
         masks = blind_pairs.draw(plan.mask_bits, n_members * plan.strata, plan.sum_slots)
-        plaintexts = blind_pairs.sums_plaintexts(plan, masks)
-        parts = parallel.split(list(range(len(sums))), self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS))
-        masked = [c for part in self._executor.run_chunks(
-            blind_pairs.add_masks, [([sums[i] for i in p], tester, [plaintexts[i] for i in p]) for p in parts])
-            for c in part]
-        del sums, plaintexts
+        heads_list = blind_pairs.head_vectors(plan, vectors)
+        stride, per = plan.member_cts, plan.vector_cts
+        tasks = []
+        for first, stop, rows in blind_pairs.member_ranges(
+                heads, n_members, plan.range_count(n_members, self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS))):
+            tail_cts = [vectors[stride * b:stride * b + 2 * per] for b in tails[rows].tolist()]
+            tasks.append((plan, tester, base, heads[rows] - first, strata[rows], [gaps[i] for i in rows.tolist()],
+                          tail_cts, heads_list[first:stop], masks[first * plan.strata:stop * plan.strata]))
+        del heads, tails, strata, gaps, vectors, masks, heads_list
+        ticks = chunk_ticks(len(tasks), partial(self._tick, "he_encrypt"))
+        parts = self._executor.run_chunks(blind_pairs.member_part, tasks, checkpoint=ticks)
+        del tasks
+        masked = [c for cts, _ in parts for c in cts]
+        totals = paillier.add_encrypted([share for _, share in parts], tester.n2)
+        del parts
         self._lap("he_encrypt_values")
         layout = wire.blind_client_rows(plan.strata * plan.vector_cts, tester.ciphertext_bytes, 0, 0)
         yield from wire.table_messages(layout, n_members,
                                        tester_ciphertexts=paillier.ciphertexts_to_bytes(masked, tester.ciphertext_bytes))
         del masked
-        yield from self._send_totals(blind_pairs.head_vectors(plan, vectors), masks)
+        yield from self._send_totals(totals, base)
 
-    def _send_totals(self, heads: list[list[int]], masks: list[list[int]]) -> Iterator[pb.PeerMessage]:
-        """Per rank pair: Π_a U_a^(r_asj) for every slot j on the executor, masked by m_sj,
-        and Enc(m) per item under our key (`client_service.blind_pairs`)."""
+    def _send_totals(self, totals: list[int], base: int) -> Iterator[pb.PeerMessage]:
+        """Per rank pair: the masks' totals Π_a U_a^(r_asj) for every slot j (`totals`, per
+        rank pair, slot and weights ciphertext), masked by m_sj, and Enc(m) per item under
+        our key (`client_service.blind_pairs`)."""
         plan, tester, key = self._blind_plan, self._tester_key, self._paillier
         per = plan.strata
-        tasks = [(heads, [masks[a * per + s] for a in range(len(heads))], tester.n2) for s in range(per)]
-        ticks = chunk_ticks(len(tasks), partial(self._tick, "he_encrypt"))
-        totals = self._executor.run_chunks(paillier.multi_exp_columns, tasks, checkpoint=ticks)
-        del tasks, heads, masks
+        row = plan.sum_slots * plan.weight_cts
         items = self._metric.blind_items(self._blind_groups, self._params)
         _, num_slot = self._layout.position(0)
         _, den_slot = self._layout.position(1)
         bits = self._layout.slot_bits
         tester_cts, own = [], []
-        for per_slot in totals:
+        for s in range(per):
             m = blind_pairs.draw(plan.total_mask_bits, plan.sum_slots, plan.weights)
-            tester_cts += blind_pairs.add_masks([c for cts in per_slot for c in cts], tester,
-                                                blind_pairs.totals_plaintexts(plan, m))
+            tester_cts += blind_pairs.add_masks(totals[s * row:(s + 1) * row], tester,
+                                                blind_pairs.totals_plaintexts(plan, m), base)
             own += blind_pairs.own_mask_plaintexts(items, plan.groups, m, num_slot * bits, den_slot * bits)
         own_cts = key.encrypt_task()([x % key.public.n for x in own])
         self._lap("he_encrypt_values")

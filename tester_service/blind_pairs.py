@@ -26,7 +26,7 @@ from typing import Sequence
 import gmpy2
 import numpy as np
 
-from common.crypto import encoding, paillier
+from common.crypto import batch, encoding, paillier
 from common.metrics.lot import BlindPairs
 
 PROBABILITY_BITS = encoding.PROBABILITY_BITS
@@ -65,6 +65,24 @@ def vector_plaintexts(plan: BlindPairs, q: np.ndarray) -> list[int]:
         out += [sums.pack(block) for block in plan.sums_blocks(row)]
         out += [sums.pack(block) for block in plan.sums_blocks([0] * k + weight)]
         out += [totals.pack(block) for block in plan.weight_blocks(weights)]
+    return out
+
+
+def weighted_share(plan: BlindPairs, sums: Sequence[int], weights: Sequence[Sequence[int]], modulus: int) -> list[int]:
+    """One range of our members' share of the totals A_sw (module docstring), as an
+    executor task: Π_a Enc_T(z + r)_ast^(w_a) per rank pair s, head weight w and
+    ciphertext t, flat in that order, over the range's members only (the shares of all
+    ranges multiply into the totals, `paillier.add_encrypted`). `sums` are the range's
+    masked sums (per member, rank pair and `vector_cts`), `weights` its head weights
+    (`head_weights`, below 2^32: the lanes' exponents, `batch.multi_exp_many`)."""
+    per, strata = plan.vector_cts, plan.strata
+    stride = strata * per
+    columns = [[w[c] for w in weights] for c in range(plan.weights)]
+    out = []
+    for s in range(strata):
+        per_ct = [batch.multi_exp_many([sums[a * stride + s * per + t] for a in range(len(weights))], columns, modulus)
+                  for t in range(per)]
+        out += [per_ct[t][c] for c in range(plan.weights) for t in range(per)]
     return out
 
 

@@ -573,11 +573,16 @@ class TesterSession(PartySession):
         sums = paillier.ciphertexts_from_bytes(packed, key.public)
         del packed
         rows = plan.strata * per
-        tasks = [([sums[a * rows + s * per:a * rows + (s + 1) * per] for a in range(len(held))], weights,
-                  key.public.n2) for s in range(plan.strata)]
+        tasks = [(plan, sums[part.start * rows:part.stop * rows], weights[part.start:part.stop], key.public.n2)
+                 for part in parallel.split(range(len(held)), plan.range_count(
+                     len(held), self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS)))]
         ticks = chunk_ticks(len(tasks), partial(self._tick, "aggregation"))
-        totals = self._executor.run_chunks(paillier.multi_exp_columns, tasks, checkpoint=ticks)
+        shares = self._executor.run_chunks(blind_pairs.weighted_share, tasks, checkpoint=ticks)
         del tasks, sums, weights
+        flat = paillier.add_encrypted(shares, key.public.n2) if shares else [1] * (rows * plan.weights)
+        totals = [[flat[(s * plan.weights + w) * per:(s * plan.weights + w + 1) * per] for w in range(plan.weights)]
+                  for s in range(plan.strata)]
+        del shares, flat
         audit = self._audit()
         plans = self._plan_once(audit)
         items = metric.blind_items(self.groups, self.params)

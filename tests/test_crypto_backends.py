@@ -290,6 +290,22 @@ def test_multi_exponentiation_gives_the_same_integers_on_both_backends(bits, bac
         batch.multi_exp_many(bases, [[-1] + [0] * 36], modulus)
 
 
+@pytest.mark.parametrize("bits", [1024, 4096])
+def test_a_wide_multi_exponentiation_gives_the_same_integers_on_both_backends(bits, backend_restored):
+    """Exponents of any width (LOT's masks: 100-160 bits) in 64-bit limbs on the lanes,
+    joined by Horner's rule: the same integers as gmpy2's Pippenger, for one limb, a limb
+    and a bit, several limbs, a zero column and more columns than lanes."""
+    modulus = secrets.randbits(bits) | (1 << (bits - 1)) | 1
+    bases = [secrets.randbelow(modulus) for _ in range(23)]
+    for width in (1, 64, 65, 146, 200):
+        columns = [[secrets.randbits(width) for _ in bases] for _ in range(9)] + [[0] * 23, [(1 << width) - 1] * 23]
+        expected = [math.prod(pow(b, e, modulus) for b, e in zip(bases, col)) % modulus for col in columns]
+        assert all(v == expected for v in on_each_backend(
+            lambda: batch.multi_exp_wide(bases, columns, modulus)).values()), width
+    with pytest.raises(ValueError, match="non-negative"):
+        batch.multi_exp_wide(bases, [[-1] + [0] * 22], modulus)
+
+
 def test_the_aggregation_gives_the_same_bucket_sums_on_both_backends(key, backend_restored):
     """`bucket_sums_chunk` with one column of signed weights (a derived pair weight a few
     units below 0) beside non-negative ones: the same ciphertexts on both backends, and

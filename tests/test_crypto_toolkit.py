@@ -169,6 +169,14 @@ def test_multi_exp_matches_naive_for_many_windows(key):
             int(gmpy2.powmod(c, w, pub.n2)) for c, w in zip(cts, ws)) % pub.n2
 
 
+def test_shares_of_a_total_add_up_under_encryption(key):
+    pub = key.public
+    shares = [paillier.encrypt_chunk(pub.n, pub.h, [i, 2 * i, 3]) for i in range(4)]
+    assert key.decrypt_signed(paillier.add_encrypted(shares, pub.n2)) == [6, 12, 12]
+    with pytest.raises(ValueError, match="lengths"):
+        paillier.add_encrypted([shares[0], shares[1][:2]], pub.n2)
+
+
 def test_ciphertexts_out_of_range_are_refused(key):
     pub = key.public
     width = pub.ciphertext_bytes

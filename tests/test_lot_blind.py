@@ -281,3 +281,33 @@ def test_the_blind_path_refuses_an_intersection_below_the_minimum_before_sending
     with pytest.raises(IntersectionRefused):
         local_audit(tester, client, spec=spec(), release=ReleasePolicy(min_intersection=1000), tap=tap)
     assert sent == []
+
+
+def test_a_tester_that_announces_a_weak_h_still_finds_every_masked_sum_rerandomised(monkeypatch):
+    """The Test-Client rerandomises its masked sums under the Tester's key with a
+    randomizer base of its own (`client_service.blind_pairs.member_part`). With the
+    Tester's announced h of order 2 (n² − 1) instead, a (member, rank pair) that heads no
+    row would reach the Tester as Enc(r) with randomizer ±1, and one that heads rows with
+    a product of the Tester's own vectors' randomizers: the Tester, which holds the key,
+    would read off who heads a row at which rank pair, i.e. every member's ranks."""
+    import types
+
+    from common.crypto import paillier
+    from tester_service import protocol as tester_protocol
+    tester, client = lot_inputs(60, 50, 40)
+    key = paillier.generate_keypair(TEST_BITS)
+    weak = paillier.PrivateKey(paillier.PublicKey(key.public.n, key.public.n2 - 1), key.p, key.q)
+    tester_paillier = types.ModuleType("tester_paillier")
+    tester_paillier.__dict__.update(paillier.__dict__)
+    tester_paillier.generate_keypair = lambda *args, **kw: weak
+    monkeypatch.setattr(tester_protocol, "paillier", tester_paillier)
+    rows = []
+
+    def tap(direction, msg):
+        if msg.HasField("chunk") and msg.chunk.table == pb.CLIENT_ROWS:
+            rows.append(msg.chunk.tester_ciphertexts)
+    tampered(tester, client, tap)
+    n, n2 = weak.public.n, weak.public.n2
+    cts = paillier.ciphertexts_from_bytes(b"".join(rows), weak.public)
+    randomizers = {c * pow((1 + (m % n) * n) % n2, -1, n2) % n2 for c, m in zip(cts, weak.decrypt_signed(cts))}
+    assert len(cts) > 100 and not randomizers & {1, n2 - 1}

@@ -265,6 +265,40 @@ def multi_exp_many(bases: Sequence[int], columns: Sequence[Sequence[int]], modul
     return [multi_exp(bases, col, modulus) for col in columns]
 
 
+#: the IFMA kernel's widest exponent: wider ones are cut into limbs of this many bits
+LANE_EXP_BITS = 64
+
+
+def multi_exp_wide(bases: Sequence[int], columns: Sequence[Sequence[int]], modulus: int) -> list[int]:
+    """`multi_exp_many` for exponents of any width (non-negative): where the lanes run,
+    each column is cut into `LANE_EXP_BITS`-bit limbs e = Σ_L e_L·2^(64L), every limb is
+    a column of the lanes (eight at a time, the bases in Montgomery form once for all),
+    and the limbs' products are joined by Horner's rule, Π_i b_i^(e_i) =
+    Π_L (Π_i b_i^(e_iL))^(2^(64L)); else `multi_exp` per column. The same integers either way."""
+    kernel = _kernel()
+    if kernel is None or not columns or not bases or int(modulus).bit_length() > ifma_lanes.MAX_MODULUS_BITS:
+        return [multi_exp(bases, col, modulus) for col in columns]
+    cols = [[int(e) for e in col] for col in columns]
+    if any(e < 0 for col in cols for e in col):
+        raise ValueError("multi_exp_wide takes non-negative exponents")
+    bits = max((e.bit_length() for col in cols for e in col), default=0)
+    limbs = max(1, -(-bits // LANE_EXP_BITS))
+    if limbs == 1:
+        return multi_exp_many(bases, cols, modulus)
+    width = -(-bits // limbs)  # limbs of equal width: the lanes' time follows the widest
+    low = (1 << width) - 1
+    parts = multi_exp_many(bases, [[(e >> (width * limb)) & low for e in col]
+                                   for col in cols for limb in range(limbs)], modulus)
+    m, shift = gmpy2.mpz(modulus), gmpy2.mpz(1) << width
+    out = []
+    for c in range(len(cols)):
+        acc = gmpy2.mpz(1)
+        for limb in reversed(range(limbs)):
+            acc = gmpy2.powmod(acc, shift, m) * parts[c * limbs + limb] % m
+        out.append(int(acc))
+    return out
+
+
 @lru_cache(maxsize=4)
 def _modulus_form(kernel, modulus: int):
     return ifma_lanes.Modulus(kernel, modulus)

@@ -380,14 +380,16 @@ def decrypt_mod_p_chunk(p: int, q: int, ciphertexts: Sequence[int]) -> list[int]
 multi_exp = batch.multi_exp
 
 
-def multi_exp_columns(bases: Sequence[Sequence[int]], exponents: Sequence[Sequence[int]], modulus: int) -> list[list[int]]:
-    """Per exponent column e and base column t, prod_i bases[i][t]^exponents[i][e] mod
-    modulus (`multi_exp`), as [e][t]: rows i are members, say, each with its ciphertexts
-    and its exponents. Top-level, so that an executor can send it to a worker process."""
-    n_bases = len(bases[0]) if len(bases) else 0
-    n_exps = len(exponents[0]) if len(exponents) else 0
-    return [[multi_exp([row[t] for row in bases], [e[col] for e in exponents], modulus) for t in range(n_bases)]
-            for col in range(n_exps)]
+def add_encrypted(vectors: Sequence[Sequence[int]], modulus: int) -> list[int]:
+    """Enc(Σ_v x_vi) per position i: the elementwise product mod `modulus` (n^2) of
+    equally long lists of ciphertexts (the shares of a total formed part by part)."""
+    m = mpz(modulus)
+    total = [mpz(x) for x in vectors[0]]
+    for vector in vectors[1:]:
+        if len(vector) != len(total):
+            raise ValueError("ciphertext lists of different lengths")
+        total = [a * b % m for a, b in zip(total, vector)]
+    return [int(x) for x in total]
 
 
 def ciphertexts_to_bytes(ciphertexts: Iterable[int], width: int) -> bytes:

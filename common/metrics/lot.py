@@ -97,8 +97,9 @@ weights w_a (p_ag, and p_ag·p_ag' for the head pairs) (`BlindPairs`). The Test-
 forms, per member a and rank pair s, z_as = Π over its rows (a, b) in s of
 Enc_T(delta_b)^ΔỸ · Enc_T(weight_b) and returns Enc_T(z + r) for every member in the
 member table's order (r per slot, `STATISTICAL_BITS` wider than any z: statistically
-hiding, so a member that heads no row of s looks like any other); then per rank pair
-the masks' totals Enc_T(Σ_a w_a·r + m), from the Tester's encrypted head weights, and
+hiding, so a member that heads no row of s looks like any other; Enc_T(r) drawn with a
+randomizer base of the Test-Client's own, so that a Tester announcing a weak h cannot
+read which sums are products of its own vectors); then per rank pair the masks' totals Enc_T(Σ_a w_a·r + m), from the Tester's encrypted head weights, and
 Enc(m) per released item under its own key. The Tester multiplies the members' sums by
 their head weights under its key (A = Enc_T(Σ_a w_a·(z + r))), decrypts the totals
 alone, and forms each item as Enc(A − (Σ_a w_a·r + m)) · Enc(m) = Enc(Σ_rows p_ag·p_bh·
@@ -152,6 +153,13 @@ MAX_ROWS_PER_MEMBER = 1 << 20
 OVER_CAP_INFO = "rows_over_cap"
 
 
+#: the fewest members in one range of the member table on the blind path: below about
+#: this the lanes' multi-exponentiation spends more on its buckets than on its bases
+#: (1.3 µs per base, pass and exponent bit over 2,500-16,000 bases, 1.7-3.3 µs over
+#: 625-1,250 on this project's 2-core IFMA machine)
+RANGE_MEMBERS = 2500
+
+
 @dataclass(frozen=True)
 class BlindPairs:
     """The slot plan of the blind path (module docstring, "The Tester blind to the pairs"),
@@ -198,6 +206,13 @@ class BlindPairs:
             raise ValueError(f"the Tester's key of {tester_modulus_bits} bits cannot hold a slot of {total_bits}")
         return cls(groups, strata, tuple(tail_pairs), tuple(head_pairs), mask_bits, slot_bits,
                    capacity // slot_bits, total + STATISTICAL_BITS, total_bits, capacity // total_bits)
+
+    @staticmethod
+    def range_count(n_members: int, chunks: int) -> int:
+        """Into how many ranges the parties cut the member table for their executor tasks
+        (`client_service.blind_pairs.member_part`, `tester_service.blind_pairs.weighted_share`):
+        `chunks`, but no range under `RANGE_MEMBERS` members."""
+        return max(1, min(chunks, n_members // RANGE_MEMBERS))
 
     @property
     def sum_slots(self) -> int:
