@@ -227,6 +227,8 @@ class AuditReport:
         v["non_overlapping"] = [list(p) for p in v["non_overlapping"]]
         v["excluded_groups"] = list(v["excluded_groups"])
         v["uninformative"] = list(v["uninformative"])
+        if v["clipped"] is None:  # only where the Test-Client clipped rows (`common.stats.declared_range`)
+            del v["clipped"]
         d.update({
             "differences": [asdict(x) for x in self.differences],
             "verdict": v,

@@ -82,8 +82,8 @@ class Verdict:
     members_factor: float | None = None
     #: with a correction: the compared pair's corrected gap and whether the weighted one understates it
     attenuation: dict[str, Any] | None = None
-    #: where the Test-Client clipped rows into a declared range: how many, of how many, whether
-    #: a large share, and the parameter that declares it (`common.stats.declared_range`)
+    #: where the Test-Client clipped a large share of its rows into a declared range: how many,
+    #: of how many, and the parameter that declares it (`common.stats.declared_range`)
     clipped: dict[str, Any] | None = None
 
 
@@ -366,18 +366,16 @@ def verdict_of(rule: str, cells: Sequence, groups: Sequence, pairs: Sequence, in
 
 def with_clipping(verdict: Verdict, clipped: dict[str, Any] | None, confidence: float) -> Verdict:
     """The verdict where the Test-Client clipped rows into a declared range
-    (`common.stats.declared_range`): the facts beside it (`clipped`) always; where the
-    share is large (at least CLIPPED_SHARE of its rows, overall) the result describes the
+    (`common.stats.declared_range`): where the share is large (at least CLIPPED_SHARE of its rows, overall) the result describes the
     range's ends more than the data: a verdict with nothing significant ("none" or
     "inconclusive") is "inconclusive" for that reason (no gap between clipped values is
     a finding either way, and more members would not change it: no factor of members);
     any other keeps its severity (a significant one read off the clipped values) with a
     message that says so and which range to declare. A smaller
-    share leaves the verdict as it is (the pages warn beside it)."""
-    if not clipped:
+    share leaves the verdict as it is (the pages warn beside it, from the dataset facts).
+    The facts go with the verdict it changed (`clipped`)."""
+    if not clipped or not clipped.get("large"):
         return verdict
-    if not clipped.get("large"):
-        return replace(verdict, clipped=dict(clipped))
     if verdict.severity in ("none", "inconclusive"):
         c = verdict.compared or {}
         label, estimate = str(c.get("label", "")), c.get("estimate")

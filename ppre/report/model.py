@@ -172,9 +172,9 @@ def reference_line(report: "AuditReport") -> tuple[float | None, str, bool]:
 
 
 def clipped_of(report: "AuditReport") -> dict[str, Any] | None:
-    """The result's clipped rows (`common.stats.declared_range`): the verdict's facts, or
-    for a result finished before the verdict held them, the same facts from its
-    dataset facts (never "large": that verdict did not weigh them)."""
+    """The result's clipped rows (`common.stats.declared_range`): the verdict's facts where
+    it weighed a large share, else the same facts from the dataset facts (never "large":
+    the verdict did not weigh them, a small share or a result finished before it could)."""
     if report.verdict.clipped:
         return report.verdict.clipped
     facts = clipped_facts(report.metric, report.metric_option, report.params, report.info)
