@@ -167,13 +167,13 @@ def clipped_words(facts: dict[str, Any]) -> str:
     rows, share = facts.get("rows"), finite_or_none(facts.get("share"))
     count = (f"{int(facts['rows_clipped']):,} of the Test-Client's {int(rows):,} {what} ({share:.0%})"
              if rows and share is not None else f"{int(facts['rows_clipped']):,} rows")
-    declared = (f"{parameter} {range_text(facts['declared'])}" if parameter and facts.get("declared")
-                else "the default" if parameter else "[-1, 1]")
+    declared = (f"the declared range ({parameter} {range_text(facts['declared'])})"
+                if parameter and facts.get("declared") else "the declared range (the default)" if parameter
+                else "the bound [-1, 1] of a normalised gap")
     beyond = {"below": ", below its lower end", "above": ", above its upper end",
               "both ends": ", beyond both ends"}.get(facts.get("beyond") or "", "")
     unstated = "" if rows else f" (how many {what} the Test-Client has is not stated)"
-    return (f"{count} lay outside the declared range ({declared}){beyond} and were clipped into it before "
-            f"encryption{unstated}")
+    return f"{count} lay outside {declared}{beyond} and were clipped into it before encryption{unstated}"
 
 
 def range_advice(facts: dict[str, Any]) -> str:
@@ -200,8 +200,8 @@ def clipped_warning(facts: dict[str, Any]) -> str:
     if facts.get("large"):
         return (f"{clipped_words(facts)}, {_large(facts)}: the result describes the clipped values, not the data; "
                 f"{range_advice(facts)}")
-    return (f"{clipped_words(facts)}; the results describe the clipped values (declare the range the values can "
-            f"take, or --out-of-range refuse: {range_advice(facts)})")
+    return (f"{clipped_words(facts)}; the results describe the clipped values: {range_advice(facts)}, or refuse "
+            f"such rows with --out-of-range refuse")
 
 
 def clipped_clause(facts: dict[str, Any]) -> str:
