@@ -105,47 +105,74 @@ def _lane_columns(columns: Sequence) -> list[np.ndarray] | None:
     return out
 
 
-def lane_cost(calls: Sequence[Sequence[tuple[int, int, int]]], window: int, rows: int) -> float:
-    """Estimated time (µs, 2048-bit keys, this repository's Xeon) of `ppre_multi_exp_mb8`
-    for `calls` over `rows` bases: per call and window, one product into a bucket per base
-    (dearer as the buckets outgrow the caches: 7.3 µs at w = 1, 9.3 at 11, 11.7 at 16), two
-    per bucket (7.7 µs each) and the squarings between windows, and per call its digits'
-    array (about 0.2 µs a base); a base whose eight digits are all 0 is skipped, which this
-    does not count (bench/RESULTS.md, 2026-12-06)."""
+#: a lane piece: (weight column, its first w-bit digit, digits)
+Piece = tuple[int, int, int]
+
+
+def lane_cost(window: int, call: Sequence[Piece], rows: int) -> float:
+    """Estimated time (µs, 2048-bit keys, this repository's Xeon) of one `ppre_multi_exp_mb8`
+    call over `rows` bases with windows of `window` bits, as many as its longest piece has
+    digits: per window, one product into a bucket per base (dearer as the buckets outgrow
+    the caches: 7.3 µs at w = 1, 9.3 at 11, 11.7 at 16), two per bucket (7.7 µs each) and
+    the squarings between windows; and its digits' array (about 0.2 µs a base). A base
+    whose eight digits are all 0 is skipped, which this does not count (bench/RESULTS.md,
+    2026-12-06)."""
     insert = 7.3 + 0.15 * window + 0.04 * max(0, window - 8) ** 2
-    return sum(max(digits for _, _, digits in call) * (rows * insert + (2 << window) * 7.7 + window * 7.7)
-               + rows * 0.2 for call in calls)
+    span = max(digits for _, _, digits in call)
+    return span * (rows * insert + (2 << window) * 7.7 + window * 7.7) + rows * 0.2
 
 
-def lane_plan(bits: Sequence[int], rows: int) -> tuple[int, list[list[tuple[int, int, int]]]]:
+def _whole_call(columns: Sequence[int], bits: Sequence[int], rows: int) -> tuple[float, tuple[int, list[Piece]]]:
+    """Up to eight whole columns in one call, at the window that costs least."""
+    options = []
+    for w in range(1, 17):
+        call = [(c, 0, -(-bits[c] // w)) for c in columns]
+        if max(d for _, _, d in call) * w <= 64:
+            options.append((lane_cost(w, call, rows), w, call))
+    cost, w, call = min(options, key=lambda option: option[:2])
+    return cost, (w, call)
+
+
+def _cut_calls(columns: Sequence[int], bits: Sequence[int], rows: int) -> tuple[float, list[tuple[int, list[Piece]]]]:
+    """Columns cut into pieces of at most `size` digits of w bits, eight pieces to a call
+    (the longest together), at the window and size that cost least."""
+    best: tuple[float, list] = (0.0, [])
+    for w in range(1, 17):
+        digits = {c: -(-bits[c] // w) for c in columns}
+        if not columns or max(digits.values()) * w > 64:
+            continue
+        for size in sorted(set(digits.values())):
+            pieces = sorted(((c, first, min(size, digits[c] - first)) for c in columns
+                             for first in range(0, digits[c], size)), key=lambda piece: -piece[2])
+            calls = [(w, pieces[i:i + LANES]) for i in range(0, len(pieces), LANES)]
+            cost = sum(lane_cost(w, call, rows) for w, call in calls)
+            if not best[1] or (cost, len(calls)) < (best[0], len(best[1])):
+                best = (cost, calls)
+    return best
+
+
+def lane_plan(bits: Sequence[int], rows: int) -> list[tuple[int, list[Piece]]]:
     """How `lane_sums` cuts weight columns of `bits` bits (their largest value's) over
-    `rows` bases into the kernel's calls: (window w, calls), each call up to eight lane
+    `rows` bases into the kernel's calls: each call a window w and up to eight lane
     pieces (column, first digit, digits), a piece being the column's w-bit digits from
     its first on; a column is the product of its pieces' results, each raised to
     2^(w·first). The kernel runs every lane of a call through as many windows as its
-    longest piece, so whole columns fill the first calls, eight at a time, and the
-    columns left over go into the remaining lanes cut into shorter pieces where that
-    takes fewer windows (21 columns of 3 digits and a constant: 8 windows, not 9). The
-    plan of the fewest products (`lane_cost`) over the windows 1..16; a column of zeros
-    has no piece (its sum is Enc(0), 1)."""
-    best: tuple[int, int, list] | None = None
-    for w in range(1, 17):
-        digits = [-(-b // w) for b in bits]
-        if any(d * w > 64 for d in digits):
-            continue
-        order = sorted((c for c in range(len(bits)) if digits[c]), key=lambda c: -digits[c])
-        for whole in range(0, -(-len(order) // LANES) + 1):
-            head = order[:whole * LANES]
-            calls = [[(c, 0, digits[c]) for c in head[i:i + LANES]] for i in range(0, len(head), LANES)]
-            rest = order[whole * LANES:]
-            for size in sorted({digits[c] for c in rest}) or [0]:
-                pieces = sorted(((c, first, min(size, digits[c] - first)) for c in rest
-                                 for first in range(0, digits[c], size)), key=lambda piece: -piece[2]) if size else []
-                plan = calls + [pieces[i:i + LANES] for i in range(0, len(pieces), LANES)]
-                cost = lane_cost(plan, w, rows)
-                if best is None or (cost, len(plan)) < best[:2]:
-                    best = (cost, len(plan), (w, plan))
-    return best[2] if best is not None else (1, [])
+    longest piece, so whole columns fill the first calls, eight at a time, the widest
+    first, each call at its own best window (ERO's 30-bit pair weights at w = 10, its
+    32-bit ones at 11), and the columns left over go into the remaining lanes cut into
+    shorter pieces where that takes fewer windows (21 columns of 3 digits: 8 windows,
+    not 9). The plan of the least estimated time (`lane_cost`); a column of zeros has no
+    piece (its sum is Enc(0), 1)."""
+    order = sorted((c for c in range(len(bits)) if bits[c]), key=lambda c: -bits[c])
+    best: tuple[float, list] | None = None
+    for whole in range(0, -(-len(order) // LANES) + 1):
+        head = [_whole_call(order[i:i + LANES], bits, rows) for i in range(0, min(whole * LANES, len(order)), LANES)]
+        tail = _cut_calls(order[whole * LANES:], bits, rows)
+        cost = sum(c for c, _ in head) + tail[0]
+        plan = [call for _, call in head] + tail[1]
+        if best is None or (cost, len(plan)) < (best[0], len(best[1])):
+            best = (cost, plan)
+    return best[1] if best is not None else []
 
 
 def lane_sums(kernel, modulus, packed: bytes, width: int, columns: Sequence[np.ndarray]) -> list[int]:
@@ -173,13 +200,13 @@ def lane_sums(kernel, modulus, packed: bytes, width: int, columns: Sequence[np.n
                           modulus.r2_digits, mont.ctypes.data):
         raise ValueError("the IFMA kernel refused the sizes")
     bits = [int(column.max()).bit_length() if len(column) else 0 for column in columns]
-    window, calls = lane_plan(bits, count)
-    buckets = np.empty((1 << window) * digits_n * LANES, dtype=np.uint64)
+    calls = lane_plan(bits, count)
+    buckets = np.empty((1 << max((w for w, _ in calls), default=1)) * digits_n * LANES, dtype=np.uint64)
     out = np.empty(LANES * words, dtype=np.uint64)
     exps = np.empty((count, LANES), dtype=np.uint64)
     n2 = gmpy2.mpz(m)
     sums: list = [gmpy2.mpz(1)] * len(columns)
-    for call in calls:
+    for window, call in calls:
         span = max(d for _, _, d in call)
         exps[:] = 0
         for lane, (c, first, d) in enumerate(call):
