@@ -290,3 +290,21 @@ def test_an_all_clipped_lot_audit_is_inconclusive_and_says_which_range_to_declar
         assert "--relevance-range LO:HI" in shown and "clipped" in shown
         assert not ZERO_POWER.search(shown) and "0.0000, at most tau" not in shown
     assert "no significant disparity" not in text.lower()
+
+
+def test_an_output_audit_clipped_almost_whole_is_inconclusive():
+    """The share needs the rows the clipping count is over: `bounded_column` states them
+    (`info["rows_checked"]`) for every metric with a declared range, here the output
+    metric's outcomes, nearly all above a declared range of 2:3."""
+    from ppre import audit_local
+    rng = np.random.default_rng(4)
+    ids = [f"m{i:05d}" for i in range(400)]
+    p = rng.dirichlet([0.6, 0.6], len(ids))
+    probs = pd.DataFrame({"member_id": ids, "hsm": p[:, 0], "non_hsm": p[:, 1]})
+    outcome = np.where(np.arange(len(ids)) < 20, 2.5, 3.5 + rng.random(len(ids)))  # 380 of 400 above 3
+    data = pd.DataFrame({"member_id": ids, "outcome": outcome})
+    report = audit_local(data, metric="output", params={"outcome_range": "2:3"}, probabilities=probs,
+                         release_controls=False, bootstrap=200, seed=3, history=False)
+    assert report.info["rows_clipped"] == 380 and report.info["rows_checked"] == 400
+    assert report.verdict.severity == "inconclusive" and report.verdict.clipped["large"]
+    assert "--outcome-range LO:HI" in report.verdict.message

@@ -147,8 +147,10 @@ def bounded_column(values: np.ndarray, lo: float, hi: float, params: dict[str, A
                    file: str, column: str, bound: str) -> np.ndarray:
     """`values` inside [lo, hi], as the Test-Client must encode them before encryption
     (the noise is sized from the bound, design §8.3): clipped, counting the rows clipped in
-    `info["rows_clipped"]`, or, with `out_of_range=refuse`, an InputError naming the
-    first row outside and the parameter `bound` that declares it."""
+    `info["rows_clipped"]` out of the rows checked, `info["rows_checked"]` (the share the
+    verdict reads, `common.stats.declared_range`; the Tester knows the table's size
+    anyway), or, with `out_of_range=refuse`, an InputError naming the first row outside
+    and the parameter `bound` that declares it."""
     from common.tables import first_row
     outside = (values < lo) | (values > hi)
     if outside.any() and params.get("out_of_range", "clip") == "refuse":
@@ -156,6 +158,7 @@ def bounded_column(values: np.ndarray, lo: float, hi: float, params: dict[str, A
                          f"--{bound.replace('_', '-')} LO:HI, or pass --out-of-range clip)",
                          file=file, column=column, row=first_row(outside))
     info["rows_clipped"] = int(info.get("rows_clipped", 0)) + int(outside.sum())
+    info["rows_checked"] = int(info.get("rows_checked", 0)) + len(values)
     return np.clip(values, lo, hi)
 
 
