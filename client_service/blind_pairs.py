@@ -32,10 +32,11 @@ from common.metrics.lot import BlindPairs
 
 
 def member_part(plan: BlindPairs, tester: paillier.PublicKey, base: int, heads: np.ndarray, strata: np.ndarray,
-                gaps: Sequence[int], tail_cts: Sequence[Sequence[int]], head_weights: Sequence[Sequence[int]],
-                masks: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+                gaps: Sequence[int], tail_cts: Sequence[Sequence[int]],
+                head_weights: Sequence[Sequence[int]]) -> tuple[bytes, list[int]]:
     """One range of the member table (module docstring), as an executor task: its members'
-    masked sums Enc_T(z + r) (per member, rank pair and `vector_cts`, in that order) and
+    masked sums Enc_T(z + r) (per member, rank pair and `vector_cts`, in that order,
+    packed at the Tester's ciphertext width) and
     its share of the masks' totals, Π_a U_a^(r_asj) per rank pair s, slot j and weights
     ciphertext t, flat in that order (the range's members only: the shares of all ranges
     multiply into the totals, `paillier.add_encrypted`).
@@ -43,8 +44,8 @@ def member_part(plan: BlindPairs, tester: paillier.PublicKey, base: int, heads: 
     `heads` (each row's head, a position within the range), `strata`, `gaps` (quantised,
     signed) and `tail_cts` (each row's tail vector: its delta block then its weight block,
     `vector_cts` each) describe the rows the range's members head; `head_weights` are the
-    range's U_a (`weight_cts` each), `masks` its r (`sum_slots` values per member and rank
-    pair). A row's term Enc_T(delta_b)^|ΔỸ| comes from the lanes (`batch.powmod_many`);
+    range's U_a (`weight_cts` each). The masks r (`sum_slots` values per member and rank
+    pair) are drawn here and never leave the task. A row's term Enc_T(delta_b)^|ΔỸ| comes from the lanes (`batch.powmod_many`);
     a (member, rank pair)'s terms of negative gaps are multiplied apart and inverted once.
     The masks are encrypted with `base`, a randomizer base of our own for the Tester's key
     (`paillier.randomizer_base`): a Tester that announced a weak h cannot switch the
@@ -69,7 +70,11 @@ def member_part(plan: BlindPairs, tester: paillier.PublicKey, base: int, heads: 
                     into = pos if d > 0 else neg
                     into[at] = gmpy2.mpz(powers[i * per + t]) if into[at] is None else into[at] * powers[i * per + t] % n2
     sums = [1 if p is None else p if q is None else p * gmpy2.invert(q, n2) % n2 for p, q in zip(pos, neg)]
-    masked = add_masks(sums, tester, sums_plaintexts(plan, masks), base)
+    del pos, neg
+    masks = draw(plan.mask_bits, cells, plan.sum_slots)
+    masked = paillier.ciphertexts_to_bytes(add_masks(sums, tester, sums_plaintexts(plan, masks), base),
+                                           tester.ciphertext_bytes)
+    del sums
     columns = [[masks[a * n_strata + s][j] for a in range(count)] for s in range(n_strata) for j in range(plan.sum_slots)]
     per_weight_ct = [batch.multi_exp_wide([u[t] for u in head_weights], columns, tester.n2)
                      for t in range(plan.weight_cts)]  # the same bases for every column: all at once

@@ -425,7 +425,6 @@ class ClientSession(PartySession):
         vectors, self._member_vectors = self._member_vectors, []
         n_members = len(vectors) // plan.member_cts
         base = paillier.randomizer_base(tester.n)  # ours: a weak h of the Tester's switches nothing off
-        masks = blind_pairs.draw(plan.mask_bits, n_members * plan.strata, plan.sum_slots)
         heads_list = blind_pairs.head_vectors(plan, vectors)
         stride, per = plan.member_cts, plan.vector_cts
         tasks = []
@@ -433,18 +432,17 @@ class ClientSession(PartySession):
                 heads, n_members, plan.range_count(n_members, self._executor.chunk_count(parallel.CHECKPOINT_CHUNKS))):
             tail_cts = [vectors[stride * b:stride * b + 2 * per] for b in tails[rows].tolist()]
             tasks.append((plan, tester, base, heads[rows] - first, strata[rows], [gaps[i] for i in rows.tolist()],
-                          tail_cts, heads_list[first:stop], masks[first * plan.strata:stop * plan.strata]))
-        del heads, tails, strata, gaps, vectors, masks, heads_list
+                          tail_cts, heads_list[first:stop]))
+        del heads, tails, strata, gaps, vectors, heads_list
         ticks = chunk_ticks(len(tasks), partial(self._tick, "he_encrypt"))
         parts = self._executor.run_chunks(blind_pairs.member_part, tasks, checkpoint=ticks)
         del tasks
-        masked = [c for cts, _ in parts for c in cts]
+        masked = b"".join(cts for cts, _ in parts)
         totals = paillier.add_encrypted([share for _, share in parts], tester.n2)
         del parts
         self._lap("he_encrypt_values")
         layout = wire.blind_client_rows(plan.strata * plan.vector_cts, tester.ciphertext_bytes, 0, 0)
-        yield from wire.table_messages(layout, n_members,
-                                       tester_ciphertexts=paillier.ciphertexts_to_bytes(masked, tester.ciphertext_bytes))
+        yield from wire.table_messages(layout, n_members, tester_ciphertexts=masked)
         del masked
         yield from self._send_totals(totals, base)
 
