@@ -9,6 +9,7 @@ largest difference between the two paths' pooled estimates (noise included: each
 draws its own), then the CPU time of the whole run (this process and its workers).
 
     .venv/bin/python bench/bench_lot_blind.py [--queries 1000,4000] [--bits 2048] [--workers N] [--ops]
+        [--alternatives MEMBERS]
 
 `--ops` first prints what the path's operations cost one at a time (CPU time, one
 process, this process's backend): encryption under a peer's key and the owner's,
@@ -110,6 +111,54 @@ def operation_costs(bits: int, count: int = 400) -> None:
     print(f"    {'total':<55} {sum(model.values()):.3f} ms")
 
 
+def masks_totals_alternatives(bits: int, members: int) -> None:
+    """The masks' totals Σ_a w_a·r_asj two ways on the same members (CPU, one process):
+    as built (the Test-Client's multi-exponentiation of the Tester's encrypted head weights
+    by its masks, `plan.mask_bits` wide) and as the alternative that moves it to the Tester
+    (the Test-Client encrypts its masks under its own key, one ciphertext per member and
+    rank pair, and the Tester raises them to its 32-bit weights; the items would then need
+    a further round to move the slots into the items' layout, not counted here)."""
+    import secrets
+
+    from client_service import blind_pairs as client_side
+    from common.crypto import batch, encoding, paillier
+    from common.metrics.lot import METRIC
+    tester, own = (paillier.generate_keypair(bits, allow_insecure=bits < 2048) for _ in range(2))
+    plan = METRIC.blind_plan(("hsm", "non_hsm"), 9, "idcg", {"second_moments": True}, n_members=members,
+                             tester_modulus_bits=bits)
+    weights = [[secrets.randbits(32) for _ in range(plan.weights)] for _ in range(members)]
+    layout = encoding.SlotLayout(plan.total_bits, plan.total_slots)
+    encrypt_t = tester.encrypt_task()
+    heads = [int.from_bytes(c, "big") for c in _split(encrypt_t([layout.pack(b) for w in weights for b in plan.weight_blocks(w)]),
+                                                     tester.public.ciphertext_bytes)]
+    masks = client_side.draw(plan.mask_bits, members * plan.strata, plan.sum_slots)
+    t = time.process_time()
+    columns = [[masks[a * plan.strata + s][j] for a in range(members)]
+               for s in range(plan.strata) for j in range(plan.sum_slots)]
+    batch.multi_exp_wide(heads, columns, tester.public.n2)
+    built = time.process_time() - t
+    sums_layout = encoding.SlotLayout(plan.slot_bits, plan.slots)
+    encrypt_c = own.encrypt_task()
+    encrypt_c([1])
+    t = time.process_time()
+    cts = [int.from_bytes(c, "big") for c in _split(encrypt_c([sums_layout.pack(b) for r in masks for b in plan.sums_blocks(r)]),
+                                                   own.public.ciphertext_bytes)]
+    encrypted = time.process_time() - t
+    t = time.process_time()
+    for s in range(plan.strata):
+        batch.multi_exp_many([cts[a * plan.strata + s] for a in range(members)],
+                             [[w[c] for w in weights] for c in range(plan.weights)], own.public.n2)
+    weighted = time.process_time() - t
+    print(f"masks' totals at {members} members, {bits}-bit keys, {batch.backend()} backend (CPU s):")
+    print(f"  built: the Test-Client's {len(columns)} columns of {plan.mask_bits}-bit masks   {built:.2f}")
+    print(f"  alternative: its {len(masks)} encryptions {encrypted:.2f} + the Tester's {plan.strata} x "
+          f"{plan.weights} columns of 32-bit weights {weighted:.2f} = {encrypted + weighted:.2f}")
+
+
+def _split(packed: bytes, width: int) -> list[bytes]:
+    return [packed[i:i + width] for i in range(0, len(packed), width)]
+
+
 def _cpu() -> float:
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
@@ -121,10 +170,14 @@ def main() -> int:
     ap.add_argument("--bits", type=int, default=2048)
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--ops", action="store_true", help="first the per-operation costs")
+    ap.add_argument("--alternatives", type=int, default=0, metavar="MEMBERS",
+                    help="first the masks' totals as built and moved to the Tester, at this many members")
     args = ap.parse_args()
     if args.ops:
         print(f"per operation, {args.bits}-bit keys:")
         operation_costs(args.bits)
+    if args.alternatives:
+        masks_totals_alternatives(args.bits, args.alternatives)
     from common.execution import parallel
 
     executor = parallel.ProcessExecutor(args.workers).start()
