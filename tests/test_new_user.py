@@ -211,8 +211,9 @@ def _peer_goes_away(first_import: str) -> str:
 def test_a_peer_that_goes_away_leaves_the_commands_stderr_alone():
     """The gRPC core's own INFO lines (a GOAWAY when the other service stops with calls
     in flight) reached `--json`'s stderr, which promises the audit id only."""
-    assert "goaway" in _peer_goes_away("grpc").lower()  # the core does log it by default
-    assert _peer_goes_away("ppre") == ""
+    # the core does log it by default (the GOAWAY's timing varies under load: a few tries)
+    assert any("goaway" in _peer_goes_away("grpc").lower() for _ in range(5))
+    assert [_peer_goes_away("ppre") for _ in range(2)] == ["", ""]
 
 
 def test_a_json_audit_refused_before_it_starts_is_one_json_object(own_files):

@@ -314,7 +314,8 @@ def test_the_result_carries_the_declared_range_and_the_clipped_rows(tmp_path):
     html = write_report(report, tmp_path)[0].read_text()  # the report's parameters table
     assert "outcome_range" in html and "rows_clipped" in html
     # the table says, beside the verdict, that the results describe clipped values
-    assert "warning: 2 rows lay outside the declared range (outcome_range 2:4)" in render_text(report)
+    assert "warning: 2 of the Test-Client's 150 outcomes (1%) lay outside the declared range (outcome_range 2:4)" \
+        in render_text(report)
 
 
 def _hello_and_ack(params):
