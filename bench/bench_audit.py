@@ -14,6 +14,18 @@ It also splits each service's CPU by phase (the Tester's progress events mark th
 phases) into the service process itself (its session, gRPC and join threads: what no
 executor spreads) and its workers (what more workers share): the serial part of a
 scale-out (`phase_cpu` in the JSON; bench/RESULTS.md, "Where the serial part is").
+A phase starts at its first progress event, and the Tester's first "aggregation" event
+comes when the aggregation's first chunk is done: the `join` row holds that chunk's CPU
+(with 16 chunks on 2 workers, about an eighth of the aggregation), so compare paths by
+join + aggregation (bench/RESULTS.md, "ERO's default path against B = 1000").
+
+`--aggregation-rows R` measures instead, in this process, the Tester's aggregation of one
+task of R joined rows (2048-bit key, the data's own probabilities) for ERO's weight columns
+under the default controls (the groups, the pair weights, those formed from others left
+out) and without them (the groups; as 1,000,000 members' 128 buckets, R / 3,906 of them):
+the CPU seconds of `aggregation.bucket_sums_packed` against `bucket_sums_chunk` on the same
+inputs (the kernel's calls through `batch.multi_exp_many`, before `lane_plan`), and whether
+they give the same integers.
 
 `--executor SPEC` is passed to both services (`common.execution.executors.executor_from_spec`:
 `processes`, `processes:N`, `inline`, `dask://HOST:PORT`); with a Dask cluster the per-row
@@ -194,6 +206,48 @@ def phase_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def aggregation_only(rows: int, data: Path, members: int, overlap: float) -> int:
+    """`--aggregation-rows`: the bucket sums of one task, as now and through `bucket_sums_chunk`."""
+    from common.crypto import encoding, paillier
+    from common.metrics.ero import METRIC
+    from common.races import RACES
+    from tester_service import aggregation
+
+    tp, _ = make_files(data, members, overlap)
+    probs = pq.read_table(tp).to_pandas()[list(RACES)].to_numpy()[:rows]
+    rows = len(probs)
+    q = encoding.quantize_probabilities(probs, encoding.PROBABILITY_BITS)
+    pub = paillier.generate_keypair(2048).public
+    width = pub.ciphertext_bytes
+    rng = np.random.default_rng(1)
+    packed = b"".join((int.from_bytes(rng.bytes(width), "big") % pub.n2).to_bytes(width, "big") for _ in range(rows))
+    groups = tuple(RACES)
+    columns = METRIC.weights([q], None, None, groups, "fpr", {})
+    derivations = METRIC.weight_derivations(len(groups))
+    paths = {"no controls, B = 1000": (list(columns), dict(derivations), max(1, rows // 3906))}
+    derivations.update(METRIC.moment_derivations(len(groups), len(columns)))
+    paths["default controls"] = (list(columns) + METRIC.moment_weights([q], groups, "fpr", {}), derivations, 1)
+    out = {}
+    for name, (weights, candidates, buckets) in paths.items():
+        explicit, _ = aggregation.weight_kinds(weights, aggregation.verified_derivations(weights, candidates))
+        cut = np.array_split(np.arange(rows), buckets)
+        jobs = [(packed[idx[0] * width:(idx[-1] + 1) * width],
+                 [np.asarray(weights[e])[idx] for e in explicit] + [np.ones(len(idx), dtype=np.int64)]) for idx in cut]
+        t = time.process_time()
+        now = aggregation.bucket_sums_packed(pub.n, width, jobs)
+        t_now = time.process_time() - t
+        t = time.process_time()
+        before = aggregation.bucket_sums_chunk(pub.n, [([int.from_bytes(p[i:i + width], "big")
+                                                         for i in range(0, len(p), width)], [c.tolist() for c in cs])
+                                                        for p, cs in jobs])
+        t_before = time.process_time() - t
+        out[name] = {"rows": rows, "buckets": buckets, "columns": len(explicit) + 1,
+                     "cpu_s_lane_plan": round(t_now, 3), "cpu_s_multi_exp_many": round(t_before, 3),
+                     "same_integers": now == before}
+    print(json.dumps(out, indent=1))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--members", type=int, default=10_000, help="members on each side")
@@ -208,7 +262,12 @@ def main() -> int:
     ap.add_argument("--no-release-controls", action="store_true",
                     help="the Tester without release controls (B bootstrap replicates instead of the noised "
                          "random groups; see docs/threat-model.md)")
+    ap.add_argument("--aggregation-rows", type=int, default=0, metavar="R",
+                    help="measure only the Tester's aggregation of one task of R rows, in this process")
     args = ap.parse_args()
+    if args.aggregation_rows:
+        with tempfile.TemporaryDirectory() as tmp:
+            return aggregation_only(args.aggregation_rows, args.data or Path(tmp), args.members, args.overlap)
 
     from proto import ppre_pb2 as pb
     from tester_service.server import run_audit
