@@ -141,7 +141,7 @@ def _cut_calls(columns: Sequence[int], bits: Sequence[int], rows: int) -> tuple[
         digits = {c: -(-bits[c] // w) for c in columns}
         if not columns or max(digits.values()) * w > 64:
             continue
-        for size in sorted(set(digits.values())):
+        for size in sorted(set(digits.values()) | {1}):  # one-digit pieces even where no column is one digit
             pieces = sorted(((c, first, min(size, digits[c] - first)) for c in columns
                              for first in range(0, digits[c], size)), key=lambda piece: -piece[2])
             calls = [(w, pieces[i:i + LANES]) for i in range(0, len(pieces), LANES)]

@@ -252,12 +252,6 @@ def test_b1000s_columns_take_three_one_digit_calls():
     assert windows(plan) == 3 < windows(all_whole(bits, 3906)) == 4
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "lane_plan's _cut_calls tries piece sizes only among the leftover columns' own digit "
-    "counts, so leftover columns all of one width are never cut into shorter pieces: "
-    "21 columns of 32 bits at 31,250 rows take 9 windows (cost 2.92e6) where 16 whole "
-    "+ 15 one-digit pieces take 8 (2.63e6 by lane_cost); 6 columns of 32 bits at 3,906 "
-    "rows take one call of 4 windows (1.50e5) where 3 one-digit calls take 3 (1.14e5)"))
 @pytest.mark.parametrize("bits, rows, most", [([32] * 21, 31250, 8), ([32] * 6, 3906, 3)], ids=["21x32", "6x32"])
 def test_leftover_columns_of_one_width_are_cut_too(bits, rows, most):
     """`lane_plan`'s docstring and commit 4443118 as written: "21 columns of 3 digits: 8
