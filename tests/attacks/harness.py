@@ -382,6 +382,21 @@ def score(attack: str, attacker: Attacker, targets: Sequence[str], signals: Sequ
                    runner_up=pop.runner_up_baseline(targets), details=details)
 
 
+def record_finished_releases(mp) -> list:
+    """Each release the finishing party decodes, recorded through `mp` (a pytest
+    MonkeyPatch) as (plan, its decoded rows) beside `common.stats.moments.finish_release`,
+    which still runs: what a modified Test-Client reads off the noised aggregates."""
+    from common.stats import moments
+    seen: list = []
+    release = moments.finish_release
+
+    def finish_release(plan, corr, row, *args, **kw):
+        seen.append((plan, [list(r) for r in row]))
+        return release(plan, corr, row, *args, **kw)
+    mp.setattr(moments, "finish_release", finish_release)
+    return seen
+
+
 def ero_frame(ids: Sequence[str], y_true: Sequence[int], y_pred: Sequence[int]) -> pd.DataFrame:
     return pd.DataFrame({"member_id": list(ids), "y_true": np.asarray(y_true, dtype=int),
                          "y_pred": np.asarray(y_pred, dtype=int)})

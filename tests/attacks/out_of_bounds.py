@@ -28,13 +28,13 @@ import pandas as pd
 import pytest
 
 from client_service.protocol import ClientSession
-from common.stats import moments
 from common.crypto.encoding import PROBABILITY_BITS
 from common.metrics.base import Component
 from common.metrics.ero import Ero
 from common.races import RACES
 from tester_service.protocol import AuditSpec
 from tester_service.release import ReleasePolicy
+from tests.attacks.harness import record_finished_releases
 from tests.helpers import local_audit
 
 #: the value the modified Test-Client encodes for its target's f
@@ -79,7 +79,6 @@ def modified_test_client(mp, target: str) -> Iterator[list]:
     check (`Component.quantize`) skipped, in its own session only (the Tester's code, in
     this same process, is unchanged). Yields the noised aggregates it decrypts."""
     rows, quantize, on_hello = Ero.client_rows, Component.quantize, ClientSession._on_hello
-    seen: list = []
 
     def client_rows(self, frame, file, option, params, rng):
         out = rows(self, frame, file, option, params, rng)
@@ -95,15 +94,8 @@ def modified_test_client(mp, target: str) -> Iterator[list]:
             inner.setattr(Component, "quantize", unchecked)
             return on_hello(self, *args)
 
-    release = moments.finish_release
-
-    def finish_release(plan, corr, row, *args, **kw):
-        seen.append((plan, [list(r) for r in row]))
-        return release(plan, corr, row, *args, **kw)
-
     mp.setattr(ClientSession, "_on_hello", hello)
-    mp.setattr(moments, "finish_release", finish_release)
-    yield seen
+    yield record_finished_releases(mp)
 
 
 def read_vector(plan, row) -> np.ndarray:

@@ -45,10 +45,9 @@ from scipy.stats import binom
 from common.crypto.encoding import PROBABILITY_BITS
 from common.metrics.lot import Lot
 from common.races import RACES
-from common.stats import moments
 from tester_service.protocol import AuditSpec
 from tester_service.release import ReleasePolicy
-from tests.attacks.harness import CHANCE_ALPHA
+from tests.attacks.harness import CHANCE_ALPHA, record_finished_releases
 from tests.helpers import local_audit
 
 #: the targets, one per rank pair of the attack's lists
@@ -116,22 +115,14 @@ def modified_test_client(mp) -> Iterator[list]:
     """The Test-Client's code changed in one thing: its dataset facts state one row per
     member (`STATED`) whatever its rows. Yields the noised aggregates it decrypts."""
     rows = Lot.client_rows
-    seen: list = []
 
     def client_rows(self, frame, file, option, params, rng):
         out = rows(self, frame, file, option, params, rng)
         out.info[STATED_KEY] = list(STATED)
         return out
 
-    release = moments.finish_release
-
-    def finish_release(plan, corr, row, *args, **kw):
-        seen.append((plan, [list(r) for r in row]))
-        return release(plan, corr, row, *args, **kw)
-
     mp.setattr(Lot, "client_rows", client_rows)
-    mp.setattr(moments, "finish_release", finish_release)
-    yield seen
+    yield record_finished_releases(mp)
 
 
 def rank_one_left(d: np.ndarray, iterations: int = 200) -> np.ndarray:
