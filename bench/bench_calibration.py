@@ -1,7 +1,7 @@
 """Is ERO's verdict calibrated where races do not differ? Real audits of null populations.
 
     flock /tmp/ppre-bench.lock .venv/bin/python bench/bench_calibration.py [--members 10000] [--populations 100] \
-        [--mode generative|calibrated] [--seed 1000] [--draws 20] [--json FILE] [--workdir DIR]
+        [--mode generative|calibrated] [--seed 1000] [--draws 20] [--json FILE] [--workdir DIR] [--deadline HH:MM]
     .venv/bin/python bench/bench_calibration.py --summarize FILE   # the summary of an earlier --json FILE
 
 For each population i (seed ``--seed`` + i) this runs the real tools, as a user would:
@@ -340,6 +340,8 @@ def main(argv=None) -> int:
     ap.add_argument("--draws", type=int, default=20, help="seeded preparation draws averaged for the weighted estimand")
     ap.add_argument("--json", type=Path, default=None, help="write every population's row (and the summary) here")
     ap.add_argument("--workdir", type=Path, default=None, help="where populations are written (and deleted)")
+    ap.add_argument("--deadline", default=None, metavar="HH:MM",
+                    help="start no population after this UTC time (the rows so far are summarised)")
     ap.add_argument("--summarize", type=Path, default=None, metavar="FILE",
                     help="print the summary of the rows of an earlier --json FILE (runs nothing)")
     args = ap.parse_args(argv)
@@ -355,6 +357,9 @@ def main(argv=None) -> int:
     rows = []
     t0 = time.time()
     for i in range(args.populations):
+        if args.deadline and time.strftime("%H:%M", time.gmtime()) >= args.deadline:
+            print(f"deadline {args.deadline} UTC reached: {i} of {args.populations} populations run", flush=True)
+            break
         r = one_population(i, args, workdir)
         rows.append(r)
         wg = r["largest_gap"]["weighted_all"]
@@ -367,6 +372,8 @@ def main(argv=None) -> int:
               flush=True)
         if args.json:  # rewritten after every population, so an interrupted run keeps its rows
             args.json.write_text(json.dumps({"command": command, "rows": rows}, indent=1))
+    if not rows:
+        return 1
     text = summary(rows)
     print(f"\n{len(rows)} populations in {time.time() - t0:.0f} s; load {os.getloadavg()}")
     print(text)
