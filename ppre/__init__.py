@@ -3,10 +3,18 @@ Python API (`from ppre import audit_local`: `ppre.api`).
 
 The parties themselves live in `tester_service` and `client_service`; this package
 only wires them to a command line, as `docker-compose.yml` and an operator would.
+
+Importing it protects the process first (design §7: `protect_process`, no core dump,
+not dumpable), before any module that may read member data is imported: every command
+and the Python API come through here, and the commands' own imports take seconds under load.
 """
 from __future__ import annotations
 
 import os
+
+from common.execution.memory import protect_process
+
+protect_process()
 
 #: gRPC's C core logs through absl, which writes INFO lines to stderr unless told
 #: otherwise: a peer that shuts down with calls in flight makes it print "Got goaway".

@@ -96,10 +96,6 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for handler in logging.getLogger().handlers:
         handler.setFormatter(_WithheldMessages("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    from common.execution.memory import protect_process
-    # before any command reads a file: the services and `audit --local` hold keys and both
-    # parties' tables, `bisg`, `synth`, `demo` and `validate-bisg` members' data (design §7)
-    protect_process()
     try:
         from common.crypto import batch
         batch.backend()  # the batch primitives' backend, chosen (or refused) before any work

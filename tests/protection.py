@@ -3,8 +3,8 @@ it was protected (`common.execution.memory.protect_process`: core-size limit 0, 
 time it opened one of its input files and when it exited.
 
 The child runs `HOOK` first: an audit hook notes the process's state at every `open` of
-a watched file, and an exit handler prints all the notes as one ``PROTECTION [...]``
-line on stderr. `unprotected=True` replaces `protect_process` with a no-op before the
+a watched file and at the first import of each module named in ``PROTECTION_IMPORTS``,
+and an exit handler prints all the notes as one ``PROTECTION [...]`` line on stderr. `unprotected=True` replaces `protect_process` with a no-op before the
 entry point runs (the defence removed, for the attack tests).
 """
 from __future__ import annotations
@@ -28,7 +28,11 @@ def _note(where):
     soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
     _notes.append({"where": where, "core": [soft, hard], "dumpable": _libc.prctl(3, 0, 0, 0, 0)})  # PR_GET_DUMPABLE
 _watched = {os.path.realpath(p) for p in os.environ.get("PROTECTION_WATCH", "").split(os.pathsep) if p}
+_first_imports = {m for m in os.environ.get("PROTECTION_IMPORTS", "").split(",") if m}
 def _on_event(event, args):
+    if event == "import" and args and args[0] in _first_imports:
+        _first_imports.discard(args[0])
+        _note("import " + args[0])
     if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
         path = os.path.realpath(os.fsdecode(args[0]))
         if path in _watched:
@@ -54,6 +58,10 @@ class Run:
     def protected(self) -> bool:
         """Protected at every note (each watched open, and the exit)."""
         return bool(self.notes) and all(n["core"] == [0, 0] and n["dumpable"] == 0 for n in self.notes)
+
+    @property
+    def imported(self) -> list[str]:
+        return [n["where"] for n in self.notes if n["where"].startswith("import ")]
 
     @property
     def opened(self) -> list[str]:

@@ -77,3 +77,50 @@ def test_python_api_is_protected(tmp_path):
     run = run_protected(API, [str(tp), str(cp), str(tmp_path / "ledger.json")], cwd=tmp_path, watch=[tp, cp])
     _assert_protected(run)
     assert run.stdout.strip() == "120"
+
+
+#: modules that read or hold member data, or take seconds to import under load: the
+#: process is protected before the first of them is imported
+HEAVY_IMPORTS = ("numpy", "pandas", "grpc", "common.crypto", "tester_service", "client_service")
+
+
+def test_a_command_is_protected_before_it_imports_anything_that_reads_members(tmp_path):
+    """`ppre/__init__.py` protects the process first: at the first import of numpy, pandas,
+    grpc or the parties' code it is already protected (with the protection left to the
+    command's own start, after its imports and argument parsing, the first notes fail)."""
+    run = run_cli(["synth", "--members", "200", "--seed", "3", "--out", str(tmp_path / "s")], cwd=tmp_path,
+                  env={"PROTECTION_IMPORTS": ",".join(HEAVY_IMPORTS)})
+    assert run.returncode == 0, run.stderr
+    assert {f"import {m}" for m in ("numpy", "pandas")} <= set(run.imported), run.notes
+    assert run.protected, run.notes
+
+
+def test_a_just_started_command_has_core_dumps_off_within_its_first_second(tmp_path):
+    """Read from outside, as an operator would (/proc/PID/limits), while `ppre synth`
+    starts: its core-size limit is 0 before the process is a second old (its age from
+    /proc/PID/stat, so the test's own scheduling does not count)."""
+    import os
+    import subprocess
+    import time
+
+    from tests.processes import child_env, ppre_argv
+    proc = subprocess.Popen([*ppre_argv(), "synth", "--members", "20000", "--seed", "3", "--out", str(tmp_path / "s")],
+                            cwd=tmp_path, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ticks = os.sysconf("SC_CLK_TCK")
+    age_when_off = None
+    try:
+        while proc.poll() is None and age_when_off is None:
+            try:
+                limits = open(f"/proc/{proc.pid}/limits").read()
+                started = int(open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[19]) / ticks
+            except OSError:
+                break
+            age = float(open("/proc/uptime").read().split()[0]) - started
+            core = next(line for line in limits.splitlines() if line.startswith("Max core file size"))
+            if core.split()[4] == "0":
+                age_when_off = age
+            time.sleep(0.005)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert age_when_off is not None and age_when_off < 1.0, age_when_off
