@@ -69,20 +69,26 @@ def plain_ratio(probabilities: np.ndarray, f: np.ndarray, d: np.ndarray) -> np.n
 
 
 def run_sessions(tester: TesterSession, client: ClientSession, tap=None):
-    """Drive both state machines in one process, as the gRPC layer would."""
-    to_client = deque(tester.start())
+    """Drive both state machines in one process, as the gRPC layer does: each message the
+    Tester's handler produces reaches the Test-Client as soon as it is produced (the
+    servers stream a handler's messages as it yields them), so a handler that fails after
+    yielding has already sent what it yielded, as it would have over the wire; the
+    Test-Client's replies wait for the Tester's handler to finish, as its inbound stream is
+    read one message at a time."""
     to_tester: deque = deque()
-    while to_client or to_tester:
-        while to_client:
-            msg = to_client.popleft()
+
+    def deliver(messages) -> None:
+        for msg in messages:
             if tap:
                 tap("to_client", msg)
             to_tester.extend(client.receive(msg))
-        while to_tester:
-            msg = to_tester.popleft()
-            if tap:
-                tap("to_tester", msg)
-            to_client.extend(tester.receive(msg))
+
+    deliver(tester.start())
+    while to_tester:
+        msg = to_tester.popleft()
+        if tap:
+            tap("to_tester", msg)
+        deliver(tester.receive(msg))
     if tester.result is not None and tester.result.is_receipt and client.result is not None:
         # result recipient client: the Test-Client kept the result, the Tester a receipt;
         # this one process holds both sides, as local mode does (design §3.7)
