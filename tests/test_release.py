@@ -593,9 +593,22 @@ def _auc_frame(tester_df, rng) -> pd.DataFrame:
     return pd.DataFrame({"member_id": ids, "y_true": y, "score": (rng.random(len(ids)) + 0.5 * y).round(3)})
 
 
+def _reproducible_test_client(m) -> None:
+    """The Test-Client's own draws (MQOS-AUC sampled's pairs, its buckets, its orders:
+    `client_service.protocol`'s `secrets`) from one fixed seed, fresh for each run, so
+    that two runs differ only by what the Tester adds (its encryption's randomness aside)."""
+    import random
+    import types
+
+    from client_service import protocol as client_protocol
+    draws = random.Random(7)
+    m.setattr(client_protocol, "secrets", types.SimpleNamespace(randbits=draws.getrandbits, token_bytes=draws.randbytes))
+
+
 def _noisy_and_exact(monkeypatch, client_key, name: str, option: str):
     """One audit under noise and the same audit with the draws set to 0 (same seed, same
-    groups, the same suppression): (header, rows decrypted under noise, rows without)."""
+    groups, the same suppression, the Test-Client's own draws the same:
+    `_reproducible_test_client`): (header, rows decrypted under noise, rows without)."""
     tester_df, _ = make_inputs(200, 200, 200, seed=31)
     rng = np.random.default_rng(31)
     client_df = _pot_frame(tester_df, rng) if name == "pot" else _auc_frame(tester_df, rng)
@@ -603,10 +616,13 @@ def _noisy_and_exact(monkeypatch, client_key, name: str, option: str):
                      result_recipient="client")
     monkeypatch.setattr(tester_protocol, "gaussian", lambda sigma: 0.0)
     noisy_seen: list = []
-    _run(spec, tester_df, client_df, NOISY, seen=noisy_seen)
+    with monkeypatch.context() as m:
+        _reproducible_test_client(m)
+        _run(spec, tester_df, client_df, NOISY, seen=noisy_seen)
     real_slots = tester_protocol.gaussian_slots
     exact_seen: list = []
     with monkeypatch.context() as m:
+        _reproducible_test_client(m)
         m.setattr(tester_protocol, "gaussian_slots", lambda scales, bits: 0)
         _run(spec, tester_df, client_df, NOISY, seen=exact_seen)
     assert tester_protocol.gaussian_slots is real_slots
@@ -652,9 +668,13 @@ def test_every_random_group_row_carries_its_own_noise(monkeypatch, client_key):
     noised = [(i, s) for i in range(header.items) for s in range(header.item_slots)
               if sd[1, i, s] > 0 and i not in header.suppressed_items]
     assert noised
+    unnoised = [(i, s) for i in range(header.items) for s in range(header.item_slots)
+                if not sd[1, i, s] > 0 and i not in header.suppressed_items]
     for r in range(1, len(noisy)):
         for i, s in noised:
             assert noisy[r][i][s] != exact[r][i][s], (r, i, s)
+        for i, s in unnoised:  # the runs differ by the noise alone: the draws are the same
+            assert noisy[r][i][s] == exact[r][i][s], (r, i, s)
 
 
 def _small_aian(seed: int, members: int = 8):
