@@ -27,7 +27,7 @@ import pandas as pd
 
 from common.stats import bootstrap as boot
 from common.stats.results import DEFAULT_TAU, AuditReport
-from tester_service.release import DEFAULT_BUDGET, DEFAULT_RHO_PER_AUDIT
+from tester_service.release import DEFAULT_BUDGET, DEFAULT_POPULATION_BUDGET, DEFAULT_RHO_PER_AUDIT
 
 #: the dataset name the Test-Client knows the local data by
 LOCAL_DATASET = "local"
@@ -57,6 +57,7 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
                 tau: float = DEFAULT_TAU, seed: int | None = None, correction: str = "none",
                 result_recipient: str = "client", release_controls: bool = True,
                 noise_rho: float = DEFAULT_RHO_PER_AUDIT, privacy_budget: float = DEFAULT_BUDGET,
+                population_budget: float = DEFAULT_POPULATION_BUDGET,
                 privacy_ledger: str | Path | None = None, history: bool | str | Path | None = True,
                 preparation=None, executor=None, timeout: float = AUDIT_TIMEOUT_S,
                 on_progress: Callable | None = None, tester_columns: Mapping[str, str] | None = None,
@@ -74,7 +75,8 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
     ledger `ppre audit --local` keeps in the user's data directory; `_release`), exactly
     as `ppre audit --local --noise-rho --privacy-budget --privacy-ledger` does: the
     third audit of one pair at the defaults is refused (`AuditFailed`, code
-    `privacy_budget_exhausted`). `history`: True (default) keeps the result in the run
+    `privacy_budget_exhausted`), and so is any audit once all pairs with the same
+    Tester inputs together have spent `population_budget` (`--population-budget`). `history`: True (default) keeps the result in the run
     history `ppre audit --local` keeps (`ppre runs list`), a path keeps it there,
     False or None keeps nothing. `executor`: a `common.execution.parallel.Executor` for the
     per-row work (default: inline). `on_progress(progress)`: called with each
@@ -115,7 +117,7 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
     try:
         release, accountant = _release(release_controls, noise_rho, privacy_budget, privacy_ledger,
                                        (probabilities, None) if probabilities is not None else (members, self_id),
-                                       client_data)
+                                       client_data, population_budget)
     except InputError as exc:  # e.g. a client file that cannot be read: as the Test-Client would say it
         raise AuditFailed(exc.code, str(exc)) from None
     with local_services(load, registry, release=release, accountant=accountant, executor=executor,
@@ -127,16 +129,19 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
     return AuditReport.from_proto(event.result)
 
 
-def _release(controls: bool, rho: float, budget: float, ledger, tester_inputs, client_data):
+def _release(controls: bool, rho: float, budget: float, ledger, tester_inputs, client_data,
+             population_budget: float):
     """The release policy and privacy accountant of `ppre audit --local` (its
-    `local_release`): the budget of this pair of inputs (`release.local_accountant`), or
-    with the controls off no control and an unlimited, unkept budget."""
+    `local_release`): the budget of this pair of inputs and that of the Tester's inputs'
+    population (`release.local_accountant`), or with the controls off no control and an
+    unlimited, unkept budget."""
     from tester_service.release import PrivacyAccountant, ReleasePolicy, local_accountant
     if not controls:
         policy = ReleasePolicy.off()
         return policy, PrivacyAccountant(policy.budget)
     policy = ReleasePolicy(rho=rho, budget=budget)
-    return policy, local_accountant(policy.budget, tester_inputs, client_data, ledger, settings=API_SETTINGS)
+    return policy, local_accountant(policy.budget, tester_inputs, client_data, ledger, settings=API_SETTINGS,
+                                    population_budget=population_budget)
 
 
 def _history(history):

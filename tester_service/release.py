@@ -103,6 +103,13 @@ DEFAULT_MIN_INTERSECTION = 100
 DEFAULT_MIN_EFFECTIVE_SIZE = 30.0
 DEFAULT_RHO_PER_AUDIT = 0.2
 DEFAULT_BUDGET = 0.4
+#: the ρ all Test-Client identities together may spend on one population (the Tester's
+#: members: `population_key`), beside each identity's own budget: five audits at the
+#: default ρ, two and a half identities' budgets (docs/privacy-ledger.md, "The
+#: population's budget", says how to choose it)
+DEFAULT_POPULATION_BUDGET = 1.0
+#: how a population is named in the ledger: this prefix and a digest of the Tester's inputs
+POPULATION_PREFIX = "population "
 #: refused audits (an intersection empty or below the minimum) per Test-Client identity,
 #: after which every audit of that identity is refused (`PrivacyAccountant.check_refusals`)
 DEFAULT_MAX_REFUSALS = 3
@@ -269,23 +276,33 @@ def rho_to_epsilon(rho: float, delta: float = REPORT_DELTA) -> float:
 
 class PrivacyAccountant:
     """ρ spent, and audits refused for their intersection, per Test-Client identity,
-    across audits and dataset names.
+    across audits and dataset names; and ρ spent by all identities together on one
+    population, the Tester's members (design §8.3: what the members are protected by is
+    the total over everyone who audits them, not one identity's share).
 
     In memory, or kept in `ledger` (a JSON object identity -> ρ spent, and once a
-    refusal is counted ``{"spent": {identity: ρ}, "refusals": {identity: count}}``; no
-    member-level data), rewritten atomically after every charge and every refusal so
-    that a restart resets neither. Thread-safe: concurrent audits of one identity cannot
-    overspend."""
+    refusal or a population is counted ``{"spent": {identity: ρ}, "refusals": {identity:
+    count}, "populations": {population: ρ}}``; no member-level data: a population is a
+    digest of the Tester's inputs), rewritten atomically after every charge and every
+    refusal so that a restart resets neither. Thread-safe: concurrent audits cannot
+    overspend either bound."""
 
     def __init__(self, budget: float, ledger: str | Path | None = None, *, identity: str | None = None,
-                 settings: str = SERVICE_SETTINGS, limit_refusals: bool | None = None) -> None:
+                 settings: str = SERVICE_SETTINGS, limit_refusals: bool | None = None,
+                 population: str | None = None, population_budget: float = DEFAULT_POPULATION_BUDGET) -> None:
         """`identity`: count every audit for this one identity, whatever the link says
         (`ppre audit --local`: one identity per pair of inputs, `local_identity`).
         `settings`: how the user changes the budget and the ledger, for refusals.
         `limit_refusals`: whether refused audits count against `ReleasePolicy.max_refusals`
         (default: for a service, not for a local audit with its fixed `identity`, whose
-        user holds both datasets and would only be locked out of fixing an id column)."""
+        user holds both datasets and would only be locked out of fixing an id column).
+        `population`: the Tester's members these audits release about (`population_key`),
+        charged every audit's ρ whoever asks, up to `population_budget` (None: no
+        population bound, for an accountant that releases nothing)."""
         self.budget = budget
+        self.population_budget = population_budget
+        self._population = population
+        self._populations: dict[str, float] = {}
         self._fixed = identity
         self._limit_refusals = identity is None if limit_refusals is None else limit_refusals
         self._settings = settings
@@ -295,7 +312,7 @@ class PrivacyAccountant:
         self._refusals: dict[str, int] = {}
         if self._path is not None and self._path.exists():
             try:
-                self._spent, self._refusals = _read_ledger(self._path)
+                self._spent, self._refusals, self._populations = _read_ledger(self._path)
             except (OSError, ValueError) as exc:
                 raise InputError(f"cannot be read as a privacy ledger ({exc})", file=str(self._path)) from None
 
@@ -307,20 +324,35 @@ class PrivacyAccountant:
     def remaining(self, identity: str) -> float:
         return self.budget - self.spent(identity)
 
+    def population_spent(self) -> float:
+        """ρ all identities together have spent on this accountant's population."""
+        with self._lock:
+            return self._populations.get(self._population, 0.0) if self._population else 0.0
+
     def check(self, identity: str, rho: float) -> None:
         """Refuse now an audit that could not be released (before any work is done)."""
         left = self.remaining(identity)
         if rho > left + 1e-12:
             raise BudgetExhausted(self._refusal(identity, rho, left))
+        if self._population is not None:
+            left = self.population_budget - self.population_spent()
+            if rho > left + 1e-12:
+                raise BudgetExhausted(self._population_refusal(rho, left))
 
     def charge(self, identity: str, rho: float) -> float:
-        """Spend `rho` for `identity` (raises BudgetExhausted, spending nothing, when it
-        would exceed the budget); returns what is left."""
+        """Spend `rho` for `identity` and for the population (raises BudgetExhausted,
+        spending nothing, when it would exceed either budget, naming the one reached);
+        returns what is left of the identity's."""
         identity = self._fixed or identity
         with self._lock:
             spent = self._spent.get(identity, 0.0)
             if spent + rho > self.budget + 1e-12:
                 raise BudgetExhausted(self._refusal(identity, rho, self.budget - spent))
+            if self._population is not None:
+                together = self._populations.get(self._population, 0.0)
+                if together + rho > self.population_budget + 1e-12:
+                    raise BudgetExhausted(self._population_refusal(rho, self.population_budget - together))
+                self._populations[self._population] = together + rho
             self._spent[identity] = spent + rho
             self._save()
             return self.budget - self._spent[identity]
@@ -371,12 +403,21 @@ class PrivacyAccountant:
                 f"{max(0.0, left):g} of {self.budget:g} is left; the spent rho is kept {self.where()} "
                 f"({self._settings})")
 
+    def _population_refusal(self, rho: float, left: float) -> str:
+        return (f"the privacy budget of the Tester's members ({self._population}) is spent: all Test-Clients "
+                f"together may spend rho {self.population_budget:g} on them, this audit needs {rho:g}, "
+                f"{max(0.0, left):g} is left; the spent rho is kept {self.where()} (--population-budget sets "
+                f"this bound; docs/privacy-ledger.md, \"The population's budget\")")
+
     def _ledger_object(self) -> dict:
-        """The ledger's JSON: identity -> ρ spent, as it always was, until a refusal is
-        counted; then ``{"spent": ..., "refusals": ...}``."""
-        if not self._refusals:
+        """The ledger's JSON: identity -> ρ spent, as it always was, until a refusal or a
+        population is counted; then ``{"spent": ..., "refusals": ..., "populations": ...}``."""
+        if not self._refusals and not self._populations:
             return dict(self._spent)
-        return {"spent": dict(self._spent), "refusals": dict(self._refusals)}
+        out = {"spent": dict(self._spent), "refusals": dict(self._refusals)}
+        if self._populations:
+            out["populations"] = dict(self._populations)
+        return out
 
     def _save(self) -> None:
         if self._path is None:
@@ -394,22 +435,27 @@ class PrivacyAccountant:
             raise
 
 
-def _read_ledger(path: Path) -> tuple[dict[str, float], dict[str, int]]:
-    """(spent ρ, refusals) per identity from a ledger file (`PrivacyAccountant`): a flat
-    object (identity -> ρ) has no refusals. Raises ValueError for anything else."""
+def _read_ledger(path: Path) -> tuple[dict[str, float], dict[str, int], dict[str, float]]:
+    """(spent ρ, refusals) per identity and spent ρ per population from a ledger file
+    (`PrivacyAccountant`): a flat object (identity -> ρ) has no refusals and no
+    population. Raises ValueError for anything else."""
     data = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     if isinstance(data.get("spent"), dict):
-        spent, refusals = data["spent"], data.get("refusals", {})
+        spent, refusals, populations = data["spent"], data.get("refusals", {}), data.get("populations", {})
     else:
-        spent, refusals = data, {}
+        spent, refusals, populations = data, {}, {}
+    if not isinstance(populations, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in populations.values()):
+        raise ValueError("'populations' is not an object of population: spent rho")
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in spent.values()):
         raise ValueError("'spent' is not an object of identity: spent rho")
     if not isinstance(refusals, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                                                  for v in refusals.values()):
         raise ValueError("'refusals' is not an object of identity: refused audits")
-    return {str(k): float(v) for k, v in spent.items()}, {str(k): int(v) for k, v in refusals.items()}
+    return ({str(k): float(v) for k, v in spent.items()}, {str(k): int(v) for k, v in refusals.items()},
+            {str(k): float(v) for k, v in populations.items()})
 
 
 _RANDOM = None
@@ -466,12 +512,27 @@ def local_identity(tester_inputs, client_data) -> str:
     return f"{LOCAL_IDENTITY_PREFIX}{digest.hexdigest()[:16]}"
 
 
+def population_key(tester_inputs) -> str:
+    """The population a Tester's audits release about, as the ledger names it: a SHA-256
+    digest of its inputs' contents (the members and Self-ID files, or its probability
+    table; as `local_identity` reads them), cut to 16 hex digits. New members files are a
+    new population, with a budget of their own; the same files, wherever they lie, one."""
+    digest = hashlib.sha256()
+    for item in tester_inputs:
+        digest.update(_content_digest(item))
+    return f"{POPULATION_PREFIX}{digest.hexdigest()[:16]}"
+
+
 def local_accountant(budget: float, tester_inputs, client_data, ledger: str | Path | None = None, *,
-                     settings: str = LOCAL_SETTINGS) -> PrivacyAccountant:
+                     settings: str = LOCAL_SETTINGS,
+                     population_budget: float = DEFAULT_POPULATION_BUDGET) -> PrivacyAccountant:
     """The accountant of a local audit (`ppre audit --local`, `ppre.audit_local`):
-    `ledger` (default `local_ledger_path()`), charged to `local_identity` of the inputs."""
+    `ledger` (default `local_ledger_path()`), charged to `local_identity` of the inputs
+    and to the population of the Tester's inputs (`population_key`), whatever the
+    Test-Client's file."""
     return PrivacyAccountant(budget, ledger or local_ledger_path(),
-                             identity=local_identity(tester_inputs, client_data), settings=settings)
+                             identity=local_identity(tester_inputs, client_data), settings=settings,
+                             population=population_key(tester_inputs), population_budget=population_budget)
 
 
 def _content_digest(item) -> bytes:

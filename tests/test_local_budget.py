@@ -13,8 +13,9 @@ import pytest
 from ppre import AuditFailed, audit_local
 from ppre.cli import main as ppre_main
 from tester_service.history import RunHistory, local_history_path
-from tester_service.release import (LOCAL_IDENTITY_PREFIX, BudgetExhausted, PrivacyAccountant, local_identity,
-                                    local_ledger_path)
+from tester_service.release import (DEFAULT_POPULATION_BUDGET, LOCAL_IDENTITY_PREFIX, POPULATION_PREFIX,
+                                    BudgetExhausted, PrivacyAccountant, local_identity, local_ledger_path,
+                                    population_key)
 from tests.helpers import make_inputs
 
 
@@ -33,6 +34,14 @@ def _pair(root, seed: int):
     tester.to_csv(tp, index=False)
     client[["member_id"]].to_csv(cp, index=False)
     return tp, cp
+
+
+def _ledger(path=None) -> tuple[dict, dict]:
+    """(ρ spent per identity, ρ spent per population) in a ledger file of either form."""
+    data = json.loads((path or local_ledger_path()).read_text())
+    if isinstance(data.get("spent"), dict):
+        return data["spent"], data.get("populations", {})
+    return data, {}
 
 
 def _cli(capsys, tp, cp, *extra) -> dict:
@@ -60,11 +69,14 @@ def test_the_local_ledger_is_per_pair_of_input_files(user_home, capsys):
         (copy / path.name).write_bytes(path.read_bytes())
     assert _cli(capsys, copy / a[0].name, copy / a[1].name, "--history", "none")["error"]["code"] == \
         "privacy_budget_exhausted"
-    # the ledger holds a digest per pair and the rho spent: no member id, no path
-    spent = json.loads(ledger.read_text())
+    # the ledger holds a digest per pair and per population and the rho spent: no member id, no path
+    spent, populations = _ledger()
     assert spent == {local_identity((a[0], None), a[1]): pytest.approx(0.4),
                      local_identity((b[0], None), b[1]): pytest.approx(0.2)}
+    assert populations == {population_key((a[0], None)): pytest.approx(0.4),
+                           population_key((b[0], None)): pytest.approx(0.2)}
     assert all(k.startswith(LOCAL_IDENTITY_PREFIX) for k in spent) and "m000" not in ledger.read_text()
+    assert all(k.startswith(POPULATION_PREFIX) for k in populations)
 
 
 def test_an_explicit_ledger_file_is_named_in_the_refusal(user_home, capsys):
@@ -86,9 +98,70 @@ def test_one_privacy_identity_shares_a_budget_across_pairs(user_home, capsys):
     assert "error" not in _cli(capsys, *b, *flags)
     refused = _cli(capsys, *c, *flags)["error"]
     assert refused["code"] == "privacy_budget_exhausted" and "--privacy-identity" in refused["message"]
-    assert json.loads(local_ledger_path().read_text()) == {"rehearsal": pytest.approx(0.4)}
+    assert _ledger()[0] == {"rehearsal": pytest.approx(0.4)}
     # without it, the third pair has its own budget
     assert "error" not in _cli(capsys, *c, "--history", "none")
+
+
+def test_six_test_client_files_on_the_same_members_meet_the_populations_budget(user_home, capsys):
+    """Every Test-Client file is an identity of its own with a fresh budget, but all of
+    them together spend on one population, the Tester's members: under the defaults
+    (ρ 0.2 an audit, 1.0 on a population) the sixth file's first audit is refused, the
+    refusal naming the population's bound, not the file's."""
+    tester, client = make_inputs(300, 300, 300, seed=7)
+    tp = user_home / "members.csv"
+    tester.to_csv(tp, index=False)
+    outcomes = []
+    for n in range(6):
+        cp = user_home / f"client{n}.csv"
+        client[["member_id"]].sample(frac=1.0, random_state=n).to_csv(cp, index=False)
+        outcomes.append(_cli(capsys, tp, cp, "--history", "none"))
+    refused = [o["error"] for o in outcomes if "error" in o]
+    assert len(refused) == 1 and "error" in outcomes[5], outcomes
+    assert refused[0]["code"] == "privacy_budget_exhausted"
+    assert "the Tester's members" in refused[0]["message"] and "--population-budget" in refused[0]["message"]
+    spent, populations = _ledger()
+    assert len(spent) == 5 and populations == {population_key((tp, None)): pytest.approx(DEFAULT_POPULATION_BUDGET)}
+    # a larger population budget lets the sixth through; its own identity's budget was untouched
+    assert "error" not in _cli(capsys, tp, user_home / "client5.csv", "--history", "none",
+                               "--population-budget", "1.2")
+
+
+def test_the_population_bound_holds_across_identities_and_spends_nothing_when_refused(tmp_path):
+    ledger = tmp_path / "ledger.json"
+    accountant = PrivacyAccountant(0.4, ledger, population="population p", population_budget=0.5)
+    accountant.charge("a", 0.2)
+    accountant.charge("b", 0.2)
+    with pytest.raises(BudgetExhausted, match=r"Tester's members \(population p\).*0\.5.*0\.1 is left"):
+        accountant.check("c", 0.2)
+    with pytest.raises(BudgetExhausted, match="--population-budget"):
+        accountant.charge("c", 0.2)
+    assert accountant.spent("c") == 0.0 and accountant.population_spent() == pytest.approx(0.4)
+    accountant.charge("c", 0.1)  # what is left of the population's
+    again = PrivacyAccountant(0.4, ledger, population="population p", population_budget=0.5)  # a restart keeps it
+    assert again.population_spent() == pytest.approx(0.5)
+    other = PrivacyAccountant(0.4, ledger, population="population q", population_budget=0.5)
+    other.charge("a", 0.2)  # another population: its own bound (the identity's own still counts)
+    with pytest.raises(BudgetExhausted, match="Test-Client 'a'"):
+        other.charge("a", 0.2)
+
+
+def test_a_service_is_charged_to_the_population_of_its_input_files(tmp_path):
+    """`ppre tester serve`'s accountant counts every Test-Client's audits against the
+    population of its --probabilities (or --members and --self-id) files."""
+    from ppre.cli import build_parser
+    from ppre.commands.tester import release_settings
+    tester, _ = make_inputs(30, 30, 30, seed=8)
+    tp = tmp_path / "p.csv"
+    tester.to_csv(tp, index=False)
+    args = build_parser().parse_args(["tester", "serve", "--probabilities", str(tp), "--ephemeral-budget",
+                                      "--population-budget", "0.6"])
+    _, accountant = release_settings(args)
+    accountant.charge("a", 0.2)
+    accountant.charge("b", 0.2)
+    accountant.charge("c", 0.2)
+    with pytest.raises(BudgetExhausted, match=population_key((tp, None))):
+        accountant.charge("d", 0.2)
 
 
 def test_a_service_refusal_says_the_budget_is_in_memory():
@@ -112,7 +185,7 @@ def test_the_api_spends_the_budget_and_keeps_the_history_as_the_cli_does(user_ho
         audit_local(cp, probabilities=tp, metric="prob-count")
     assert refused.value.code == "privacy_budget_exhausted"
     assert str(local_ledger_path()) in refused.value.message and "privacy_budget=" in refused.value.message
-    assert json.loads(local_ledger_path().read_text()) == {local_identity((tp, None), cp): pytest.approx(0.4)}
+    assert _ledger()[0] == {local_identity((tp, None), cp): pytest.approx(0.4)}
     runs = RunHistory(local_history_path()).list()
     assert len(runs) == 2 and {r.metric for r in runs} == {"prob-count"}
     # without controls nothing is spent; history=False keeps nothing
@@ -152,6 +225,7 @@ def test_the_local_ledger_lives_in_the_users_data_directory(tmp_path, monkeypatc
     ('{"a": -0.1}', "'spent' is not an object of identity: spent rho"),
     ('{"spent": {"a": true}}', "'spent' is not an object of identity: spent rho"),
     ('{"spent": {"a": 0.1}, "refusals": {"a": 1.5}}', "'refusals' is not an object of identity: refused audits"),
+    ('{"spent": {"a": 0.1}, "populations": {"p": -1}}', "'populations' is not an object of population: spent rho"),
     ("{not json", "Expecting property name"),
 ])
 def test_a_ledger_that_is_not_one_is_refused_naming_the_file_and_why(tmp_path, text, why):

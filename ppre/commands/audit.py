@@ -301,9 +301,13 @@ def local_release(args: argparse.Namespace):
         settings = ("--privacy-budget sets the budget, --privacy-ledger FILE keeps it in another file; "
                     f"--privacy-identity charges every audit to '{args.privacy_identity}' (without it, each pair "
                     "of input files has its own budget)")
+        from tester_service.release import population_key
         return release, PrivacyAccountant(release.budget, args.privacy_ledger or local_ledger_path(),
-                                          identity=args.privacy_identity, settings=settings)
-    return release, local_accountant(release.budget, tester_inputs, args.client_data, args.privacy_ledger)
+                                          identity=args.privacy_identity, settings=settings,
+                                          population=population_key(tester_inputs),
+                                          population_budget=args.population_budget)
+    return release, local_accountant(release.budget, tester_inputs, args.client_data, args.privacy_ledger,
+                                     population_budget=args.population_budget)
 
 
 def local_history(args: argparse.Namespace):

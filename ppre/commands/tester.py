@@ -133,6 +133,11 @@ def add_release_arguments(s: argparse.ArgumentParser, local: bool = False) -> No
     s.add_argument("--privacy-budget", type=float, default=env("PPRE_PRIVACY_BUDGET", str(r.DEFAULT_BUDGET)),
                    metavar="RHO", help=f"total rho per Test-Client identity, across audits and dataset names "
                                        f"(default {r.DEFAULT_BUDGET:g}; 'inf': unlimited)")
+    s.add_argument("--population-budget", type=float,
+                   default=env("PPRE_POPULATION_BUDGET", str(r.DEFAULT_POPULATION_BUDGET)), metavar="RHO",
+                   help=f"total rho all Test-Client identities together may spend on the Tester's members (one "
+                        f"population per set of Tester input files), beside each identity's --privacy-budget "
+                        f"(default {r.DEFAULT_POPULATION_BUDGET:g}; 'inf': unlimited; env PPRE_POPULATION_BUDGET)")
     where = ("default: the user's data directory; one budget per pair of input files, keyed by a digest of their "
              "contents" if local else "needed with release noise on, unless --ephemeral-budget")
     s.add_argument("--privacy-ledger", default=env("PPRE_PRIVACY_LEDGER"), metavar="FILE",
@@ -165,7 +170,7 @@ def release_settings(args: argparse.Namespace, local: bool = False):
     """(ReleasePolicy, PrivacyAccountant) from the release flags."""
     import sys
 
-    from tester_service.release import PrivacyAccountant, ReleasePolicy, local_ledger_path
+    from tester_service.release import PrivacyAccountant, ReleasePolicy, local_ledger_path, population_key
     if args.no_release_controls:
         print(RELEASE_OFF_WARNING, file=sys.stderr, flush=True)
         policy = ReleasePolicy.off()
@@ -179,8 +184,13 @@ def release_settings(args: argparse.Namespace, local: bool = False):
         raise InputError(str(exc).split(": ", 1)[-1], parameter=flag) from None
     if not local:
         require_ledger(args, policy)
+    if not args.population_budget > 0:
+        raise InputError(f"must be above 0, got {args.population_budget:g}", parameter="--population-budget")
     ledger = args.privacy_ledger or (local_ledger_path() if local else None)
-    return policy, PrivacyAccountant(policy.budget, ledger, identity="local Test-Client" if local else None)
+    population = None if local else population_key(
+        (args.probabilities, None) if args.probabilities else (args.members, args.self_id))
+    return policy, PrivacyAccountant(policy.budget, ledger, identity="local Test-Client" if local else None,
+                                     population=population, population_budget=args.population_budget)
 
 
 #: why `ppre tester serve` with release noise refuses to start without a ledger
