@@ -535,7 +535,7 @@ def test_services_as_processes_write_no_member_data_and_no_key_anywhere(tmp_path
         client.wait_healthy()
         tester = make_tester(tmp_path, dataset, client.address, env=env,
                              extra=["--audit-log", str(audit_log), "--audit-log-key", str(audit_log_key),
-                                    "--privacy-budget", "inf"])
+                                    "--privacy-budget", "inf", "--population-budget", "inf"])
         tester.argv_tail = ["-v", *tester.argv_tail]
         tester.start()
         tester.wait_healthy()

@@ -204,11 +204,12 @@ EPHEMERAL_WARNING = ("WARNING: --ephemeral-budget: the privacy budget is kept in
 
 
 def require_ledger(args: argparse.Namespace, policy) -> None:
-    """A service with noise on and a finite budget keeps the budget in a ledger file,
-    unless the operator said in so many words that a restart may reset it
-    (docs/privacy-ledger.md)."""
+    """A service with noise on and a finite budget (an identity's or the population's)
+    keeps the budgets in a ledger file, unless the operator said in so many words that a
+    restart may reset them (docs/privacy-ledger.md)."""
     import math
-    if (policy.rho > 0 and math.isfinite(policy.budget) and not args.privacy_ledger
+    finite = math.isfinite(policy.budget) or math.isfinite(getattr(args, "population_budget", math.inf))
+    if (policy.rho > 0 and finite and not args.privacy_ledger
             and not getattr(args, "ephemeral_budget", False)):
         raise InputError(NO_LEDGER, parameter="--privacy-ledger")
     if policy.rho > 0 and not args.privacy_ledger and getattr(args, "ephemeral_budget", False):

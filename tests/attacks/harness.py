@@ -153,7 +153,7 @@ OFF = Defences("off", controls_off=True)
 #: noisy sizes), noise rho 0.2 per audit, budget rho 0.4
 DEFAULTS = Defences("defaults")
 #: ablation (report only): the default noise and minimum sizes, but no budget
-NOISE_ONLY = Defences("noise, no budget", extra=("--privacy-budget", "inf"))
+NOISE_ONLY = Defences("noise, no budget", extra=("--privacy-budget", "inf", "--population-budget", "inf"))
 
 
 # ----------------------------------------------------------------------------------

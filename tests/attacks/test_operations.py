@@ -102,7 +102,12 @@ def test_without_the_protection_a_crash_dumps_the_members(tmp_path):
 
 # --------------------------------------------------------------------------- ledger reset
 def _serve_args(*flags: str):
-    return build_parser().parse_args(["tester", "serve", "--probabilities", "p.csv", *flags])
+    """`ppre tester serve FLAGS` parsed, over a probability table of its own (the
+    population its budget is charged to is read from the file)."""
+    import tempfile
+    table = Path(tempfile.mkdtemp(prefix="ppre-operations-")) / "p.csv"
+    table.write_text("member_id,white,black\nm1,0.5,0.5\n", encoding="utf-8")
+    return build_parser().parse_args(["tester", "serve", "--probabilities", str(table), *flags])
 
 
 def _spend_across_a_restart(flags: tuple[str, ...]) -> list[str]:
@@ -158,7 +163,8 @@ def test_without_the_refusal_a_restart_resets_the_budget(monkeypatch, capsys):
 
 def test_no_noise_or_no_limit_needs_no_ledger():
     from ppre.commands.tester import release_settings
-    for flags in (("--no-release-controls",), ("--noise-rho", "0"), ("--privacy-budget", "inf")):
+    for flags in (("--no-release-controls",), ("--noise-rho", "0"),
+                  ("--privacy-budget", "inf", "--population-budget", "inf")):
         _, accountant = release_settings(_serve_args(*flags))
         assert accountant is not None
 
