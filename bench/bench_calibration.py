@@ -48,7 +48,12 @@ per group, the weighted estimand's largest gap (mean, sd, range), and a per-grou
 decomposition: the spread of (estimate − base) across populations against the spread the
 intervals imply (half-width / z), split into member sampling (prepared-mean estimand − base)
 and the audit's own draws (estimate − prepared-mean estimand: randomized response,
-clipping and release noise).
+clipping and release noise); and the spread of the true-race rate itself (true − base), which
+the weighted intervals do not track for the groups BISG attenuates most.
+
+Note: at one seed the two modes share members, proxies and (under this null, the outcomes
+not depending on race) the Test-Client's rows; they differ in the true races and so in the
+Self-ID answers. Their flags are therefore not independent of each other's.
 """
 from __future__ import annotations
 
@@ -296,8 +301,8 @@ def summary(rows: list[dict], confidence: float = 0.95) -> str:
              "",
              "| group | in verdict | covers true-race rate | covers weighted estimand | covers plain-BISG weighted "
              "(approx.) | covers base 0.10 | mean half-width | sd(estimate - base) | sd implied by intervals "
-             "| sd(weighted - base) | mean draw sd | sd(estimate - weighted) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| sd(weighted - base) | mean draw sd | sd(estimate - weighted) | sd(true - base) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for g in list(RACES) + ["overall"]:
         if g == "overall":
             gs = [r["overall"] for r in rows]
@@ -305,7 +310,8 @@ def summary(rows: list[dict], confidence: float = 0.95) -> str:
                          f"| = true | = true | {share([covers(x['ci_low'], x['ci_high'], BASE_FPR) for x in gs])} "
                          f"| {np.mean([(x['ci_high'] - x['ci_low']) / 2 for x in gs]):.4f} "
                          f"| {np.std([x['estimate'] - BASE_FPR for x in gs], ddof=1) if n > 1 else 0:.4f} "
-                         f"| {np.mean([(x['ci_high'] - x['ci_low']) / 2 / z for x in gs]):.4f} | | | |")
+                         f"| {np.mean([(x['ci_high'] - x['ci_low']) / 2 / z for x in gs]):.4f} | | | "
+                         f"| {np.std([x['true'] - BASE_FPR for x in gs], ddof=1) if n > 1 else 0:.4f} |")
             continue
         gs = [r["groups"][g] for r in rows]
         with_ci = [x for x in gs if x["ci_low"] is not None and x["estimate"] is not None]
@@ -320,7 +326,8 @@ def summary(rows: list[dict], confidence: float = 0.95) -> str:
             f"| {sd([x['estimate'] - BASE_FPR for x in with_ci])} "
             f"| {np.mean(hw) / z if hw else float('nan'):.4f} "
             f"| {sd([x['weighted'] - BASE_FPR for x in gs])} | {np.mean([x['weighted_draw_sd'] for x in gs]):.4f} "
-            f"| {sd([x['estimate'] - x['weighted'] for x in with_ci])} |")
+            f"| {sd([x['estimate'] - x['weighted'] for x in with_ci])} "
+            f"| {sd([x['true'] - BASE_FPR for x in gs if np.isfinite(x['true'])])} |")
     lines += ["",
               "largest pairwise gap (higher - lower), mean (sd, min to max) over populations:",
               *(f"  {label:<40} " + fmt_stats([r["largest_gap"][key]["value"] for r in rows]) for key, label in GAPS),
