@@ -181,7 +181,7 @@ def test_a_refused_json_audit_writes_only_the_audit_id_on_stderr(own_files, tmp_
 #: a server stopped while a client's streams are open: the client's gRPC core receives
 #: GOAWAY "Cancelling all calls", which it logs at INFO unless told not to
 _PEER_GOES_AWAY = """
-import sys, time
+import os, sys, time
 from concurrent import futures
 if sys.argv[1] == "ppre":
     import ppre
@@ -192,18 +192,20 @@ health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
 port = server.add_insecure_port("127.0.0.1:0")
 server.start()
 stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
-streams = [stub.Watch(health_pb2.HealthCheckRequest()) for _ in range(3)]
+streams = [stub.Watch(health_pb2.HealthCheckRequest(), timeout=30) for _ in range(3)]
 for stream in streams:
     next(stream)
 server.stop(grace=None)
 time.sleep(0.5)
+sys.stderr.flush()
+os._exit(0)  # the health service's Watch threads may still wait: no join at exit
 """
 
 
 def _peer_goes_away(first_import: str) -> str:
     env = {key: value for key, value in child_env(test_keys=False).items() if key != "GRPC_VERBOSITY"}
     out = subprocess.run([sys.executable, "-c", _PEER_GOES_AWAY, first_import], capture_output=True,
-                         text=True, timeout=60, env=env, cwd=REPO)
+                         text=True, timeout=120, env=env, cwd=REPO)
     assert out.returncode == 0, out.stderr
     return out.stderr
 
