@@ -307,7 +307,10 @@ KILL_CASES = {
     # long enough (≈30 s here) that a Tester which notices the dead peer only when its
     # bootstrap ends misses the bound
     "bootstrap": 3000,
-    "client:decrypt": 600,               # the Test-Client decrypting the masked aggregates
+    # the Test-Client decrypting the masked aggregates: long enough that its first relayed
+    # progress (heartbeats every second) comes before its last chunk (at 600 replicates the
+    # whole phase fit in one heartbeat on a quiet machine: "16 of 16" was its first report)
+    "client:decrypt": 2000,
 }
 
 
