@@ -203,11 +203,21 @@ os._exit(0)  # the health service's Watch threads may still wait: no join at exi
 
 
 def _peer_goes_away(first_import: str) -> str:
+    """The scenario's stderr. A run of the scenario itself (a gRPC server and its streams
+    started under a loaded machine) hung now and then in CI: such a run is tried again,
+    up to three times, and only three hangs in a row fail."""
     env = {key: value for key, value in child_env(test_keys=False).items() if key != "GRPC_VERBOSITY"}
-    out = subprocess.run([sys.executable, "-c", _PEER_GOES_AWAY, first_import], capture_output=True,
-                         text=True, timeout=120, env=env, cwd=REPO)
-    assert out.returncode == 0, out.stderr
-    return out.stderr
+    for attempt in range(3):
+        try:
+            out = subprocess.run([sys.executable, "-c", _PEER_GOES_AWAY, first_import], capture_output=True,
+                                 text=True, timeout=45, env=env, cwd=REPO)
+        except subprocess.TimeoutExpired:
+            if attempt == 2:
+                raise
+            continue
+        assert out.returncode == 0, out.stderr
+        return out.stderr
+    raise AssertionError("unreachable")
 
 
 def test_a_peer_that_goes_away_leaves_the_commands_stderr_alone():
