@@ -291,3 +291,13 @@ def test_a_ledger_save_that_fails_says_why_and_leaves_no_temporary_file(tmp_path
     with pytest.raises(OSError, match="No space left on device"):
         accountant.charge("client-a", 0.2)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["0", "-0.5", "nan"])
+def test_a_population_budget_that_is_not_positive_is_refused_naming_the_flag(user_home, capsys, value):
+    tp, cp = _pair(user_home, 9)
+    code = ppre_main(["audit", "--local", "--metric", "prob-count", "--tester-probabilities", str(tp),
+                      "--client-data", str(cp), "--population-budget", value, "--history", "none"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--population-budget" in err and "must be above 0" in err
+    assert not local_ledger_path().exists()  # nothing spent, nothing written
