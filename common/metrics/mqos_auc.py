@@ -131,6 +131,25 @@ group and overall (the global AUC). Verdict: a group significantly below overall
   uses all rows, the interval is the random-groups t interval
   over the G within-group estimates (conservative: their pair-sampling part is G times
   the full sample's).
+
+  **Sampled against exact under release noise** (`sampled_release_note`). Both options
+  estimate the same weighted AUC (exact's score bins aside, a few 10^-4): without noise
+  the sampled estimate is unbiased for it, its error the pair sampling's
+  (`tests/test_mqos_auc_sampled.py`). Under the release controls each of a group's two
+  sums carries noise of sd σ_s = σ₀·C pair weights (the release's `sigma_estimate`),
+  against a denominator W_j ≈ pairs_kept·(S_j/n)² (the pairs' weight, the product of two
+  probabilities, dilutes a group by its share S_j/n twice), so the estimate errs by about
+  σ_s·sqrt(1 + AUC_j²)/W_j, about 2·n/S_j times exact's σ₀·sqrt(¼ + (AUC_j − ½)²)/D_j
+  (D_j ≈ S_j·π(1 − π), and with the cap binding pairs_kept ≈ C·n·π(1 − π)): at 10,000
+  members with `pairs` 20,000 (8,190 kept) hispanic (S_j ≈ 1,700) errs by 0.07 (sd,
+  measured) against exact's 0.006, black (S_j ≈ 1,160) by 0.18 against 0.01. The two options then
+  differ by that noise, which no interval may cover: a random group holds about W_j/G² of
+  the weight under noise of sd σ_b·C (σ_b/σ₀ = sqrt(0.7/0.2) ≈ 1.9 at the default shares,
+  `tester_service.release.ReleasePolicy.sigmas`), so its ratio is undefined (its
+  denominator not above 3 sd) unless W_j > 3·G²·σ_b·C, and a group with fewer than two
+  defined random groups has no interval (at 10,000 members none but overall has one).
+  The Test-Client states this in the result (`info["release_noise_note"]`, under release
+  noise only: `RELEASE_NOISE`, which `he_under_noise` has both parties set).
 """
 from __future__ import annotations
 
@@ -144,7 +163,7 @@ import numpy as np
 from common.crypto import paillier
 from common.metrics.auc_placements import placement_covariance, placement_variances
 from common.metrics.base import (NOISE_HEADROOM_BITS, Cell, ClientRows, Component, Item, Layout, Metric, Param,
-                                 Plan, PROBABILITY_BITS, SECOND_MOMENTS, bits, choose_layout,
+                                 Plan, PROBABILITY_BITS, RELEASE_NOISE, SECOND_MOMENTS, bits, choose_layout,
                                  finite_column, positive_int)
 from common.metrics.scoring import DEFAULT_RANDOM_GROUPS, dense_score_rank, doubled_a_weights, sample_pair_graph
 from common.tables import binary_column
@@ -164,6 +183,25 @@ SCORE_BINS_INFO = "score_bins"
 NORMALISER_EXTRA_BITS = 64
 #: the Test-Client's statement the interval under release noise reads (`placement_variances`)
 PLACEMENT_INFO = "placement_variances"
+#: sampled under release noise: the result's statement of the estimate's noise and of when
+#: a group has an interval (`sampled_release_note`)
+SAMPLED_NOISE_INFO = "release_noise_note"
+
+
+def sampled_release_note(pairs_kept: int, random_groups: int = DEFAULT_RANDOM_GROUPS) -> str:
+    """What the result of MQOS-AUC sampled says under release noise (module docstring,
+    "Sampled against exact under release noise"): how far its estimates may lie from
+    exact's, and when a group has no interval. From the count of real pairs kept and G
+    alone (the Tester checks it, `SampledAuc.check_info`)."""
+    g = int(random_groups)
+    return (f"sampled under release noise: each group's two pair sums carry noise of sd release.sigma_estimate "
+            f"(sigma_s) pair weights against the group's weight of real pairs W_j, about {int(pairs_kept)} pairs "
+            f"times (S_j/n)^2 (S_j the group's effective size, n the members), so its estimate errs by about "
+            f"sigma_s*sqrt(1 + AUC^2)/W_j (sd), about 2*n/S_j times the exact option's, and may differ from it by "
+            f"that much; the interval is the t interval over {g} random groups, each with about 1/{g * g} of "
+            f"W_j under noise of sd sigma_b (about 1.9*sigma_s at the default privacy shares), so a group has "
+            f"none (n/a) unless W_j exceeds about {3 * g * g}*sigma_b; the exact option (the default) is the one "
+            f"to use under the release controls")
 
 
 def bin_mask_bits(n_rows: int) -> int:
@@ -695,6 +733,9 @@ class SampledAuc(MqosAuc):
     resampling = "client_groups"
     interval = "random_groups"
     random_groups = DEFAULT_RANDOM_GROUPS
+    #: encrypted either way; set so that both parties learn whether the release carries
+    #: noise (`RELEASE_NOISE`), which the result's `SAMPLED_NOISE_INFO` is stated under
+    he_under_noise = True
 
     def value_bounds(self, option, params):
         return {"pairs_per_member": float(self._cap(params))}
@@ -709,20 +750,30 @@ class SampledAuc(MqosAuc):
         groups; a row of two members of group g is in unit g, any other row in unit G.
         The estimate uses every row; the interval is the random-groups t interval over
         the G within-group estimates, which vary with the members (G groups of n/G members
-        each), not only with the pairs."""
+        each), not only with the pairs. Under release noise `info` also states how far the
+        estimates may lie from exact's and when a group has no interval
+        (`sampled_release_note`, module docstring "Sampled against exact under release
+        noise")."""
         y, scores = _labels_and_scores(frame, file)
         m = int(params["pairs"])
         first, second, values, kept = sample_pair_graph(y, scores, m, self._cap(params), rng, file)
         group = rng.permutation(len(y)) % self.random_groups
         units = np.where(group[first] == group[second], group[first], self.random_groups)
         ids = frame["member_id"].to_numpy(dtype=object)
-        return ClientRows(ids=(ids[first], ids[second]), values=values, units=units.astype(np.int64),
-                          info={"pairs": m, "pairs_kept": kept, "pairs_dropped": m - kept})
+        info = {"pairs": m, "pairs_kept": kept, "pairs_dropped": m - kept}
+        if params.get(RELEASE_NOISE):
+            info[SAMPLED_NOISE_INFO] = sampled_release_note(kept, self.random_groups)
+        return ClientRows(ids=(ids[first], ids[second]), values=values, units=units.astype(np.int64), info=info)
 
     def check_info(self, info, strata_labels):
+        """The pair counts add up; the note under release noise, if any, is the one the
+        counts give (`sampled_release_note`): no free text reaches the Tester."""
         counts = [int(info.get(k, 0)) for k in ("pairs", "pairs_kept", "pairs_dropped")]
         if min(counts) < 0 or counts[1] + counts[2] != counts[0]:
             raise ValueError("pair counts")
+        if SAMPLED_NOISE_INFO in info and info[SAMPLED_NOISE_INFO] != sampled_release_note(counts[1],
+                                                                                          self.random_groups):
+            raise ValueError("release noise note")
 
     def slot_sensitivity(self, item, layout, components, multiplicity):
         """The noise is sized from the declared cap on pairs per member, not from the rows
