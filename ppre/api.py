@@ -86,7 +86,8 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
     `result_recipient`: who finishes the result (design §3.7); with `"client"` the
     Test-Client keeps it and the Tester a receipt, and since this process holds both
     sides the result returned is the Test-Client's with the Tester's facts
-    (`ppre.local`), as with `"tester"`. The run history keeps the Tester's receipt."""
+    (`ppre.local`), as with `"tester"`. The run history keeps that result too
+    (aggregates only: `tester_service.history`, "A local run")."""
     from client_service.datasets import DatasetRegistry
     from common.errors import InputError
     from ppre.local import local_services

@@ -3,12 +3,15 @@
 Each sub-command lives in its own module under `ppre.commands` and exposes
 `register(subparsers)`, which adds its parser and sets `func=run`. Errors that the
 project raises on purpose (`common.errors.PPREError`) print one clear line and exit 2.
+A reader that closes the pipe early (`ppre runs list | head -1`) ends the command
+quietly, with the shell's status for it (`CLOSED_PIPE_STATUS`), never a traceback.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import logging
+import os
 import sys
 import traceback
 
@@ -28,6 +31,26 @@ COMMAND_MODULES = (
     "ppre.commands.report",
     "ppre.commands.certs",
 )
+
+
+#: the exit status of a command whose reader closed its pipe: 128 + SIGPIPE, as the shell
+#: reports for any program a pipe's reader stopped early (`seq 100000 | head -1`)
+CLOSED_PIPE_STATUS = 141
+
+
+def closed_pipe_quietly() -> int:
+    """After a BrokenPipeError: point stdout and stderr at /dev/null, so that the
+    interpreter's last flush at exit finds no closed pipe to complain about, and
+    return `CLOSED_PIPE_STATUS`. The reader asked for no more output; there is no one
+    left to tell anything."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):
+            pass
+    os.close(devnull)
+    return CLOSED_PIPE_STATUS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,8 +112,19 @@ class _WithheldMessages(logging.Formatter):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser_for(argv)
-    args = parser.parse_args(argv)
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        return closed_pipe_quietly()
+
+
+def _main(argv: list[str] | None) -> int:
+    try:
+        parser = _parser_for(argv)
+        args = parser.parse_args(argv)
+    except SystemExit:  # --help, a usage error: argparse printed and exits
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+        raise
     level = logging.DEBUG if args.verbose >= 2 else logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -99,12 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from common.crypto import batch
         batch.backend()  # the batch primitives' backend, chosen (or refused) before any work
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
     except PPREError as exc:
         print(f"ppre {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        status = 2
     except KeyboardInterrupt:
-        return 130
+        status = 130
+    sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+    return status
 
 
 if __name__ == "__main__":  # pragma: no cover

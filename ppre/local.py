@@ -12,7 +12,8 @@ plaintext), for tests that need it.
 Under result recipient `client` the Test-Client keeps the result and the Tester ends
 with a receipt (design §3.7); here one user holds both sides, so `run_audit` on these
 services returns the Test-Client's kept result with the Tester's facts
-(`delivered_result`): what a local user sees does not depend on where it was finished.
+(`delivered_result`): what a local user sees does not depend on where it was finished,
+and the run history keeps what it saw (`RunHistory.deliver`).
 """
 from __future__ import annotations
 
@@ -123,7 +124,8 @@ def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: Dat
     # server of this process once remembered for a reused port is never taken for these
     channels.remember_dial(tester_address, operator_tls, TESTER_IDENTITY if pki is not None else None)
     channels.remember_dial(client_address, tester_tls, tester_config.client_name if pki is not None else None)
-    remember_local_results(tester_address, partial(delivered_result, client_config.results))
+    remember_local_results(tester_address, partial(delivered_result, client_config.results,
+                                                   tester=tester_config))
     try:
         yield LocalServices(tester_address, client_address, tester_config, client_config,
                             client_servicer, tester_servicer, pki=pki, operator_tls=operator_tls)
@@ -137,12 +139,19 @@ def local_services(load_probabilities: Callable[[], pd.DataFrame], datasets: Dat
             server.stop(grace=0).wait(STOP_WAIT_S)
 
 
-def delivered_result(results: ResultStore, event: pb.AuditEvent) -> pb.AuditEvent:
+def delivered_result(results: ResultStore, event: pb.AuditEvent, *,
+                     tester: TesterConfig | None = None) -> pb.AuditEvent:
     """A result event from these services' Tester as the local user sees it: a receipt
     (result recipient `client`) replaced by the Test-Client's kept result, taken from its
     store by the audit's id, with the Tester's facts (`common.stats.results.delivered`);
-    anything else unchanged. The run id stays the Tester's (its history keeps the receipt)."""
+    anything else unchanged. The run id stays the Tester's, and the `tester`'s run
+    history, where it keeps one, gets the result in place of the receipt
+    (`RunHistory.deliver`): the operator is both parties here, and `ppre runs show` and
+    `ppre report` give back what the terminal showed (aggregates only, as every kept
+    result; design §9.3). Not where the Tester keeps an audit log: the log holds the
+    digest of what the Tester sent (its receipt), which the history's record matches."""
     from common.stats.results import AuditReport, delivered
+    from tester_service.history import HistoryError
     kept = AuditReport.from_proto(event.result)
     if not kept.is_receipt:
         return event
@@ -150,5 +159,12 @@ def delivered_result(results: ResultStore, event: pb.AuditEvent) -> pb.AuditEven
     if result is None:
         return pb.AuditEvent(error=pb.AuditError(
             code="internal", message=f"the Test-Client holds no result for audit {kept.audit_id}"))
-    merged = delivered(kept, result)
-    return pb.AuditEvent(result=pb.AuditResult(report_json=merged.to_json(), run_id=event.result.run_id))
+    merged = delivered(kept, result).to_json()
+    history = tester.history if tester is not None and tester.audit_log is None else None
+    if history is not None and event.result.run_id:
+        try:
+            history.deliver(event.result.run_id, merged)
+        except HistoryError as exc:  # the result is shown all the same; the history keeps the receipt
+            print(f"ppre: the run history keeps only the receipt of run {event.result.run_id}: {exc}",
+                  file=sys.stderr, flush=True)
+    return pb.AuditEvent(result=pb.AuditResult(report_json=merged, run_id=event.result.run_id))

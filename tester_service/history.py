@@ -17,6 +17,16 @@ and message, and the result exactly as the operator received it
 release counts — never a member id, a probability or a test value) with its SHA-256,
 the digest the audit log holds for the same audit.
 
+A local run (`ppre audit --local`, `ppre demo`, the Python API: `ppre.local`, design
+§3.7) holds both parties in one process: under result recipient `client` the Tester
+records its receipt, and then the result the operator was shown — the Test-Client's
+kept result with the Tester's facts — replaces it (`deliver`), so that `ppre runs
+show` and `ppre report` give back the estimates the terminal showed, and `ppre runs
+list` their severity. What replaces the receipt is a result like any other kept here
+(aggregates only). A service's history is never changed after its record, nor is that
+of local services whose Tester keeps an audit log: the record holds what the log's
+digest names (the receipt).
+
 Writes: a run is recorded once, in one transaction (its `runs` row and its `results`
 row commit together or not at all); a refused, failed or cancelled audit is never
 recorded (the servicer records only a released result). Every call opens its own
@@ -318,6 +328,24 @@ class RunHistory:
             except sqlite3.IntegrityError:
                 continue
         raise HistoryError("could not find a free run id")
+
+    def deliver(self, run_id: str, report_json: str) -> None:
+        """A local run's receipt replaced by the result its operator was shown (module
+        docstring): the result, its digest, and the run's severity and verdict message,
+        in one transaction. RunNotFound names an id that is not here."""
+        try:
+            verdict = json.loads(report_json).get("verdict") or {}
+        except (ValueError, AttributeError):
+            raise HistoryError("the result to record is not a JSON object") from None
+        digest = hashlib.sha256(report_json.encode("utf-8")).hexdigest()
+        with self._transaction() as con:
+            changed = con.execute("UPDATE runs SET severity = ?, verdict_message = ? WHERE run_id = ?",
+                                  (str(verdict.get("severity", "")), str(verdict.get("message", "")),
+                                   run_id)).rowcount
+            if not changed:
+                raise RunNotFound(run_id)
+            con.execute("UPDATE results SET report_json = ?, result_sha256 = ? WHERE run_id = ?",
+                        (report_json, digest, run_id))
 
     @staticmethod
     def _insert_run(con: sqlite3.Connection, run_id: str, row: dict[str, Any]) -> None:

@@ -24,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
 
     record = get_run(args)
     html, data = write_report(AuditReport.from_json(record.report_json), args.directory, run_id=record.run_id,
-                              generated=audit_time(record))
+                              generated=audit_time(record),
+                              correction=str(record.parameters.get("correction") or ""))
     if getattr(args, "json", False):  # --json: exactly one JSON object on stdout
         print(json.dumps({"run_id": record.run_id, "html": str(html), "json": str(data)}))
     else:

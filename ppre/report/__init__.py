@@ -72,15 +72,18 @@ JSON_NAME = "report.json"
 
 
 def write_report(report: "AuditReport", directory, *, run_id: str | None = None,
-                 generated: _dt.datetime | None = None) -> tuple[Path, Path]:
+                 generated: _dt.datetime | None = None, correction: str = "") -> tuple[Path, Path]:
     """Write ``report.html`` and ``report.json`` into `directory` (created if missing) and
     return their paths (html, json). `generated`: the time the page is dated at (default
-    now; a run from the history: the audit's own time). Each file is written to a
+    now; a run from the history: the audit's own time). `correction`: the correction
+    the request asked for (a run from the history), which a receipt's page names since
+    the receipt itself holds none (design §3.7). Each file is written to a
     temporary file in the same directory and renamed into place, so a reader never sees
     half a file; on any error the temporary files are removed and the error is raised
     (OSError for the disk)."""
     directory = Path(directory)
-    page = render_html(report, run_id=run_id, generated=generated)  # render first: an error leaves no file
+    page = render_html(report, run_id=run_id, generated=generated,
+                       correction=correction)  # render first: an error leaves no file
     data = report.to_json() + "\n"
     directory.mkdir(parents=True, exist_ok=True)
     html_path, json_path = directory / HTML_NAME, directory / JSON_NAME

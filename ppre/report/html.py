@@ -358,7 +358,9 @@ def _dl(items: Sequence[tuple[str, str]]) -> str:
 _MAPPING_KEYS = ("group_mapping", "mapping", "groups_mapping")
 
 
-def parameters_section(report: "AuditReport") -> str:
+def parameters_section(report: "AuditReport", *, requested_correction: str = "") -> str:
+    """The audit's parameters. A receipt holds no correction (the Test-Client applied
+    it, design §3.7): its line names the one the request asked for where that is known."""
     items = [("metric", esc(metric_title(report))),
              ("metric option", esc(report.metric_option or "default")),
              ("intervals", esc(intervals_words(report))),
@@ -404,7 +406,13 @@ def parameters_section(report: "AuditReport") -> str:
                                           f"{rel.get('min_effective_size', 'n/a')}")))
         if rel.get("suppressed"):
             items.append((f"suppressed cells ({len(rel['suppressed'])})", _list(list(rel["suppressed"]), 40)))
-    items.append(("correction", esc(correction_words(report.correction))))
+    if report.is_receipt:
+        asked = requested_correction if requested_correction not in ("", "none") else ""
+        items.append(("correction", esc(f"{asked} requested: applied by the Test-Client, which holds the result"
+                                        if asked else "applied by the Test-Client where the request asked for one "
+                                                      "(its copy of the result says)")))
+    else:
+        items.append(("correction", esc(correction_words(report.correction))))
     return (f'<section id="parameters" aria-labelledby="parameters-h"><h2 id="parameters-h">Parameters</h2>'
             f"{_dl(items)}</section>")
 
@@ -548,15 +556,17 @@ footer{border-top:1px solid var(--line);margin-top:2rem;padding-top:.5rem;font-s
 
 
 def render_html(report: "AuditReport", *, run_id: str | None = None,
-                generated: _dt.datetime | None = None) -> str:
-    """The whole page as one string (escaped, self-contained, no script)."""
+                generated: _dt.datetime | None = None, correction: str = "") -> str:
+    """The whole page as one string (escaped, self-contained, no script). `correction`:
+    the correction the request asked for, named on a receipt's page (`write_report`)."""
     generated = generated or _dt.datetime.now(_dt.timezone.utc)
     when = generated.astimezone(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     day = generated.astimezone(_dt.timezone.utc).strftime("%Y-%m-%d")
     title = metric_title(report)
     desc = metric_description(report.metric)
     if report.is_receipt:  # result recipient client: the result is the Test-Client's (design §3.7)
-        sections = [receipt_section(report), parameters_section(report), counts_section(report)]
+        sections = [receipt_section(report), parameters_section(report, requested_correction=correction),
+                    counts_section(report)]
     else:
         sections = _result_sections(report)
     toc = [(sid, words) for sid, words in (
