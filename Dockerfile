@@ -86,5 +86,9 @@ WORKDIR /home/ppre
 
 # 50051: Tester (RunAudit, operator-facing); 50052: Test-Client (peer protocol).
 EXPOSE 50051 50052
+# In a container a service listens on the container's interface (outside one, `--host`
+# defaults to 127.0.0.1): what reaches it is what `docker run -p` / compose's `ports:`
+# publish on the host (docs/deployment.md).
+ENV PPRE_TESTER_HOST=0.0.0.0 PPRE_CLIENT_HOST=0.0.0.0
 
 CMD ["ppre", "--help"]

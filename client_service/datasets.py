@@ -59,6 +59,26 @@ class DatasetRegistry:
         raise InputError(f"unknown dataset '{name}' (known: {', '.join(self.names()) or 'none'})",
                          parameter="client dataset")
 
+    def check_servable(self) -> None:
+        """A service must have something to serve (`ppre client serve`, checked before it
+        listens, as the Tester's members file is): a `--data-dir` that is a directory, each
+        `--dataset NAME=FILE` an existing file, and at least one dataset in all. Each
+        failure is one InputError naming the directory, file or flag and what to do."""
+        if self.data_dir is not None and not self.data_dir.is_dir():
+            what = "is not a directory" if self.data_dir.exists() else "does not exist"
+            raise InputError(f"'{self.data_dir}' {what}: give the directory that holds the datasets NAME.csv / "
+                             f"NAME.parquet (a typo?), or --dataset NAME=FILE", parameter="--data-dir")
+        for name, path in self.named.items():
+            if not path.is_file():
+                raise InputError(f"{name}={path}: no such file (give NAME=FILE with an existing CSV or Parquet "
+                                 f"file)", parameter="--dataset")
+        if not self.names():
+            where = (f"'{self.data_dir}' holds no NAME.csv or NAME.parquet file" if self.data_dir is not None
+                     else "no dataset given")
+            raise InputError(f"{where}: a Test-Client with no dataset serves nothing; give --data-dir DIR with "
+                             f"files NAME.csv / NAME.parquet, or --dataset NAME=FILE",
+                             parameter="--data-dir" if self.data_dir is not None else "--dataset")
+
     def load(self, name: str, metric: Metric) -> pd.DataFrame:
         """The dataset as the metric reads it; its file label in `frame.attrs["file"]`
         (the metric's own checks name it)."""

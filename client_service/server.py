@@ -269,7 +269,7 @@ class ClientServicer:
         self._exchanges.wait_idle(wait_s)
 
 
-def serve(config: ClientConfig, port: int, host: str = "0.0.0.0",
+def serve(config: ClientConfig, port: int, host: str = "127.0.0.1",
           interceptors: tuple = ()) -> tuple[grpc.Server, int, ClientServicer]:
     # With TLS, an identity check runs before `interceptors` and before Exchange: a Tester
     # that is not on the allow-list is refused (PERMISSION_DENIED) before any message.

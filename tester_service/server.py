@@ -631,7 +631,7 @@ def refusal_record(method: str, identity: str, message: str) -> dict:
             "outcome": {"status": "refused", "reason": f"permission_denied: {message}"}}
 
 
-def serve(config: TesterConfig, port: int, host: str = "0.0.0.0") -> tuple[grpc.Server, int, TesterServicer]:
+def serve(config: TesterConfig, port: int, host: str = "127.0.0.1") -> tuple[grpc.Server, int, TesterServicer]:
     def refused(method: str, identity: str, message: str) -> None:
         if config.audit_log is not None:
             config.audit_log.append(refusal_record(method, identity, message))

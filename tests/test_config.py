@@ -76,7 +76,7 @@ privacy_budget = inf
     assert args.excluded_states == "TX,CA" and args.first_names is True
     assert args.members == str(tmp_path / "data" / "members.csv")  # relative to the file's directory
     assert args.allow_operator == ["ops.example", "audit.example"] and args.privacy_budget == float("inf")
-    assert args.buckets == 128 and args.threshold is None and args.host == "0.0.0.0"  # defaults
+    assert args.buckets == 128 and args.threshold is None and args.host == "127.0.0.1"  # defaults: this machine only
     src = args.config_sources
     assert (src["port"], src["epsilon"], src["peer_timeout"], src["max_sessions"], src["buckets"]) == \
         ("file", "env", "flag", "flag", "default")
@@ -463,7 +463,7 @@ def test_client_serve_reads_its_config_file(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     try:
         line = proc.stdout.readline()
-        assert re.match(r"client serving on 127\.0\.0\.1:\d+; datasets: ero; INSECURE", line), \
+        assert re.match(r"client serving on 127\.0\.0\.1:\d+ \(this machine only; [^)]*\); datasets: ero; INSECURE", line), \
             line + proc.stderr.read() if proc.poll() is not None else line
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -18,6 +18,20 @@ SIGNAL_POLL_S = 0.2
 NOT_SERVING_MIN_S = 1.0
 
 
+def listening_words(host: str, port: int) -> str:
+    """Where a service listens, as its start-up line says it: the address, and who can
+    reach it (a loopback address: this machine only; --host names another)."""
+    import ipaddress
+    try:
+        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    every = host in ("0.0.0.0", "::", "[::]")
+    reach = ("this machine only; --host 0.0.0.0 listens on every interface" if loopback
+             else "every interface" if every else "this address")
+    return f"{host}:{port} ({reach})"
+
+
 def add_service_arguments(s: argparse.ArgumentParser) -> None:
     """Options both services share: the peer deadline and the session limit."""
     env = os.environ.get

@@ -6,7 +6,8 @@ import os
 
 from common.crypto import batch, paillier
 from common.errors import InputError
-from ppre.commands import add_names_argument, add_service_arguments, add_tls_arguments, link_settings, tls_identity
+from ppre.commands import (add_names_argument, add_service_arguments, add_tls_arguments, link_settings, listening_words,
+                           tls_identity)
 
 
 def dataset_files(values: list[str]) -> dict[str, str]:
@@ -24,7 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("client", help="the Test-Client service (P2)")
     actions = parser.add_subparsers(dest="action", required=True)
     s = actions.add_parser("serve", help="serve the peer protocol over the product team's datasets")
-    s.add_argument("--host", default=os.environ.get("PPRE_CLIENT_HOST", "0.0.0.0"))
+    s.add_argument("--host", default=os.environ.get("PPRE_CLIENT_HOST", "127.0.0.1"), metavar="ADDRESS",
+                   help="the address to listen on (env PPRE_CLIENT_HOST; default 127.0.0.1: this machine only); "
+                        "0.0.0.0 listens on every interface, for the Tester on other machines "
+                        "(docs/deployment.md)")
     s.add_argument("--port", type=int, default=int(os.environ.get("PPRE_CLIENT_PORT", "50052")))
     s.add_argument("--data-dir", default=os.environ.get("PPRE_CLIENT_DATA_DIR"),
                    help="directory of datasets NAME.csv / NAME.parquet (env PPRE_CLIENT_DATA_DIR)")
@@ -60,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from client_service.results import ResultStore
     results = ResultStore(args.results_dir)  # checked before the service starts
     registry = DatasetRegistry(args.data_dir, dataset_files(args.dataset), client_columns(args))
+    registry.check_servable()  # before the port opens: a service that serves nothing does not start
     bits, test_keys = paillier.process_key_size()
     config = ClientConfig(registry, modulus_bits=bits, allow_insecure=test_keys,
                           settings=link_settings(args), max_sessions=args.max_sessions, tls=tls,
@@ -70,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
                 if tls is not None else "INSECURE plaintext")
     kept = (f"results to {results.directory}" if results.directory is not None
             else "results in memory only (--results-dir DIR keeps them)")
-    print(f"client serving on {args.host}:{port}; datasets: {', '.join(registry.names()) or 'none'}; {security}; "
+    print(f"client serving on {listening_words(args.host, port)}; datasets: {', '.join(registry.names()) or 'none'}; {security}; "
           f"{kept}; crypto backend {batch.backend()} ({batch.backend_reason()})"
           + (f"; {paillier.test_keys_label()}" if test_keys else ""), flush=True)
     return serve_forever(server, servicer, config.executor)

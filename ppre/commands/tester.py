@@ -7,7 +7,8 @@ import os
 
 from common.crypto import batch, paillier
 from common.errors import InputError
-from ppre.commands import add_names_argument, add_service_arguments, add_tls_arguments, link_settings, tls_identity
+from ppre.commands import (add_names_argument, add_service_arguments, add_tls_arguments, link_settings, listening_words,
+                           tls_identity)
 from tester_service.demographics.bisg import GEO_TABLES, GEOS
 
 
@@ -15,7 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("tester", help="the Tester service (P1)")
     actions = parser.add_subparsers(dest="action", required=True)
     s = actions.add_parser("serve", help="serve RunAudit and drive audits against the Test-Client")
-    s.add_argument("--host", default=os.environ.get("PPRE_TESTER_HOST", "0.0.0.0"))
+    s.add_argument("--host", default=os.environ.get("PPRE_TESTER_HOST", "127.0.0.1"), metavar="ADDRESS",
+                   help="the address to listen on (env PPRE_TESTER_HOST; default 127.0.0.1: this machine only); "
+                        "0.0.0.0 listens on every interface, for the operators on other machines "
+                        "(docs/deployment.md)")
     s.add_argument("--port", type=int, default=int(os.environ.get("PPRE_TESTER_PORT", "50051")))
     s.add_argument("--client", default=os.environ.get("PPRE_CLIENT_ADDRESS", "127.0.0.1:50052"),
                    help="HOST:PORT of the Test-Client service (env PPRE_CLIENT_ADDRESS)")
@@ -272,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
     server, port, servicer = serve(config, args.port, args.host)
     security = (f"mutual TLS as {tls.identity}; operators allowed: {', '.join(config.allowed_operators)}; "
                 f"Test-Client identity {config.client_name}" if tls is not None else "INSECURE plaintext")
-    print(f"tester serving on {args.host}:{port}; Test-Client at {args.client}; {security}; "
+    print(f"tester serving on {listening_words(args.host, port)}; Test-Client at {args.client}; {security}; "
           f"crypto backend {batch.backend()} ({batch.backend_reason()})"
           + (f"; {paillier.test_keys_label()}" if test_keys else ""), flush=True)
     return serve_forever(server, servicer, config.executor)
