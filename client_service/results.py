@@ -8,10 +8,17 @@ it back with `pop`, since one user holds both sides there) and, with a directory
 ``ppre audit --json`` object, readable by this user only (mode 0600), created
 atomically (a temporary file, then a link that fails if the name is taken: a Tester
 that repeats an audit id cannot overwrite an earlier result).
+
+The joined rows are not the Test-Client's to count: the protocol never tells it the
+intersection's size (design §9.2; a refusal for a small intersection carries no count,
+§8.2), which the Tester's receipt holds (§9.3). The file says so with ``"n_matched":
+null`` rather than a count of 0; `read_kept` reads such a file back, and the reports
+(`ppre.report`) say whose count it is.
 """
 from __future__ import annotations
 
 import collections
+import json
 import os
 import secrets
 import threading
@@ -86,7 +93,7 @@ class ResultStore:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as out:
-                    out.write(report.to_json())
+                    out.write(kept_json(report))
                     out.flush()
                     os.fsync(out.fileno())
                 os.link(temp, final)  # fails if the name is taken: never an overwrite
@@ -97,3 +104,24 @@ class ResultStore:
         except OSError as exc:
             raise ResultNotKept(f"the result could not be written to the results directory "
                                 f"({exc.strerror or type(exc).__name__})") from None
+
+
+def kept_json(report: AuditReport) -> str:
+    """The result as this Test-Client keeps it: the `ppre audit --json` object, with
+    ``"n_matched": null`` (module docstring: the intersection's size is the Tester's)."""
+    data = report.to_dict()
+    data["n_matched"] = None
+    return json.dumps(data)
+
+
+def read_kept(text: str) -> AuditReport:
+    """A result as `kept_json` (or `ppre audit --json`) wrote it; a null joined-row
+    count reads as 0, which the reports show as the Tester's to know
+    (`ppre.report.model.joined_rows_text`)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return AuditReport.from_json(text)  # its own error for what is not JSON
+    if isinstance(data, dict) and data.get("n_matched", 0) is None:
+        data["n_matched"] = 0
+    return AuditReport.from_dict(data)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,41 @@ def test_in_their_containers_the_services_listen_on_every_interface():
     assert compose["client"]["environment"]["PPRE_CLIENT_HOST"] == "0.0.0.0"
     dockerfile = (REPO / "Dockerfile").read_text()
     assert "ENV PPRE_TESTER_HOST=0.0.0.0 PPRE_CLIENT_HOST=0.0.0.0" in dockerfile
+
+
+def test_the_test_clients_record_says_whose_the_joined_row_count_is(tmp_path):
+    """The Test-Client's results file is never told the intersection's size (design
+    §9.2): it says null, not 0, and its page and table say the count is the Tester's,
+    on the receipt the operator got (which has it)."""
+    import json
+    import math
+
+    from client_service.datasets import DatasetRegistry
+    from client_service.results import ResultStore
+    from common.stats.results import AuditReport
+    from ppre.local import local_services
+    from proto import ppre_pb2 as pb
+    from tester_service.inputs import read_probability_table
+    from tester_service.release import ReleasePolicy
+    from tester_service.server import forget_local_results, run_audit
+    from tests.helpers import TEST_BITS, write_inputs
+
+    _, _, tp, cp = write_inputs(tmp_path, 120, 90, seed=71)
+    results = tmp_path / "results"
+    results.mkdir()
+    noisy = ReleasePolicy(min_intersection=1, min_effective_size=0.0, rho=100.0, budget=math.inf)
+    with local_services(lambda: read_probability_table(tp), DatasetRegistry(named={"ero": cp}),
+                        modulus_bits=TEST_BITS, allow_insecure=True, release=noisy,
+                        results=ResultStore(results), tls=False) as svc:
+        forget_local_results(svc.tester_address)  # as a Tester service's operator: the receipt
+        event = run_audit(svc.tester_address, pb.AuditRequest(metric="ero", client_dataset="ero", bootstrap=10))
+    got = AuditReport.from_json(event.result.report_json)
+    assert got.is_receipt and got.n_matched == 90
+    path = results / f"{got.audit_id}.json"
+    assert json.loads(path.read_text())["n_matched"] is None
+    out = subprocess.run([sys.executable, "-m", "ppre.report", str(path), str(tmp_path / "page")],
+                         capture_output=True, text=True, timeout=60, env=child_env(), cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    page = (tmp_path / "page" / "report.html").read_text(encoding="utf-8")
+    assert f"known to the Tester only (its receipt of audit {got.audit_id})" in page
+    assert "0 joined rows" not in page and json.loads((tmp_path / "page" / "report.json").read_text())["n_matched"] is None

@@ -81,10 +81,12 @@ def write_report(report: "AuditReport", directory, *, run_id: str | None = None,
     temporary file in the same directory and renamed into place, so a reader never sees
     half a file; on any error the temporary files are removed and the error is raised
     (OSError for the disk)."""
+    from client_service.results import kept_json
+    from ppre.report.model import is_client_copy
     directory = Path(directory)
     page = render_html(report, run_id=run_id, generated=generated,
                        correction=correction)  # render first: an error leaves no file
-    data = report.to_json() + "\n"
+    data = (kept_json(report) if is_client_copy(report) else report.to_json()) + "\n"  # the count: the Tester's
     directory.mkdir(parents=True, exist_ok=True)
     html_path, json_path = directory / HTML_NAME, directory / JSON_NAME
     temps: list[str] = []
@@ -160,10 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run-id", help="the run id to show")
     args = parser.parse_args(argv)
     from common.errors import PPREError
-    from common.stats.results import AuditReport
+    from client_service.results import read_kept
     try:
         text = Path(args.result).read_text(encoding="utf-8")
-        report = AuditReport.from_json(text)
+        report = read_kept(text)  # also a Test-Client's copy, whose joined rows are the Tester's
         paths = write_report(report, args.directory, run_id=args.run_id)
     except (OSError, PPREError) as exc:
         print(f"ppre report: error: {exc}", file=sys.stderr)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from ppre.report.escape import esc
 from ppre.report.model import (
     AGGREGATES_ONLY, PHASE_TOTAL, PREPARATION_WORDS, PROVENANCE, PROVENANCE_TABLE, RULE_WORDS, ci_text,
-    clipped_text, correction_words, count_text, finite, intervals_words, left_out_reason, members_heading, metric_description,
+    clipped_text, correction_words, count_text, finite, intervals_words, joined_rows_text, left_out_reason, members_heading, metric_description,
     metric_title, num, plain_words, rank_order, receipt_line, release_words, signed_text, verdict_words,
 )
 from ppre.report.plots import CORRECTED_COLOUR, OVERALL_COLOUR, WEIGHTED_COLOUR, curve_charts, forest_legend, forest_plot
@@ -420,7 +420,7 @@ def parameters_section(report: "AuditReport", *, requested_correction: str = "")
 def counts_section(report: "AuditReport") -> str:
     items: list[tuple[str, str]] = []
     joined = "adjacent pairs joined" if report.metric == "lot" else "joined rows (intersection)"
-    items.append((joined, esc(count_text(report.n_matched))))
+    items.append((joined, esc(joined_rows_text(report))))
     prep = dict(report.preparation)
     if prep:
         read = prep.get("members_read")
@@ -555,6 +555,12 @@ footer{border-top:1px solid var(--line);margin-top:2rem;padding-top:.5rem;font-s
 """
 
 
+def _joined_rows_span(report: "AuditReport") -> str:
+    """The page head's joined rows: "5,000 joined rows", or whose count it is."""
+    words = joined_rows_text(report)
+    return f"{words} joined rows" if words[:1].isdigit() or words == "n/a" else f"joined rows {words}"
+
+
 def render_html(report: "AuditReport", *, run_id: str | None = None,
                 generated: _dt.datetime | None = None, correction: str = "") -> str:
     """The whole page as one string (escaped, self-contained, no script). `correction`:
@@ -601,7 +607,7 @@ def _result_sections(report: "AuditReport") -> list[str]:
 def _page(report: "AuditReport", sections: list[str], toc: list[tuple[str, str]], *, run_id: str | None,
           when: str, day: str, title: str, desc: str) -> str:
     meta = [f"<span>{esc(when)}</span>",
-            f"<span>{esc(count_text(report.n_matched))} joined rows</span>",
+            f"<span>{esc(_joined_rows_span(report))}</span>",
             f"<span>{esc(intervals_words(report))}</span>"]
     if run_id:
         meta.append(f"<span>run id <code>{esc(run_id)}</code></span>")

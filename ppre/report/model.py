@@ -288,3 +288,19 @@ def receipt_line(report: "AuditReport") -> str:
     return (f"{DELIVERED} (result recipient client); audit id {report.audit_id}; metric {report.metric}, "
             f"joined rows {report.n_matched}; read it there: ppre client serve --results-dir DIR keeps it "
             f"in DIR/{report.audit_id}.json")
+
+
+def is_client_copy(report: "AuditReport") -> bool:
+    """Whether `report` is a Test-Client's copy of its result (result recipient
+    `client`: it carries the audit id and is no receipt), which holds no joined-row
+    count: the intersection's size is the Tester's, on its receipt (design §9.2, §9.3;
+    `client_service.results`)."""
+    return bool(report.audit_id) and not report.is_receipt and report.result_recipient == "client" \
+        and not report.n_matched
+
+
+def joined_rows_text(report: "AuditReport") -> str:
+    """The joined rows as a report shows them; a Test-Client's copy says whose count it is."""
+    if is_client_copy(report):
+        return f"known to the Tester only (its receipt of audit {report.audit_id})"
+    return count_text(report.n_matched)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 from common.stats.intervals import INFORMATIVE_SHARE
 from common.stats.results import preparation_in_order, release_clean
 from common.stats.wording import correction_summary, release_summary, score_bins_words
-from ppre.report.model import clipped_text, members_heading, receipt_line
+from ppre.report.model import clipped_text, joined_rows_text, members_heading, receipt_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from common.stats.results import AuditReport
@@ -34,7 +34,7 @@ def render_text(report: "AuditReport") -> str:
            f"{report.bootstrap} random groups, {pct} t intervals" if report.interval == "random_groups" else
            "exact (no resampling)")
     option = f" ({report.metric_option}{score_bins_words(report.info, '; ')})" if report.metric_option else ""
-    lines = [f"metric: {report.metric}{option}   joined rows: {report.n_matched}   {how}"]
+    lines = [f"metric: {report.metric}{option}   joined rows: {joined_rows_text(report)}   {how}"]
     unidentifiable = set(report.correction.get("unidentifiable", ())) if report.correction else set()
 
     def corrected(part) -> list[str]:
