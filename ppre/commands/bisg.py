@@ -45,7 +45,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="geography: ZCTA from zip (default), tract GEOID from tract, or none "
                         "(surname only; with --first-names: BISF)")
     p.add_argument("--first-names", action="store_true", help="BIFSG: also use first_name")
+    from ppre.columns import add_column_arguments
+    add_column_arguments(p, env=False, whose="the members file (the output names PPRE's columns)")
     p.set_defaults(func=run)
+
+
+def members_columns(args: argparse.Namespace) -> dict[str, str]:
+    """The members file's column mapping (`--id-column`, `--column OURS=THEIRS`,
+    docs/inputs.md), checked against the columns a members file has."""
+    from ppre.columns import _check_known, column_mapping
+    from tester_service.demographics.preparation import MEMBER_OPTIONAL, MEMBER_REQUIRED
+    mapping = column_mapping(args)
+    _check_known(mapping, (*MEMBER_REQUIRED, *MEMBER_OPTIONAL), "--column", "the members file")
+    return mapping
 
 
 def _floats_as_text(table: pa.Table) -> pa.Table:
@@ -131,7 +143,7 @@ def write_table_atomic(table: pa.Table, output: str | Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    members = read_members_table(args.input)  # Arrow, all text: no pandas on this path
+    members = read_members_table(args.input, columns=members_columns(args))  # Arrow, all text: no pandas here
     csv_out = not str(args.output).lower().endswith((".parquet", ".pq"))
     with ThreadPoolExecutor(max_workers=2) as pool:
         # Validation (hashing, regex: Arrow releases the GIL) runs beside BISG; its error,

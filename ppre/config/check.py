@@ -25,6 +25,8 @@ class Check:
     ok: bool
     message: str
     details: dict = field(default_factory=dict)
+    #: not a problem (the exit status stays 0), but likely a mistake the report names
+    warning: bool = False
 
 
 class Report:
@@ -38,6 +40,15 @@ class Report:
 
     def fail(self, name: str, message: str, **details) -> None:
         self.checks.append(Check(name, False, message, details))
+
+    def warn(self, name: str, message: str, **details) -> None:
+        """A likely mistake that does not stop the service (a dataset named after a
+        metric it cannot serve): said, and listed after the checks; exit status 0."""
+        self.checks.append(Check(name, True, message, details, warning=True))
+
+    @property
+    def warnings(self) -> list[str]:
+        return [f"{c.name}: {c.message}" for c in self.checks if c.warning]
 
     def run(self, name: str, fn: Callable[[], Any], describe: Callable[[Any], str] | None = None) -> Any:
         """fn(); a PPREError (or an OS error) is a problem of check `name`; None then."""
@@ -75,8 +86,9 @@ class Report:
         return json.dumps({"ok": not self.problems, "service": self.service,
                            "config": getattr(self.args, "config", None), "settings": self.settings(),
                            "checks": [{"check": c.name, "ok": c.ok, "message": c.message, **(
-                               {"details": c.details} if c.details else {})} for c in self.checks],
-                           "problems": self.problems}, indent=2, allow_nan=False, default=str)
+                               {"details": c.details} if c.details else {}), **(
+                               {"warning": True} if c.warning else {})} for c in self.checks],
+                           "problems": self.problems, "warnings": self.warnings}, indent=2, allow_nan=False, default=str)
 
     def to_text(self) -> str:
         config = getattr(self.args, "config", None)
@@ -92,13 +104,17 @@ class Report:
             lines.append(f"  {key:<{width}}  {shown}  ({v['source']})")
         lines.append("checks:")
         for c in self.checks:
-            lines.append(f"  {'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.message}")
+            lines.append(f"  {'WARN' if c.warning else 'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.message}")
         problems = self.problems
         if problems:
             lines.append(f"{len(problems)} problem{'s' if len(problems) != 1 else ''}:")
             lines.extend(f"  - {p}" for p in problems)
-        else:
-            lines.append("all is well")
+        warnings = self.warnings
+        if warnings:
+            lines.append(f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''}:")
+            lines.extend(f"  - {w}" for w in warnings)
+        if not problems:
+            lines.append("all is well" + (" but for the warnings above" if warnings else ""))
         return "\n".join(lines)
 
     def finish(self) -> int:

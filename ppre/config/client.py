@@ -60,6 +60,7 @@ def _check_dataset(report: Report, registry, name: str, columns: dict[str, str])
                "missing": {k: v for k, v in missing.items()}}
     if served:
         report.ok(f"dataset {name}", f"{path}: {rows} rows, {size_words(path)}; serves {', '.join(served)}", **details)
+        _named_after_another_metric(report, name, path, served, missing, columns)
     elif not failed:
         closest, absent = min(missing.items(), key=lambda kv: len(kv[1]))
         lacks = ", ".join(c if mapped_name(c, columns) == c else f"{c} (read from '{columns[c]}' by the column mapping)"
@@ -99,6 +100,22 @@ def check_client(args: argparse.Namespace) -> int:
             _check_dataset(report, registry, name, columns)
         _check_mapped_columns(report, registry, names, columns)
     return report.finish()
+
+
+def _named_after_another_metric(report: Report, name: str, path, served: list[str], missing: dict[str, list[str]],
+                                columns: dict[str, str]) -> None:
+    """A dataset named after a metric (`ero.csv`) that cannot serve that metric is most
+    likely missing a column: a warning naming the columns, and how to map one."""
+    from common.metrics import METRICS
+    metric = name.strip().lower().replace("_", "-")
+    if metric not in METRICS or any(label.split(" ")[0] == metric for label in served):
+        return
+    absent = missing.get(metric) or min((v for k, v in missing.items() if k.split(" ")[0] == metric),
+                                        key=len, default=[])
+    lacks = ", ".join(c if c not in columns else f"{c} (read from '{columns[c]}')" for c in absent) or "?"
+    report.warn(f"dataset {name}", f"{path}: named after {metric} but cannot serve it: it lacks {lacks} "
+                                   f"(add the column, or map one with --column {absent[0] if absent else 'OURS'}=THEIRS; "
+                                   f"it serves {', '.join(served)})", metric=metric, missing=absent)
 
 
 def _check_mapped_columns(report: Report, registry, names: list[str], columns: dict[str, str]) -> None:
