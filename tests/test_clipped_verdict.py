@@ -190,7 +190,7 @@ def test_a_large_share_clipped_is_never_none():
     v = with_clipping(none, facts, 0.95)
     assert v.severity == "inconclusive" and v.members_factor is None and v.clipped["large"]
     assert "describes clipped values" in v.message and "--relevance-range LO:HI" in v.message
-    assert "no significant disparity" not in v.message and not ZERO_POWER.search(v.message)
+    assert "no disparity" not in v.message and not ZERO_POWER.search(v.message)
     # a smaller share keeps the verdict; the facts travel beside it
     small = with_clipping(none, clipped_facts("lot", "raw", {}, {**LOT_INFO, "rows_clipped": 10}), 0.95)
     assert small == none
@@ -237,9 +237,9 @@ def test_the_text_the_json_and_the_page_agree(rows_clipped, large):
         assert data["verdict"]["severity"] == "inconclusive"
         assert "verdict: inconclusive: the result describes clipped values" in text
         assert "Inconclusive: the result describes clipped values" in page
-        assert "No significant disparity" not in page and "no significant disparity" not in text
+        assert "No disparity" not in page and "no disparity" not in text
     else:
-        assert data["verdict"]["severity"] == "none" and "verdict: no significant disparity" in text
+        assert data["verdict"]["severity"] == "none" and "verdict: no disparity of tau or more" in text
 
 
 def test_an_old_result_with_clipped_rows_still_warns():
@@ -289,7 +289,7 @@ def test_an_all_clipped_lot_audit_is_inconclusive_and_says_which_range_to_declar
     for shown in (text, page, data["verdict"]["message"]):
         assert "--relevance-range LO:HI" in shown and "clipped" in shown
         assert not ZERO_POWER.search(shown) and "0.0000, at most tau" not in shown
-    assert "no significant disparity" not in text.lower()
+    assert "no disparity" not in text.lower()
 
 
 def test_an_output_audit_clipped_almost_whole_is_inconclusive():

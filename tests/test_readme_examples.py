@@ -41,7 +41,7 @@ POOL_KEYS = {"pool", "group", "members", "expected_count", "prob_at_least", "inc
 DIFF_KEYS = {"kind", "a", "b", "estimate", "ci_low", "ci_high", "informative"}
 VERDICT_KEYS = {"rule", "tau", "severity", "significant", "flagged", "compared", "significant_comparisons",
                 "non_overlapping", "message", "excluded_groups", "mdd", "uninformative", "members_factor",
-                "attenuation"}
+                "attenuation", "equivalent", "may_reach_tau"}
 COMPARED_KEYS = {"label", "estimate", "ci_low", "ci_high", "band_low", "band_high", "informative", "mdd"}
 RULES = {"ero": "range", "output": "range", "lot": "negative_cells", "mqos-ndcg": "below_overall",
          "mqos-auc": "below_overall", "pot": "nonzero_pairs", "prob-count": "inclusion"}

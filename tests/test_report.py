@@ -109,7 +109,7 @@ def test_page_shows_groups_verdict_and_plot():
 
 
 @pytest.mark.parametrize("severity, words", [
-    ("none", "No significant disparity"), ("low", "Significant disparity, low severity"),
+    ("none", "No disparity of \u03c4 or more"), ("low", "Significant disparity, low severity"),
     ("moderate", "Significant disparity, moderate severity"), ("high", "Significant disparity, high severity"),
     ("insufficient data", "Insufficient data"), ("flagged", "Flagged")])
 def test_every_severity_in_words_and_colour(severity, words):

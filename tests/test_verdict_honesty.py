@@ -228,8 +228,10 @@ def test_the_advice_names_the_comparison_that_needs_the_most_members():
     v = _finish(_values([0.1] * 7, sds, replicates=10)).verdict
     assert v.severity == "inconclusive" and "aian" in v.uninformative
     assert "as many; aian needs the most)" in v.message
-    wide = _finish(_values([0.1] * 7, [0.02] * 7, replicates=10)).verdict  # every gap too wide: the MDD's
-    assert wide.severity == "inconclusive" and " needs the most)" in wide.message
+    # every group informative, but a gap's band reaches tau: no equivalence, the widest one's need
+    wide = _finish(_values([0.1, 0.12, 0.1, 0.1, 0.1, 0.1, 0.1], [0.022] * 7, replicates=10)).verdict
+    assert wide.severity == "inconclusive" and not wide.uninformative and wide.equivalent is False
+    assert " needs the most)" in wide.message and "not ruled out" in wide.message
 
 
 def test_a_band_wider_than_the_range_is_clipped_and_no_detectable_gap_is_invented():

@@ -268,6 +268,16 @@ class Corrected:
     dropped: tuple[str, ...]
     #: the identifying size below which a group's value was withheld (`noise_threshold`)
     min_identifying_size: float = MIN_IDENTIFYING_SIZE
+    #: the groups of `mixing` and `shares`, in their order
+    groups: tuple[str, ...] = ()
+    #: M row-normalised, ``M[j, r] / Σ_r M[j, r]`` of the estimate's row: the share of group
+    #: j's weight that lies on members of race r under (A1) (`mixing_of`); None where unknown
+    mixing: np.ndarray | None = None
+    #: each group's share of all groups' weight, ``Den_j / Σ Den``
+    shares: np.ndarray | None = None
+    #: whether the corrected values are reported (asked for); otherwise they serve the
+    #: verdict's attenuation statement only (`common.stats.verdict.with_attenuation`)
+    reported: bool = True
 
     def summary(self) -> dict:
         """The report's `correction` entry (aggregates only)."""
@@ -413,7 +423,32 @@ class CorrectionPlan:
         for f, family in enumerate(self.families):
             for j, c in enumerate(family.cells):
                 out[:, c] = by_family[:, f * k + j] + plan.cells[c].offset  # values relative to a range
-        return Corrected(out, cond, tuple(hidden), tuple(dropped), float(min_identifying_size))
+        mixing, shares = self.mixing_of(item_slots, plan, dropped)
+        return Corrected(out, cond, tuple(hidden), tuple(dropped), float(min_identifying_size), self.groups,
+                         mixing, shares)
+
+    def mixing_of(self, item_slots, plan, dropped: Sequence[str] = ()) -> tuple[np.ndarray | None,
+                                                                                np.ndarray | None]:
+        """(M row-normalised, the groups' shares of the weight) of the estimate's row, first
+        family (design §5.9): under (A1) row j is where group j's weight lies by race, so
+        that a weighted gap between j and l is ``(M̃_j − M̃_l)·μ`` of the true-race rates μ
+        (`common.stats.verdict.with_attenuation`). Post-processing of the released M; a
+        dropped group's row and column (random values) are NaN; noise may leave an entry
+        below 0, read as 0."""
+        if not self.families:
+            return None, None
+        _, den, m = self._system(item_slots, 0, plan.cells, self.families[0])
+        gone = [j for j, g in enumerate(self.groups) if g in set(dropped)]
+        m[gone, :] = 0.0
+        m[:, gone] = 0.0
+        m = np.clip(m, 0.0, None)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mixing = m / m.sum(axis=1, keepdims=True)
+            kept = np.clip(np.delete(den, gone) if gone else den, 0.0, None)
+            shares = np.clip(den, 0.0, None) / kept.sum()
+        mixing[gone, :] = np.nan
+        shares[gone] = np.nan
+        return mixing, shares
 
     def released_identifiability(self, row: Sequence[Sequence[int]], noise_sd: Sequence[float],
                                  plan) -> tuple[list[str], float]:

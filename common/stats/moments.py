@@ -59,6 +59,7 @@ are measured in `bench/bench_intervals.py` (bench/RESULTS.md).
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -361,8 +362,17 @@ def finish_release(plan, moments, row: Sequence[Sequence[int]], noise_sd: Sequen
                              withheld)[0]
     rng = np.random.default_rng(draw_seed(row))
     values = weighted_draws(plan, moments, row, estimate, noise_sd, replicates, rng, withheld)
-    if not correct:
+    if not correct and not _of_groups(plan, moments):
         return values, None
     rows = corrected_rows(plan, moments, row, noise_sd, replicates, rng)  # row 0: the release as it is
-    return values, finish_corrected(moments, [s for r in rows for s in r], plan, withheld, (), noise_sd,
-                                    bounds=bounds)
+    corrected = finish_corrected(moments, [s for r in rows for s in r], plan, withheld, (), noise_sd, bounds=bounds)
+    return values, corrected if correct else replace(corrected, reported=False)
+
+
+def _of_groups(plan, moments) -> bool:
+    """Whether the released M is over the audit's groups (the rates of ERO, the output
+    metric, MQOS-NDCG: families of group cells, drawn independently), so that the
+    corrected gap and the mixing serve the verdict's attenuation statement even where no
+    correction was asked for (post-processing of the release: `finish_release`)."""
+    cells = {plan.cells[c].kind for family in moments.families for c in family.cells}
+    return (cells == {"group"} and not moments.cross and not moments.pooled and moments.covariance is None)

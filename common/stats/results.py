@@ -278,7 +278,9 @@ class AuditReport:
                               uninformative=tuple(str(g) for g in v.get("uninformative", ())),
                               members_factor=finite_or_none(v.get("members_factor")),
                               attenuation=dict(v["attenuation"]) if v.get("attenuation") else None,
-                              clipped=dict(v["clipped"]) if v.get("clipped") else None)
+                              clipped=dict(v["clipped"]) if v.get("clipped") else None,
+                              equivalent=_flag(v.get("equivalent")),
+                              may_reach_tau=bool(v.get("may_reach_tau", False)))
             return cls(
                 metric=str(d["metric"]), metric_option=str(d["metric_option"]), n_matched=int(d["n_matched"]),
                 bootstrap=int(d["bootstrap"]), confidence=float(d["confidence"]), interval=str(d["interval"]),
@@ -433,8 +435,10 @@ def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, 
     budget. `interval`: the method the Tester chose
     (random groups under release noise), else the metric's own. `corrected`: the
     attenuation-corrected values (`common.stats.correction.Corrected`), reported beside the
-    weighted ones with intervals from the same replicates; the verdict stays on the
-    weighted estimates (the paper's) and says how the corrected gap bears on it.
+    weighted ones with intervals from the same replicates where they were asked for
+    (`Corrected.reported`; otherwise, computed off the released second moments, they serve
+    the verdict's attenuation statement alone); the verdict stays on the weighted estimates
+    (the paper's) and says how the corrected gap bears on it.
     Every reported value is clipped to its range (`common.stats.intervals.value_range`),
     after the values are taken at their resolution (`common.stats.intervals.resolved`: a
     masked ratio's rounding is no measurement). Rows the Test-Client clipped into a
@@ -461,6 +465,8 @@ def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, 
     if corrected is not None:
         cvalues = _clip_estimates(resolved(corrected.values), cells[:corrected.values.shape[1]], bounds,
                                   pair_bounds)
+        corrected = replace(corrected, values=cvalues)  # the verdict reads them as reported
+    if corrected is not None and corrected.reported:
         clow, chigh = estimate_intervals(cvalues, confidence, method)
         fixed = _entries(cells[:cvalues.shape[1]], cvalues, clow, chigh, bounds, pair_bounds, tau)
         fixed += [(None, None, None, None)] * (len(cells) - len(fixed))
@@ -488,7 +494,7 @@ def finish(metric, plan, values: np.ndarray, *, option: str, confidence: float, 
                        confidence=confidence, interval=method, groups=groups, verdict=verdict, cells=pairs,
                        curves=curves, differences=differences, params=_jsonable(params), info=dict(info),
                        result_recipient=result_recipient, tau=tau,
-                       correction=corrected.summary() if corrected is not None else {})
+                       correction=corrected.summary() if corrected is not None and corrected.reported else {})
 
 
 def _differences(index: dict[str, int], values: np.ndarray, confidence: float, method: str, tau: float,

@@ -85,6 +85,12 @@ class Verdict:
     #: where the Test-Client clipped a large share of its rows into a declared range: how many,
     #: of how many, and the parameter that declares it (`common.stats.declared_range`)
     clipped: dict[str, Any] | None = None
+    #: whether every compared difference's simultaneous band lies within ±τ (in the direction
+    #: the rule judges): the equivalence test a "none" rests on; None where no band is defined
+    equivalent: bool | None = None
+    #: a significant gap read as "low" whose band's far end, corrected value or attenuation
+    #: allowance reaches τ: it may be τ or more (the message says which)
+    may_reach_tau: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,22 +151,63 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
     factor, widest = _members_needed(mdd, mdd_widest, beyond_range, tau, (left_out_factor, left_out_widest),
                                      excluded)
     flat = [labels[i] for i in np.flatnonzero(banded & bands.flat)]
-    conclusive = (not left_out and not excluded and mdd is not None and mdd <= tau and bool(banded.all())
-                  and not flat)
+    within = _within_tau(rule, bands, tau)
+    equivalent = bool(banded.any() and within[banded].all()) if banded.any() else None
+    not_ruled_out = [labels[i] for i in np.flatnonzero(banded & ~within)]
+    conclusive = (not left_out and not excluded and bool(banded.all()) and not flat and bool(equivalent))
+    if not conclusive and not beyond_range:  # what the equivalence test needs, beside the MDD's
+        factor, widest = max([f for f in ((factor, widest), _equivalence_factor(rule, est, bands, banded & ~within,
+                                                                                 labels, tau))
+                              if f[0] is not None], default=(None, None), key=lambda f: f[0])
+        factor = _with_excluded(factor, excluded)
     pick, severity = _compared_pick(significant, adverse, banded, strict, tau, conclusive)
     needed = (wording.FLAT_NEEDED if flat and factor is None and not left_out and not excluded
               else wording.needed_words(factor, noisy, widest))
     message = _message(severity, rule, labels[pick], est[pick], bands, pick, confidence, tau, span,
                        mdd=mdd, beyond_range=beyond_range, significant=significant, compared=len(labels),
                        left_out=left_out, strict_significance=strict_significance, excluded_words=excluded_words,
-                       needed=needed, flat=flat, banded=int(banded.sum()))
+                       needed=needed, flat=flat, banded=int(banded.sum()), not_ruled_out=not_ruled_out)
     message += wording.non_overlapping_words(non_overlap, bool(significant.any()))
     return Verdict(rule, tau, severity, bool(significant.any()), severity in ("moderate", "high"),
                    _compared_entry(labels, est, bands, pick, tau, span),
                    tuple(labels[i] for i in np.flatnonzero(significant)), tuple(non_overlap), message,
                    excluded_groups=tuple(excluded), mdd=_detectable(mdd, span),
                    members_factor=_round_factor(factor) if severity == "inconclusive" else None,
-                   uninformative=tuple(left_out))
+                   uninformative=tuple(left_out), equivalent=equivalent,
+                   may_reach_tau=severity == "low" and _far_end(rule, est[pick], bands.band_low[pick],
+                                                                bands.band_high[pick]) >= tau)
+
+
+def _within_tau(rule: str, bands: Bands, tau: float) -> np.ndarray:
+    """Per compared difference, whether its simultaneous band lies within ±τ in the
+    direction `rule` judges (the equivalence test: a gap of τ or more is ruled out at the
+    band's confidence, Schuirmann's two one-sided tests with the family's band)."""
+    low, high = bands.band_low, bands.band_high
+    with np.errstate(invalid="ignore"):
+        if rule == "below_overall":
+            return np.isfinite(high) & (high < tau)
+        if rule == "negative_cells":
+            return np.isfinite(low) & (low > -tau)
+        return np.isfinite(low) & np.isfinite(high) & (low > -tau) & (high < tau)
+
+
+def _equivalence_factor(rule: str, est: np.ndarray, bands: Bands, short: np.ndarray, labels: Sequence[str],
+                        tau: float) -> tuple[float | None, str | None]:
+    """How many times the members would bring the bands of the differences `short` of
+    equivalence within ±τ, their estimates staying where they are: ((half-width /
+    (τ − |estimate|))², the half-width shrinking as 1/√n), the largest, and the one that
+    needs it; None where an estimate itself reaches τ (more members decide that one
+    either way: no factor is stated for it)."""
+    best: tuple[float | None, str | None] = (None, None)
+    for i in np.flatnonzero(short):
+        magnitude = {"below_overall": est[i], "negative_cells": -est[i]}.get(rule, abs(est[i]))
+        half = (bands.band_high[i] - bands.band_low[i]) / 2.0
+        if not (np.isfinite(magnitude) and np.isfinite(half)) or max(magnitude, 0.0) >= tau:
+            continue
+        f = (half / (tau - max(magnitude, 0.0))) ** 2
+        if best[0] is None or f > best[0]:
+            best = (float(f), labels[i])
+    return best
 
 
 def _non_overlapping(groups: Sequence) -> list[tuple[str, str]]:
@@ -267,10 +314,11 @@ def _compared_entry(labels: Sequence[str], est: np.ndarray, bands: Bands, pick: 
 def _message(severity: str, rule: str, label: str, estimate: float, bands: Bands, pick: int, confidence: float,
              tau: float, span: tuple[float, float] | None, *, mdd: float | None, beyond_range: bool,
              significant: np.ndarray, compared: int, left_out: Sequence[str], strict_significance: bool,
-             excluded_words: str, needed: str, flat: Sequence[str] = (), banded: int = 0) -> str:
+             excluded_words: str, needed: str, flat: Sequence[str] = (), banded: int = 0,
+             not_ruled_out: Sequence[str] = ()) -> str:
     """The verdict's message for its severity (`common.stats.wording`), the groups left out
     for their size included; `flat`: the banded differences (of `banded`) that do not
-    vary, of which no power is stated."""
+    vary, of which no power is stated; `not_ruled_out`: those whose band reaches ±τ."""
     phrase = wording.rule_phrase(rule, estimate)
     band = (bands.band_low[pick], bands.band_high[pick])
     detectable = wording.detectable_words(mdd, beyond_range, span, flat, banded)
@@ -279,10 +327,12 @@ def _message(severity: str, rule: str, label: str, estimate: float, bands: Bands
             + excluded_words
     if severity == "inconclusive":
         return wording.inconclusive_message(phrase, label, estimate, confidence, band, tau, detectable, mdd,
-                                            beyond_range, left_out, excluded_words, needed, flat=bool(flat))
+                                            beyond_range, left_out, excluded_words, needed, flat=bool(flat),
+                                            not_ruled_out=not_ruled_out, strict_significance=strict_significance)
     return wording.significant_message(severity, phrase, label, estimate, confidence, band, tau,
                                        int(significant.sum()), compared,
-                                       _uncertain_size(severity, _nearer_end(rule, estimate, *band), tau),
+                                       _uncertain_size(severity, _nearer_end(rule, estimate, *band), tau)
+                                       + _may_reach(severity, _far_end(rule, estimate, *band), tau),
                                        left_out, strict_significance) + excluded_words
 
 
@@ -303,6 +353,24 @@ def _nearer_end(rule: str, estimate: float, band_low: float, band_high: float) -
     if rule == "negative_cells":
         return float(-band_high)
     return float(band_low) if estimate >= 0 else float(-band_high)
+
+
+def _far_end(rule: str, estimate: float, band_low: float, band_high: float) -> float:
+    """The end of a comparison's band farther from 0, as an adverse magnitude (the largest
+    gap the band allows, in the direction the rule judges)."""
+    if rule == "below_overall":
+        return float(band_high)
+    if rule == "negative_cells":
+        return float(-band_low)
+    return float(band_high) if estimate >= 0 else float(-band_low)
+
+
+def _may_reach(severity: str, far: float, tau: float) -> str:
+    """Words for a significant gap read as "low" whose band reaches τ: below τ is the
+    estimate's reading, not what the band rules out."""
+    if severity != "low" or not math.isfinite(far) or far < tau:
+        return ""
+    return wording.may_reach_words(far, severity_of(far, tau), tau)
 
 
 def _uncertain_size(severity: str, nearer: float, tau: float) -> str:
@@ -361,6 +429,8 @@ def verdict_of(rule: str, cells: Sequence, groups: Sequence, pairs: Sequence, in
                                strict_significance=not noisy, span=pair_bounds)
     if corrected is not None and verdict.compared and rule in ("range", "below_overall"):
         verdict = with_attenuation(verdict, corrected, index, confidence, method, bounds, groups)
+    elif verdict.significant and rule in ("range", "below_overall"):
+        verdict = replace(verdict, message=verdict.message + wording.ATTENUATION_UNKNOWN)
     return with_clipping(verdict, clipped, confidence)
 
 
@@ -470,39 +540,116 @@ def widest_factor(entries, tau: float, span: tuple[float, float] | None = None) 
 
 
 def with_attenuation(verdict: Verdict, corrected, index, confidence, method, bounds, groups) -> Verdict:
-    """The compared pair's corrected gap (`common.stats.correction`) beside the weighted one,
-    and whether the weighted gap understates it (module docstring)."""
+    """What attenuation does to the verdict (design §5.9), from the correction
+    (`common.stats.correction.Corrected`: asked for, or computed off the released second
+    moments for this statement alone): the compared pair's corrected gap and its interval
+    where both groups are identifiable, and the gap's attenuation factor from the mixing
+    M̃ (`attenuation_factor`), both beside the weighted gap the verdict judges. A
+    significant gap says whether the weighted gap understates the true-race one and by how
+    much it could; "low" says when the corrected gap or the factor reaches τ
+    (`Verdict.may_reach_tau`). A verdict with nothing significant names the groups the
+    weighted estimates see little of (their weight mostly on members of other races)."""
+    if not verdict.significant:
+        words = wording.unseen_groups_words(_own_race_shares(corrected), SEEN_LITTLE)
+        return replace(verdict, message=verdict.message + words) if words else verdict
     label = verdict.compared["label"]
     a, _, b = label.partition(" - ")
+    weighted = verdict.compared["estimate"]
+    gap, low, high = _corrected_gap(corrected, a, b, index, confidence, method, bounds, groups)
+    factor = attenuation_factor(corrected, a, b)
+    if gap is None and factor is None:
+        return verdict
+    up_to = None if factor is None or weighted is None else weighted * factor
+    understates = bool(weighted is not None and (
+        (gap is not None and abs(gap) > abs(weighted) and gap * weighted >= 0)
+        or (gap is None and factor is not None and factor > 1.0)))
+    shares = _own_race_shares(corrected)
+    facts = {"pair": label, "weighted": weighted, "corrected": None if gap is None else round(gap, 12),
+             "corrected_ci_low": low, "corrected_ci_high": high, "understates": understates,
+             "factor": None if factor is None else round(factor, 3),
+             "up_to": None if up_to is None else round(up_to, 12),
+             "own_race_share": {g: round(shares[g], 4) for g in (a, b) if g in shares},
+             "reported": bool(getattr(corrected, "reported", True))}
+    reaches = [x for x in (gap, up_to) if x is not None and abs(x) >= verdict.tau and
+               (weighted is None or x * weighted >= 0)]
+    milder = verdict.severity == "low" and bool(reaches)
+    words = wording.attenuation_words(label, gap, confidence, (low, high) if low is not None else None,
+                                      understates, factor=factor, up_to=up_to, shares=facts["own_race_share"],
+                                      unidentifiable=gap is None,
+                                      may_be=severity_of(max(abs(x) for x in reaches), verdict.tau) if milder else None)
+    return replace(verdict, attenuation=facts, message=verdict.message + words,
+                   may_reach_tau=verdict.may_reach_tau or milder)
+
+
+def _corrected_gap(corrected, a: str, b: str, index, confidence, method, bounds,
+                   groups) -> tuple[float | None, float | None, float | None]:
+    """The compared pair's corrected gap and its interval (None where a group has no
+    corrected value: not identifiable, dropped)."""
     width = corrected.values.shape[1]
     col = {g: c for g, c in index.items() if c < width}
-    unidentifiable = set(corrected.summary().get("unidentifiable", ())) if hasattr(corrected, "summary") else set()
+    unidentifiable = set(getattr(corrected, "unidentifiable", ()))
     by_name = {g.group: g for g in groups}
+    if a in unidentifiable or b in unidentifiable:
+        return None, None, None
     if a == "overall" and b in col:
-        est = by_name.get("overall")
-        ga = None if est is None else est.estimate
-        gb = by_name[b].corrected_estimate
+        ga = by_name["overall"].estimate if "overall" in by_name else None
+        gb = float(corrected.values[0, col[b]])
         series = None
     elif a in col and b in col:
-        ga, gb = by_name[a].corrected_estimate, by_name[b].corrected_estimate
+        ga, gb = float(corrected.values[0, col[a]]), float(corrected.values[0, col[b]])
         series = corrected.values[:, col[a]] - corrected.values[:, col[b]]
     else:
-        return verdict
-    if ga is None or gb is None or a in unidentifiable or b in unidentifiable:
-        return verdict
+        return None, None, None
+    if ga is None or not (math.isfinite(ga) and math.isfinite(gb)):
+        return None, None, None
     gap = ga - gb
-    weighted = verdict.compared["estimate"]
-    low = high = None
-    if series is not None:
-        lo, hi = estimate_intervals(np.column_stack([np.r_[gap, series[1:]]]), confidence, method)
-        rng = difference_range(bounds)
-        low, high = clip(lo[0], rng), clip(hi[0], rng)
-    understates = weighted is not None and abs(gap) > abs(weighted) and gap * weighted >= 0
-    facts = {"pair": label, "weighted": weighted, "corrected": round(gap, 12), "corrected_ci_low": low,
-             "corrected_ci_high": high, "understates": bool(understates)}
-    words = wording.attenuation_words(label, gap, confidence, (low, high) if series is not None else None,
-                                      understates)
-    return replace(verdict, attenuation=facts, message=verdict.message + words)
+    if series is None:
+        return gap, None, None
+    lo, hi = estimate_intervals(np.column_stack([np.r_[gap, series[1:]]]), confidence, method)
+    rng = difference_range(bounds)
+    return gap, clip(lo[0], rng), clip(hi[0], rng)
+
+
+def attenuation_factor(corrected, a: str, b: str) -> float | None:
+    """By how much the weighted gap between `a` and `b` understates the true-race gap, were
+    the difference in one of the two races alone (design §5.9): with M̃ the mixing
+    (`Corrected.mixing`), a rate μ₀ for every race but r = μ₀ + Δ gives the weighted gap
+    ``(M̃_ar − M̃_br)·Δ`` against the true ``±Δ``, so the factor is ``1/(M̃_aa − M̃_ba)``
+    (the difference in a) or ``1/(M̃_bb − M̃_ab)`` (in b), the larger; against overall
+    (``overall − b``: weighted ``(s_b − M̃_bb)·Δ``, true ``(s_b − 1)·Δ``, s_b the group's
+    share) ``(1 − s_b)/(M̃_bb − s_b)``. None where the mixing is unknown or a divisor is
+    not positive (the weighted gap does not follow the true one at all)."""
+    mixing, names = getattr(corrected, "mixing", None), tuple(getattr(corrected, "groups", ()))
+    if mixing is None or b not in names or (a != "overall" and a not in names):
+        return None
+    j = names.index(b)
+    if a == "overall":
+        share = getattr(corrected, "shares", None)
+        if share is None:
+            return None
+        s_b = float(share[j])
+        divisor, over = float(mixing[j, j]) - s_b, 1.0 - s_b
+        factor = over / divisor if math.isfinite(divisor) and divisor > 0 else None
+    else:
+        i = names.index(a)
+        divisors = [float(mixing[i, i] - mixing[j, i]), float(mixing[j, j] - mixing[i, j])]
+        if not all(math.isfinite(d) and d > 0 for d in divisors):
+            return None
+        factor = 1.0 / min(divisors)
+    return None if factor is None or not math.isfinite(factor) else max(factor, 1.0)
+
+
+#: below this share of its weight on members of its own race a group is "seen little" by
+#: the weighted estimates (`with_attenuation`, verdicts with nothing significant)
+SEEN_LITTLE = 0.5
+
+
+def _own_race_shares(corrected) -> dict[str, float]:
+    """Each group's share of its weight on members of its own race, ``M̃_jj`` (where known)."""
+    mixing, names = getattr(corrected, "mixing", None), tuple(getattr(corrected, "groups", ()))
+    if mixing is None:
+        return {}
+    return {g: float(mixing[j, j]) for j, g in enumerate(names) if math.isfinite(float(mixing[j, j]))}
 
 
 def _label(cell) -> str:

@@ -237,26 +237,57 @@ def nothing_comparable_message(tau: float, left_out: Sequence[str], excluded: st
 
 def no_disparity_message(phrase: str, label: str, estimate: float, confidence: float, band: tuple[Any, Any],
                          tau: float, detectable: str) -> str:
-    return (f"no significant disparity (the {phrase}, {label} = {estimate:+.4f}, has a "
-            f"{confidence:.0%} simultaneous interval {interval_words(*band)} that {band_relation(*band)}; "
-            f"tau {tau:g}; {detectable}, at most tau)")
+    """No disparity of τ or more: every compared difference's simultaneous band lies within
+    ±τ (the equivalence test, `common.stats.verdict`), not merely a band that includes 0."""
+    return (f"no disparity of tau or more (equivalence at tau {tau:g}: every compared difference's "
+            f"{confidence:.0%} simultaneous interval lies within +/-{tau:g}; the {phrase}, {label} = "
+            f"{estimate:+.4f}, has {interval_words(*band)}, which {band_relation(*band)}; {detectable})")
 
 
 def inconclusive_message(phrase: str, label: str, estimate: float, confidence: float, band: tuple[Any, Any],
                          tau: float, detectable: str, mdd: float | None, beyond_range: bool,
-                         left_out: Sequence[str], excluded: str, needed: str, flat: bool = False) -> str:
-    """Nothing significant, and a gap of tau was not shown detectable; `flat`: some
-    compared differences do not vary, so the power statement `detectable` says so."""
-    message = (("inconclusive: " if flat else "inconclusive at this size and privacy level: ")
-               + f"the {phrase}, {label} = {estimate:+.4f}, "
-               f"has a {confidence:.0%} simultaneous interval {interval_words(*band)} that {band_relation(*band)}"
-               + (f", but {detectable}" if mdd is None or beyond_range or flat
-                  else f", but {detectable}, above tau {tau:g}" if mdd > tau
-                  else f"; {detectable} (tau {tau:g}) among the groups compared"))
+                         left_out: Sequence[str], excluded: str, needed: str, flat: bool = False,
+                         not_ruled_out: Sequence[str] = (), strict_significance: bool = True) -> str:
+    """Nothing significant, and a gap of τ not ruled out (no equivalence within ±τ);
+    `flat`: some compared differences do not vary, so the power statement `detectable`
+    says so; `not_ruled_out`: the differences whose band reaches ±τ. The compared
+    difference is named as what was observed, never as a finding; the groups not
+    informative are said to be compared as they were (`strict_significance`: only for
+    gaps whose band clears τ; otherwise at their band's level), never "not judged"."""
+    relation = band_relation(*band)
+    observed = (f"the {phrase} observed, {label} = {estimate:+.4f}, is no finding: "
+                + (f"its {confidence:.0%} simultaneous interval is {interval_words(*band)}"
+                   if relation == "says nothing" else
+                   f"its {confidence:.0%} simultaneous interval {interval_words(*band)} {relation}"))
+    if mdd is None or beyond_range or flat:
+        power = f", and {detectable}"
+    elif mdd > tau:
+        power = f", and {detectable}, above tau {tau:g}"
+    else:
+        power = f"; {detectable} (tau {tau:g})"
+    reach = (f"; a gap of tau or more is not ruled out (a band reaches +/-{tau:g}: "
+             f"{_first_few(not_ruled_out)})" if not_ruled_out else "")
+    message = (("inconclusive: " if flat else "inconclusive at this size and privacy level: ") + observed + power
+               + reach)
     if left_out:
-        message += (f"; not informative (interval half-width above {INFORMATIVE_SHARE:g} tau), so not "
-                    f"judged: {', '.join(left_out)}")
+        message += (f"; not informative (interval half-width above {INFORMATIVE_SHARE:g} tau), so compared only "
+                    f"for gaps whose band clears tau: {', '.join(left_out)}" if strict_significance else
+                    f"; not informative (interval half-width above {INFORMATIVE_SHARE:g} tau), so no equivalence "
+                    f"can be shown for them (their gaps are tested like the others): {', '.join(left_out)}")
     return message + excluded + "; " + needed
+
+
+def _first_few(labels: Sequence[str], few: int = 3) -> str:
+    """Up to `few` labels, and how many more."""
+    shown = ", ".join(labels[:few])
+    return shown + (f" and {len(labels) - few} more" if len(labels) > few else "")
+
+
+def may_reach_words(far: float, reading: str, tau: float) -> str:
+    """A significant gap read as "low" whose band's far end reaches τ (`common.stats.verdict`):
+    its estimate is below τ, the band is not."""
+    return (f"; below tau {tau:g} on its estimate only: the band allows a gap as large as {far:.4f} ({reading}), "
+            f"so it may be tau or more")
 
 
 def significant_message(severity: str, phrase: str, label: str, estimate: float, confidence: float,
@@ -285,11 +316,48 @@ def non_overlapping_words(non_overlap: Sequence[tuple[str, str]], significant: b
             f"the simultaneous bands): {pairs_words}")
 
 
-def attenuation_words(label: str, gap: float, confidence: float, interval: tuple[Any, Any] | None,
-                      understates: bool) -> str:
-    """The compared pair's corrected gap (`common.stats.correction`) beside the weighted one."""
-    return (f"; corrected for attenuation, {label} = {gap:+.4f}"
-            + (f" ({confidence:.0%} interval {interval_words(*interval)})" if interval is not None else "")
-            + (": the weighted gap understates it (BISG probabilities pull group estimates towards each "
-               "other), so the severity above is a lower bound" if understates else
-               ": the weighted gap does not understate it"))
+def attenuation_words(label: str, gap: float | None, confidence: float, interval: tuple[Any, Any] | None,
+                      understates: bool, *, factor: float | None = None, up_to: float | None = None,
+                      shares: dict[str, float] | None = None, unidentifiable: bool = False,
+                      may_be: str | None = None) -> str:
+    """What attenuation does to a significant compared gap (`common.stats.verdict.with_attenuation`):
+    whether the weighted gap understates the true-race one, by how much it could (the
+    factor, were the difference in one race alone), the corrected gap where identifiable,
+    and, for a gap read as "low", the severity it may have."""
+    parts = []
+    if understates:
+        seen = (" (the share of each group's weight on members of its own race: "
+                + ", ".join(f"{g} {x:.0%}" for g, x in shares.items()) + ")") if shares else ""
+        parts.append("the weighted gap likely understates the true-race gap: BISG weights pull the groups' "
+                     f"estimates towards each other{seen}")
+    elif gap is not None:
+        parts.append("the weighted gap does not understate the corrected one")
+    if factor is not None and up_to is not None and factor > 1.0:
+        parts.append(f"were the difference in one of the two races alone, the true-race gap would be about "
+                     f"{factor:.1f}x the weighted one, {up_to:+.4f}")
+    if gap is not None:
+        parts.append(f"corrected for attenuation, {label} = {gap:+.4f}"
+                     + (f" ({confidence:.0%} interval {interval_words(*interval)})" if interval is not None else ""))
+    elif unidentifiable:
+        parts.append("its corrected value is not identifiable at this size")
+    if may_be is not None:
+        parts.append(f"so the severity, low on the weighted estimate, may be {may_be} for the races themselves")
+    elif understates:
+        parts.append("so the severity above is a lower bound")
+    return "; " + "; ".join(parts) if parts else ""
+
+
+#: a significant gap where no second moments were released and no correction was asked for
+ATTENUATION_UNKNOWN = ("; the weighted gap may understate the true-race gap (BISG weights pull the groups' "
+                       "estimates towards each other): --correction calibration estimates by how much")
+
+
+def unseen_groups_words(shares: dict[str, float], seen_little: float = 0.5) -> str:
+    """The groups whose weight lies mostly on members of other races (own-race share below
+    `seen_little`), which a verdict with nothing significant sees little of."""
+    little = [(g, x) for g, x in shares.items() if x < seen_little]
+    if not little:
+        return ""
+    return ("; the weighted estimates see little of " + ", ".join(f"{g} ({x:.0%} of its weight on its race)"
+                                                                  for g, x in little)
+            + ": a true-race gap there would show at a fraction of its size")

@@ -214,18 +214,25 @@ def verdict_words(report: "AuditReport") -> tuple[str, str]:
                     f"Every released cell reaches Pr(N \u2265 {t}) \u2265 {level}, but cells withheld by the "
                     f"release controls are unknown.")
     words = {
-        "none": ("No significant disparity",
-                 f"No compared difference's {pct} simultaneous interval excludes 0."),
-        "low": ("Significant disparity, low severity",
-                f"A difference is significant ({pct} simultaneous interval excludes 0) but smaller than "
-                f"\u03c4 = {tau:g}."),
+        "none": ("No disparity of \u03c4 or more",
+                 f"Every compared difference's {pct} simultaneous interval lies within \u00b1\u03c4 = "
+                 f"\u00b1{tau:g}: an equivalence test, so a gap of \u03c4 or more is ruled out, not merely not "
+                 f"found (between the weighted estimates)."),
+        "low": (("Significant disparity, low on the weighted estimate, may be \u03c4 or more",
+                 f"A difference is significant ({pct} simultaneous interval excludes 0) and its weighted estimate "
+                 f"is below \u03c4 = {tau:g}, but its interval or its correction for attenuation reaches "
+                 f"\u03c4: the gap between the races may be \u03c4 or more (the verdict in full says which).")
+                if v.may_reach_tau else
+                ("Significant disparity, low severity",
+                 f"A difference is significant ({pct} simultaneous interval excludes 0) and its interval "
+                 f"lies below \u03c4 = {tau:g}.")),
         "moderate": ("Significant disparity, moderate severity",
                      f"A significant difference of at least \u03c4 = {tau:g} (below 2\u03c4 = {2 * tau:g})."),
         "high": ("Significant disparity, high severity",
                  f"A significant difference of at least 2\u03c4 = {2 * tau:g}."),
         "inconclusive": ("Inconclusive at this size and privacy level",
-                         f"No compared difference is significant, but this audit could not have detected a gap "
-                         f"of \u03c4 = {tau:g} in every group (minimum detectable difference "
+                         f"No compared difference is significant, but the intervals do not rule out a gap of "
+                         f"\u03c4 = {tau:g} (no equivalence within \u00b1\u03c4; minimum detectable difference "
                          f"{num(v.mdd) if v.mdd is not None else 'undefined'}"
                          + ("; some groups left out of the verdict" if v.excluded_groups else "")
                          + "): it is no finding either way."
