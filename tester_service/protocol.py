@@ -150,6 +150,8 @@ class TesterSession(PartySession):
         self.phase_seconds = self._clock.seconds
         self.result: AuditReport | None = None
         self.n_matched = 0
+        #: whether the intersection was answered or refused (`_decide_intersection`)
+        self.intersection_decided = False
         # per-session secrets: memory only, dropped by close()
         self._com_key: commutative.CommutativeKey | None = commutative.CommutativeKey.generate()
         self._sealer: RowSealer | None = RowSealer.generate()
@@ -434,7 +436,17 @@ class TesterSession(PartySession):
         if self.metric.unique_ids and self.metric.n_ids == 1 and multiplicity > 1:
             raise ProtocolError("a member appears in more than one row of a dataset whose member ids must be unique")
         self._multiplicity, self._sensitivity_rows = self._sized_rows(multiplicity, l2)
-        if self._distinct_members() < self.release.min_intersection:
+        self._decide_intersection(self._distinct_members())
+
+    def _decide_intersection(self, distinct: int) -> None:
+        """Answer or refuse on the intersection's size (design §8.2): under noise on a
+        noised count (`ReleasePolicy.intersection_answered`), so that one member changes
+        the decision only with bounded probability; a refusal is `IntersectionRefused`,
+        whose fixed text carries neither the count nor the draw. From here on the
+        decision is out: an audit that ends without charging its ρ is counted as a
+        refusal by the servicer (`intersection_decided`)."""
+        self.intersection_decided = True
+        if not self.release.intersection_answered(distinct):
             raise IntersectionRefused()
 
     def _sized_rows(self, multiplicity: int | None, l2: float | None) -> tuple[int, float]:
@@ -529,8 +541,7 @@ class TesterSession(PartySession):
         self._lap("client_encrypt_and_join")
         self._progress("join", f"{self.n_matched} members matched")
         self._multiplicity, self._sensitivity_rows = self._sized_rows(None, None)  # no row seen: the cap
-        if self.n_matched < self.release.min_intersection:  # an empty one too: one refusal for both
-            raise IntersectionRefused()
+        self._decide_intersection(self.n_matched)  # an empty one too: one refusal for both
         q = np.zeros((len(doubled), len(self.groups)), dtype=np.int64)
         q[found] = encoding.quantize_probabilities(self._open_members(sealed[at[found]]), encoding.PROBABILITY_BITS)
         del sealed, at, found, doubled

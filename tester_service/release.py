@@ -7,10 +7,16 @@ member's probability vector (Hamman, Chen and Dutta 2023; design §8.1, §10). T
 Tester therefore releases nothing but
 
 * audits whose intersection holds at least `min_intersection` distinct members (an
-  empty or smaller one gets one fixed answer, `INTERSECTION_REFUSAL`, with no count,
-  and counts against the Test-Client identity: after `max_refusals` refusals every
-  audit of that identity is refused, since each refusal answers one yes/no question
-  about the Tester's members);
+  empty or smaller one gets one fixed answer, `INTERSECTION_REFUSAL`, with no count).
+  Under noise the minimum is checked on a noised count (`intersection_answered`,
+  `intersection_sigma`): on the exact count an audit of members the Test-Client knows
+  are in the Tester's table, one short of the minimum, plus one probe would be answered
+  exactly when the probe is a member. The noised decision is worth ρ_i =
+  `intersection_share`·ρ (below); each refusal counts against the Test-Client identity
+  (after `max_refusals` every audit of that identity is refused) and against the
+  population (after `PrivacyAccountant.max_population_refusals`, whoever asks, local
+  audits too), since each one still answers a noisy yes/no question about the Tester's
+  members;
 * cells whose effective size, Σ p_ij over the joined rows that enter the cell (its
   group's or group pair's weights over its stratum), is at least `min_effective_size`;
   the size is compared with Gaussian noise on it (`threshold_sigma`), since an exact
@@ -69,6 +75,19 @@ comes from one of two further releases. An audit makes three releases:
    covers, so the groups together are one release;
 3. the noisy effective sizes that decide suppression (`threshold_sigma`).
 
+The decision to answer at all (design §8.2) is a fourth output: the number of distinct
+joined members, which one member present or absent in the Tester's table moves by 1
+(and a member's vector replaced, not at all), compared with the minimum after Gaussian
+noise of σ_i = sqrt(1/(2·ρ_i)) members: ρ_i-zCDP for membership, ρ_i = ρ ·
+`INTERSECTION_SHARE`. An answered audit's ρ covers it without a share of its own:
+with a member absent rather than present, every weight it carried goes to 0, so each
+released item moves by at most ||p|| ≤ 1 where a replaced vector moves it by up to
+||Δp|| ≤ √2 (the pair items by ||p||² ≤ 1 against 2·√2): every release above costs at
+most ρ/2 for membership, and ρ/2 + ρ_i ≤ ρ while `intersection_share` ≤ 1/2. A refused
+audit releases the decision alone, ρ_i for membership, and is counted as a refusal
+(`PrivacyAccountant.refuse`): per identity and per population, a refusal bound of R is
+a membership budget of R·ρ_i beside the ρ budgets.
+
 Their shares of the audit's ρ: (a) 0.8 / 0.1 / 0.1 (`MOMENT_SHARE`), (b) 0.7 / 0.2 /
 0.1 (`REPLICATE_SHARE`); `THRESHOLD_SHARE` 0.1 either way. With the correction
 (`--correction calibration`) form (a) releases exactly the same items with the same
@@ -113,6 +132,15 @@ POPULATION_PREFIX = "population "
 #: refused audits (an intersection empty or below the minimum) per Test-Client identity,
 #: after which every audit of that identity is refused (`PrivacyAccountant.check_refusals`)
 DEFAULT_MAX_REFUSALS = 3
+#: refused audits of one population by all Test-Client identities together (local audits
+#: too: each client file is an identity of its own), after which every audit of it is
+#: refused: ten refusals are worth, for membership, 10·ρ_i = one audit's ρ at the defaults
+#: (docs/privacy-ledger.md, "Refused audits")
+DEFAULT_MAX_POPULATION_REFUSALS = 10
+#: the share of an audit's ρ that the noisy intersection count is worth for membership
+#: (σ_i = 5 members at the default ρ; within the ρ/2 that the aggregates leave free for
+#: membership, so an answered audit costs ρ as before)
+INTERSECTION_SHARE = 0.1
 #: the shares of an audit's ρ spent on the interval's random groups and on the noisy
 #: effective sizes that decide suppression; the rest goes to the estimate
 REPLICATE_SHARE = 0.2
@@ -140,6 +168,9 @@ LOCAL_SETTINGS = ("--privacy-budget sets the budget, --privacy-ledger FILE keeps
 #: how an operator allows an identity more refused audits, quoted by `RefusalLimitReached`
 REFUSAL_SETTINGS = ("--max-refusals sets the limit; removing the identity's entry under \"refusals\" in the "
                     "--privacy-ledger file resets its count: docs/privacy-ledger.md, \"Refused audits\"")
+#: how an operator allows a population more refused audits, quoted by `RefusalLimitReached`
+POPULATION_REFUSAL_SETTINGS = ("removing the population's entry under \"population_refusals\" in the privacy "
+                               "ledger resets its count: docs/privacy-ledger.md, \"Refused audits\"")
 #: the identity of a local audit: this prefix and a digest of its inputs (`local_identity`)
 LOCAL_IDENTITY_PREFIX = "local inputs "
 
@@ -170,7 +201,9 @@ class IntersectionRefused(ReleaseRefused):
 
 
 class RefusalLimitReached(ReleaseRefused):
-    """A Test-Client identity that has had `ReleasePolicy.max_refusals` audits refused."""
+    """A Test-Client identity that has had `ReleasePolicy.max_refusals` audits refused, or
+    a population that has had `PrivacyAccountant.max_population_refusals` (the message
+    says which)."""
 
     code = "refusal_limit_reached"
 
@@ -188,6 +221,8 @@ class ReleasePolicy:
     moment_share: float = MOMENT_SHARE
     #: refused audits per Test-Client identity before every later one is refused (None: no limit)
     max_refusals: int | None = DEFAULT_MAX_REFUSALS
+    #: the share of ρ the noisy intersection count is worth for membership (`intersection_sigma`)
+    intersection_share: float = INTERSECTION_SHARE
 
     def __post_init__(self) -> None:
         if self.max_refusals is not None and not (isinstance(self.max_refusals, int) and self.max_refusals >= 0):
@@ -203,6 +238,9 @@ class ReleasePolicy:
         if not (0.0 < self.replicate_share and 0.0 < self.threshold_share
                 and self.replicate_share + self.threshold_share < 1.0):
             raise InputError("must be positive and leave a share for the estimate", parameter="replicate share")
+        if not 0.0 < self.intersection_share <= 0.5:
+            raise InputError("must be in (0, 0.5]: an answered audit's rho covers the intersection's count only "
+                             "within the half its releases leave free for membership", parameter="intersection share")
         if not (0.0 < self.moment_share and self.moment_share + self.threshold_share < 1.0):
             raise InputError("must be positive and leave a share for the estimate", parameter="moment share")
         if self.rho > self.budget:
@@ -261,6 +299,32 @@ class ReleasePolicy:
         """σ of a release with no replicates (all but the threshold's share on the estimate)."""
         return math.sqrt(max(1, n_components) / (self.rho * (1.0 - self.threshold_share))) if self.noisy else 0.0
 
+    def intersection_rho(self) -> float:
+        """ρ_i: what the decision to answer an audit is worth for membership (a member
+        present or absent in the Tester's table); 0 without noise, where the minimum is
+        exact and only the refusal limits bound it."""
+        return self.rho * self.intersection_share if self.noisy else 0.0
+
+    def intersection_sigma(self) -> float:
+        """σ_i of the noise on the count of distinct joined members that the minimum is
+        checked on (in members): one member moves the count by 1, so N(0, σ_i²) with
+        σ_i² = 1/(2·ρ_i) is ρ_i-zCDP (5 members at the defaults)."""
+        return math.sqrt(1.0 / (2.0 * self.intersection_rho())) if self.noisy else 0.0
+
+    def intersection_answered(self, distinct: int, draw=None) -> bool:
+        """Whether an intersection of `distinct` joined members is answered (design §8.2):
+        an empty one never (nothing to release: with the default minimum the noise's
+        cut, NOISE_TAIL_SD·σ_i = 40 members, never brings 0 to 100 anyway); under noise
+        when `distinct` plus one Gaussian draw of σ_i from the operating system's CSPRNG
+        (`gaussian`; `draw` replaces it in tests) reaches the minimum, so that one member
+        changes the answer with probability at most 2·Φ(1/(2σ_i)) − 1 (0.080 at the
+        defaults); without noise on the exact count."""
+        if distinct <= 0:
+            return False
+        if not self.noisy:
+            return distinct >= self.min_intersection
+        return distinct + (draw or gaussian)(self.intersection_sigma()) >= self.min_intersection
+
     def threshold_sigma(self) -> float:
         """σ of the noise on the effective sizes that decide suppression (in members, per
         row a member is in): deciding on the exact sizes would let a Test-Client put a
@@ -276,20 +340,22 @@ def rho_to_epsilon(rho: float, delta: float = REPORT_DELTA) -> float:
 
 class PrivacyAccountant:
     """ρ spent, and audits refused for their intersection, per Test-Client identity,
-    across audits and dataset names; and ρ spent by all identities together on one
-    population, the Tester's members (design §8.3: what the members are protected by is
-    the total over everyone who audits them, not one identity's share).
+    across audits and dataset names; and ρ spent and audits refused by all identities
+    together on one population, the Tester's members (design §8.3, §8.5: what the
+    members are protected by is the total over everyone who audits them, not one
+    identity's share; a refusal is worth ρ_i for membership, `ReleasePolicy.intersection_rho`).
 
     In memory, or kept in `ledger` (a JSON object identity -> ρ spent, and once a
     refusal or a population is counted ``{"spent": {identity: ρ}, "refusals": {identity:
-    count}, "populations": {population: ρ}}``; no member-level data: a population is a
-    digest of the Tester's inputs), rewritten atomically after every charge and every
-    refusal so that a restart resets neither. Thread-safe: concurrent audits cannot
-    overspend either bound."""
+    count}, "populations": {population: ρ}, "population_refusals": {population:
+    count}}``; no member-level data: a population is a digest of the Tester's inputs),
+    rewritten atomically after every charge and every refusal so that a restart resets
+    neither. Thread-safe: concurrent audits cannot overspend any bound."""
 
     def __init__(self, budget: float, ledger: str | Path | None = None, *, identity: str | None = None,
                  settings: str = SERVICE_SETTINGS, limit_refusals: bool | None = None,
-                 population: str | None = None, population_budget: float = DEFAULT_POPULATION_BUDGET) -> None:
+                 population: str | None = None, population_budget: float = DEFAULT_POPULATION_BUDGET,
+                 max_population_refusals: int | None = DEFAULT_MAX_POPULATION_REFUSALS) -> None:
         """`identity`: count every audit for this one identity, whatever the link says
         (`ppre audit --local`: one identity per pair of inputs, `local_identity`).
         `settings`: how the user changes the budget and the ledger, for refusals.
@@ -298,11 +364,18 @@ class PrivacyAccountant:
         user holds both datasets and would only be locked out of fixing an id column).
         `population`: the Tester's members these audits release about (`population_key`),
         charged every audit's ρ whoever asks, up to `population_budget` (None: no
-        population bound, for an accountant that releases nothing)."""
+        population bound, for an accountant that releases nothing), and counted every
+        refused audit, whoever asks and whether or not the identity's refusals are
+        limited, up to `max_population_refusals` (None: no limit)."""
         self.budget = budget
         self.population_budget = population_budget
+        if max_population_refusals is not None and not (
+                isinstance(max_population_refusals, int) and max_population_refusals >= 0):
+            raise InputError("must be a whole number >= 0", parameter="max population refusals")
+        self.max_population_refusals = max_population_refusals
         self._population = population
         self._populations: dict[str, float] = {}
+        self._population_refusals: dict[str, int] = {}
         self._fixed = identity
         self._limit_refusals = identity is None if limit_refusals is None else limit_refusals
         self._settings = settings
@@ -312,7 +385,8 @@ class PrivacyAccountant:
         self._refusals: dict[str, int] = {}
         if self._path is not None and self._path.exists():
             try:
-                self._spent, self._refusals, self._populations = _read_ledger(self._path)
+                self._spent, self._refusals, self._populations, self._population_refusals = \
+                    _read_ledger(self._path)
             except (OSError, ValueError) as exc:
                 raise InputError(f"cannot be read as a privacy ledger ({exc})", file=str(self._path)) from None
 
@@ -363,29 +437,46 @@ class PrivacyAccountant:
         with self._lock:
             return self._refusals.get(identity, 0)
 
+    def population_refusals(self) -> int:
+        """How many audits of this accountant's population were refused, all identities together."""
+        with self._lock:
+            return self._population_refusals.get(self._population, 0) if self._population else 0
+
     def check_refusals(self, identity: str, limit: int | None) -> None:
         """Refuse every audit of an identity that has had `limit` audits refused for their
-        intersection (None: no limit): each refusal answers one yes/no question about the
-        Tester's members, so their number is bounded like the budget (design §8.2)."""
-        if limit is None or not self._limit_refusals:
-            return
-        count = self.refusals(identity)
-        if count >= limit:
-            raise RefusalLimitReached(
-                f"Test-Client '{self._fixed or identity}' has had {count} audits refused for their intersection "
-                f"(the limit is {limit}); no more audits are run for it. The count is kept {self.where()} "
-                f"({REFUSAL_SETTINGS})")
+        intersection (None: no limit), and every audit of a population that has had
+        `max_population_refusals`, whoever asks: each refusal answers one noisy yes/no
+        question about the Tester's members (ρ_i for membership), so their number is
+        bounded like the budget (design §8.2). The message says which bound was reached."""
+        if limit is not None and self._limit_refusals:
+            count = self.refusals(identity)
+            if count >= limit:
+                raise RefusalLimitReached(
+                    f"Test-Client '{self._fixed or identity}' has had {count} audits refused for their intersection "
+                    f"(the limit is {limit}); no more audits are run for it. The count is kept {self.where()} "
+                    f"({REFUSAL_SETTINGS})")
+        bound = self.max_population_refusals
+        if self._population is not None and bound is not None:
+            count = self.population_refusals()
+            if count >= bound:
+                raise RefusalLimitReached(
+                    f"the Tester's members ({self._population}) have had {count} audits refused for their "
+                    f"intersection, all Test-Clients together (the limit is {bound}); no more audits of them are "
+                    f"run. The count is kept {self.where()} ({POPULATION_REFUSAL_SETTINGS})")
 
     def refuse(self, identity: str) -> int:
-        """Count one refused audit for `identity` (kept like the spent ρ); returns the count
-        (0, counting nothing, where refusals are not limited)."""
+        """Count one refused audit for `identity` and for the population (kept like the
+        spent ρ); returns the identity's count (0, counting nothing for it, where its
+        refusals are not limited: the population's is counted regardless)."""
         identity = self._fixed or identity
-        if not self._limit_refusals:
-            return 0
         with self._lock:
-            self._refusals[identity] = self._refusals.get(identity, 0) + 1
-            self._save()
-            return self._refusals[identity]
+            if self._population is not None:
+                self._population_refusals[self._population] = self._population_refusals.get(self._population, 0) + 1
+            if self._limit_refusals:
+                self._refusals[identity] = self._refusals.get(identity, 0) + 1
+            if self._population is not None or self._limit_refusals:
+                self._save()
+            return self._refusals.get(identity, 0) if self._limit_refusals else 0
 
     @property
     def ledger(self) -> Path | None:
@@ -411,12 +502,15 @@ class PrivacyAccountant:
 
     def _ledger_object(self) -> dict:
         """The ledger's JSON: identity -> ρ spent, as it always was, until a refusal or a
-        population is counted; then ``{"spent": ..., "refusals": ..., "populations": ...}``."""
-        if not self._refusals and not self._populations:
+        population is counted; then ``{"spent": ..., "refusals": ..., "populations": ...,
+        "population_refusals": ...}`` (the last two once they hold anything)."""
+        if not self._refusals and not self._populations and not self._population_refusals:
             return dict(self._spent)
         out = {"spent": dict(self._spent), "refusals": dict(self._refusals)}
         if self._populations:
             out["populations"] = dict(self._populations)
+        if self._population_refusals:
+            out["population_refusals"] = dict(self._population_refusals)
         return out
 
     def _save(self) -> None:
@@ -435,17 +529,21 @@ class PrivacyAccountant:
             raise
 
 
-def _read_ledger(path: Path) -> tuple[dict[str, float], dict[str, int], dict[str, float]]:
-    """(spent ρ, refusals) per identity and spent ρ per population from a ledger file
-    (`PrivacyAccountant`): a flat object (identity -> ρ) has no refusals and no
-    population. Raises ValueError for anything else."""
+def _read_ledger(path: Path) -> tuple[dict[str, float], dict[str, int], dict[str, float], dict[str, int]]:
+    """(spent ρ, refusals) per identity and (spent ρ, refusals) per population from a
+    ledger file (`PrivacyAccountant`): a flat object (identity -> ρ) has no refusals and
+    no population. Raises ValueError for anything else."""
     data = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     if isinstance(data.get("spent"), dict):
         spent, refusals, populations = data["spent"], data.get("refusals", {}), data.get("populations", {})
+        population_refusals = data.get("population_refusals", {})
     else:
-        spent, refusals, populations = data, {}, {}
+        spent, refusals, populations, population_refusals = data, {}, {}, {}
+    if not isinstance(population_refusals, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in population_refusals.values()):
+        raise ValueError("'population_refusals' is not an object of population: refused audits")
     if not isinstance(populations, dict) or not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in populations.values()):
         raise ValueError("'populations' is not an object of population: spent rho")
@@ -455,7 +553,8 @@ def _read_ledger(path: Path) -> tuple[dict[str, float], dict[str, int], dict[str
                                                  for v in refusals.values()):
         raise ValueError("'refusals' is not an object of identity: refused audits")
     return ({str(k): float(v) for k, v in spent.items()}, {str(k): int(v) for k, v in refusals.items()},
-            {str(k): float(v) for k, v in populations.items()})
+            {str(k): float(v) for k, v in populations.items()},
+            {str(k): int(v) for k, v in population_refusals.items()})
 
 
 _RANDOM = None
@@ -525,14 +624,17 @@ def population_key(tester_inputs) -> str:
 
 def local_accountant(budget: float, tester_inputs, client_data, ledger: str | Path | None = None, *,
                      settings: str = LOCAL_SETTINGS,
-                     population_budget: float = DEFAULT_POPULATION_BUDGET) -> PrivacyAccountant:
+                     population_budget: float = DEFAULT_POPULATION_BUDGET,
+                     max_population_refusals: int | None = DEFAULT_MAX_POPULATION_REFUSALS) -> PrivacyAccountant:
     """The accountant of a local audit (`ppre audit --local`, `ppre.audit_local`):
     `ledger` (default `local_ledger_path()`), charged to `local_identity` of the inputs
     and to the population of the Tester's inputs (`population_key`), whatever the
-    Test-Client's file."""
+    Test-Client's file; its refused audits count against the population alone (every
+    client file is an identity of its own)."""
     return PrivacyAccountant(budget, ledger or local_ledger_path(),
                              identity=local_identity(tester_inputs, client_data), settings=settings,
-                             population=population_key(tester_inputs), population_budget=population_budget)
+                             population=population_key(tester_inputs), population_budget=population_budget,
+                             max_population_refusals=max_population_refusals)
 
 
 def _content_digest(item) -> bytes:

@@ -59,6 +59,11 @@ TESTER_METHODS = "/ppre.v1.Tester/"
 AUDIT_DEADLINE_S = 6 * 3600.0
 
 
+#: the audit log's reason for an audit that ended after its intersection was answered
+#: and before its ρ was charged, counted as a refused audit (`_AuditRun._count_refusal`)
+UNPAID_ANSWER = "ended after its intersection was answered, before its rho was charged"
+
+
 @dataclass
 class TesterConfig:
     client_address: str
@@ -324,16 +329,20 @@ class _AuditRun:
         audit_log.append(audit_record(self.request, self.who, final, self.n_matched, refusal,
                                       client=self.config.client_identity))
 
-    def _count_refusal(self, exc: IntersectionRefused) -> None:
-        """A refused intersection counts against the Test-Client's identity (kept in the
-        ledger; `PrivacyAccountant.refuse`) and is recorded as a refusal in the audit log
-        (docs/privacy-ledger.md, "Refused audits")."""
+    def _count_refusal(self, reason: str) -> None:
+        """A refused intersection counts against the Test-Client's identity and the
+        population (kept in the ledger; `PrivacyAccountant.refuse`) and is recorded as a
+        refusal in the audit log (docs/privacy-ledger.md, "Refused audits"); so does an
+        audit refused after its intersection was answered but before its ρ was charged
+        (the budget spent by a concurrent audit, an error of the Test-Client's making):
+        its Abort tells the Test-Client the noisy decision, which must be paid for
+        (design §8.2)."""
         try:
             count = f"{self.config.accountant.refuse(self.config.client_identity)}"
         except OSError as err:  # the refusal still goes out; the operator reads why it was not counted
             log.error("refused audit not counted: the privacy ledger cannot be written (%s)", err.strerror)
             count = "not counted: the privacy ledger cannot be written"
-        self.refusal = f"{exc.code}: {exc} (refused audits of this Test-Client: {count})"
+        self.refusal = f"{reason} (refused audits of this Test-Client: {count})"
 
     def _spec(self) -> AuditSpec:
         """The operator's request; absent fields get the defaults, present ones are checked
@@ -353,6 +362,10 @@ class _AuditRun:
         cfg = self.config
         settings = cfg.settings
         session = None
+        #: the rho charged to this audit (`PrivacyAccountant.charge`), once its release is paid for
+        charged: list[float] = []
+        #: how the audit ended, where an error ended it (for the audit log)
+        ending: list[str] = []
         outbox = Outbox(settings, self.state, "Test-Client")
         inbox = None
         channel = None
@@ -371,12 +384,17 @@ class _AuditRun:
             cfg.accountant.check_refusals(identity, cfg.release.max_refusals)  # before any work, as the budget
             if cfg.release.noisy:  # refuse before any work an audit that could not be released
                 cfg.accountant.check(identity, cfg.release.rho)
+
+            def charge(rho: float) -> float:
+                left = cfg.accountant.charge(identity, rho)
+                charged.append(rho)
+                return left
             session = TesterSession(spec, probabilities, min_modulus_bits=cfg.min_modulus_bits,
                                     n_buckets=cfg.n_buckets, progress=self._progress,
                                     checkpoint=self._check,
                                     preparation=preparation.counts() if preparation is not None else None,
                                     release=cfg.release, max_received_bytes=cfg.max_received_bytes,
-                                    charge=lambda rho: cfg.accountant.charge(identity, rho),
+                                    charge=charge,
                                     executor=cfg.executor, audit_id=self.audit_id,
                                     group_mapping=probabilities.attrs.get("group_mapping", ""))
             del probabilities
@@ -417,11 +435,13 @@ class _AuditRun:
             return None
         except PeerAborted as exc:
             log.warning("audit aborted by the Test-Client (%s)", exc.code)
+            ending.append(f"{exc.code}: Test-Client: {exc}")
             return _error(exc.code, f"Test-Client: {exc}")
         except PPREError as exc:
             log.warning("audit failed: %s", type(exc).__name__)
+            ending.append(f"{exc.code}: {exc}")
             if isinstance(exc, IntersectionRefused):
-                self._count_refusal(exc)
+                self._count_refusal(f"{exc.code}: {exc}")
             if session is not None:
                 outbox.put_nowait(pb.PeerMessage(abort=pb.Abort(code=exc.code, message=str(exc))))
             who = f"Test-Client at {cfg.client_address}: " if isinstance(exc, PeerTimeoutError) else ""
@@ -436,6 +456,9 @@ class _AuditRun:
             log.exception("internal error during an audit")
             return _error("internal", "internal error at the Tester")
         finally:
+            if cfg.release.noisy and session is not None and session.intersection_decided and not charged \
+                    and not self.refusal:  # answered, never paid for: whatever ended it told the Test-Client
+                self._count_refusal(f"{UNPAID_ANSWER}: {ending[-1] if ending else 'the session ended'}")
             self.phases.finish()
             outbox.close()  # ends the request stream (an Abort put above still goes first)
             if session is not None:
