@@ -678,7 +678,8 @@ def test_ero_null_gap_above_tau_is_not_a_disparity():
     assert v.compared["estimate"] == pytest.approx(max(estimates) - min(estimates))
     assert v.compared["band_low"] < 0 < v.compared["band_high"]
     assert v.mdd > 0.05 and v.members_factor > 1 and set(v.uninformative) == {g.group for g in report.by_group}
-    assert "inconclusive at this size and privacy level" in v.message and "--group-mapping" in v.message
+    # no release controls (the harness's default): only the size limits it
+    assert v.message.startswith("inconclusive at this size: ") and "--group-mapping" in v.message
     assert "nan" not in v.message.lower()
 
 

@@ -233,3 +233,32 @@ def test_without_second_moments_a_significant_gap_still_says_it_may_be_understat
     v = report.verdict
     assert v.significant and v.attenuation is None, v.message
     assert v.message.endswith(wording.ATTENUATION_UNKNOWN)
+
+
+def test_without_the_release_controls_an_inconclusive_verdict_names_no_privacy_level():
+    """No release noise: only the size limits the audit, so neither the message nor the
+    page's headline speaks of a privacy level."""
+    v = verdict_from("range", ["a - b"], family([0.02], [0.03]), 0.95, "percentile", TAU, noisy=False)
+    assert v.message.startswith("inconclusive at this size: ") and "privacy level" not in v.message
+
+    class Report:
+        verdict, tau, confidence, params, n_matched = v, TAU, 0.95, {}, 1000
+        release = {"controls": False, "rho": 0.0}
+
+    assert verdict_words(Report())[0] == "Inconclusive at this size"
+    noisy = verdict_from("range", ["a - b"], family([0.02], [0.03]), 0.95, "percentile", TAU, noisy=True)
+    assert noisy.message.startswith("inconclusive at this size and privacy level: ")
+
+
+def test_the_page_shows_the_attenuation_the_verdict_states():
+    """The page's facts say what the message says: the factor, the allowance and the shares."""
+    from dataclasses import replace as _replace
+
+    from ppre.report.model import attenuation_text
+    v = _low_verdict()
+    mixing = np.array([[0.9, 0.05, 0.05], [0.35, 0.55, 0.10], [0.2, 0.1, 0.7]])
+    out = with_attenuation(v, _corrected(mixing), {"a": 0, "b": 1, "c": 2}, 0.95, "percentile", (0.0, 1.0), [])
+    text = attenuation_text(out.attenuation)
+    assert "about 2.0x the weighted gap" in text and "b 55%" in text and "not identifiable" in text
+    assert "understates" in text
+    assert _replace(out, attenuation=None).attenuation is None

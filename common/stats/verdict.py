@@ -166,7 +166,8 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
     message = _message(severity, rule, labels[pick], est[pick], bands, pick, confidence, tau, span,
                        mdd=mdd, beyond_range=beyond_range, significant=significant, compared=len(labels),
                        left_out=left_out, strict_significance=strict_significance, excluded_words=excluded_words,
-                       needed=needed, flat=flat, banded=int(banded.sum()), not_ruled_out=not_ruled_out)
+                       needed=needed, flat=flat, banded=int(banded.sum()), not_ruled_out=not_ruled_out,
+                       noisy=noisy)
     message += wording.non_overlapping_words(non_overlap, bool(significant.any()))
     return Verdict(rule, tau, severity, bool(significant.any()), severity in ("moderate", "high"),
                    _compared_entry(labels, est, bands, pick, tau, span),
@@ -228,7 +229,7 @@ def _nothing_comparable(rule: str, tau: float, non_overlap, left_out: Sequence[s
     out (more members might make them comparable), else insufficient data."""
     if left_out or excluded:
         message = wording.nothing_comparable_message(tau, left_out, excluded_words,
-                                                     wording.needed_words(factor, noisy, widest))
+                                                     wording.needed_words(factor, noisy, widest), noisy)
         return Verdict(rule, tau, "inconclusive", False, False, None, (), tuple(non_overlap), message,
                        excluded_groups=tuple(excluded), uninformative=tuple(left_out),
                        members_factor=_round_factor(factor))
@@ -315,7 +316,7 @@ def _message(severity: str, rule: str, label: str, estimate: float, bands: Bands
              tau: float, span: tuple[float, float] | None, *, mdd: float | None, beyond_range: bool,
              significant: np.ndarray, compared: int, left_out: Sequence[str], strict_significance: bool,
              excluded_words: str, needed: str, flat: Sequence[str] = (), banded: int = 0,
-             not_ruled_out: Sequence[str] = ()) -> str:
+             not_ruled_out: Sequence[str] = (), noisy: bool | None = None) -> str:
     """The verdict's message for its severity (`common.stats.wording`), the groups left out
     for their size included; `flat`: the banded differences (of `banded`) that do not
     vary, of which no power is stated; `not_ruled_out`: those whose band reaches ±τ."""
@@ -328,7 +329,8 @@ def _message(severity: str, rule: str, label: str, estimate: float, bands: Bands
     if severity == "inconclusive":
         return wording.inconclusive_message(phrase, label, estimate, confidence, band, tau, detectable, mdd,
                                             beyond_range, left_out, excluded_words, needed, flat=bool(flat),
-                                            not_ruled_out=not_ruled_out, strict_significance=strict_significance)
+                                            not_ruled_out=not_ruled_out, strict_significance=strict_significance,
+                                            noisy=noisy)
     return wording.significant_message(severity, phrase, label, estimate, confidence, band, tau,
                                        int(significant.sum()), compared,
                                        _uncertain_size(severity, _nearer_end(rule, estimate, *band), tau)

@@ -227,9 +227,16 @@ def clipped_message(phrase: str, label: str, estimate: Any, confidence: float, b
 # ----------------------------------------------------------------------------------
 # The verdict's message
 # ----------------------------------------------------------------------------------
-def nothing_comparable_message(tau: float, left_out: Sequence[str], excluded: str, needed: str) -> str:
+def inconclusive_words(noisy: bool | None) -> str:
+    """How an inconclusive verdict begins: the privacy level is named only where release
+    noise was on (or not known); without the release controls only the size limits it."""
+    return "inconclusive at this size: " if noisy is False else "inconclusive at this size and privacy level: "
+
+
+def nothing_comparable_message(tau: float, left_out: Sequence[str], excluded: str, needed: str,
+                               noisy: bool | None = None) -> str:
     """No two groups can be compared, and some were left out (`excluded`: their clause)."""
-    return ("inconclusive at this size and privacy level: no two groups can be compared"
+    return (inconclusive_words(noisy) + "no two groups can be compared"
             + (f"; not informative (interval half-width above {INFORMATIVE_SHARE:g} tau = "
                f"{INFORMATIVE_SHARE * tau:g}): {', '.join(left_out)}" if left_out else "")
             + f"{excluded}; {needed}")
@@ -247,7 +254,8 @@ def no_disparity_message(phrase: str, label: str, estimate: float, confidence: f
 def inconclusive_message(phrase: str, label: str, estimate: float, confidence: float, band: tuple[Any, Any],
                          tau: float, detectable: str, mdd: float | None, beyond_range: bool,
                          left_out: Sequence[str], excluded: str, needed: str, flat: bool = False,
-                         not_ruled_out: Sequence[str] = (), strict_significance: bool = True) -> str:
+                         not_ruled_out: Sequence[str] = (), strict_significance: bool = True,
+                         noisy: bool | None = None) -> str:
     """Nothing significant, and a gap of τ not ruled out (no equivalence within ±τ);
     `flat`: some compared differences do not vary, so the power statement `detectable`
     says so; `not_ruled_out`: the differences whose band reaches ±τ. The compared
@@ -267,7 +275,7 @@ def inconclusive_message(phrase: str, label: str, estimate: float, confidence: f
         power = f"; {detectable} (tau {tau:g})"
     reach = (f"; a gap of tau or more is not ruled out (a band reaches +/-{tau:g}: "
              f"{_first_few(not_ruled_out)})" if not_ruled_out else "")
-    message = (("inconclusive: " if flat else "inconclusive at this size and privacy level: ") + observed + power
+    message = (("inconclusive: " if flat else inconclusive_words(noisy)) + observed + power
                + reach)
     if left_out:
         message += (f"; not informative (interval half-width above {INFORMATIVE_SHARE:g} tau), so compared only "

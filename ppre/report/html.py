@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from ppre.report.escape import esc
 from ppre.report.model import (
     AGGREGATES_ONLY, PHASE_TOTAL, PREPARATION_WORDS, PROVENANCE, PROVENANCE_TABLE, RULE_WORDS, ci_text,
-    clipped_text, correction_words, count_text, finite, intervals_words, joined_rows_text, left_out_reason, members_heading, metric_description,
-    metric_title, num, plain_words, rank_order, receipt_line, release_words, signed_text, verdict_words,
+    attenuation_text, clipped_text, correction_words, count_text, finite, intervals_words, joined_rows_text,
+    left_out_reason, members_heading, metric_description, metric_title, num, plain_words, rank_order, receipt_line, release_words, signed_text, verdict_words,
 )
 from ppre.report.plots import CORRECTED_COLOUR, OVERALL_COLOUR, WEIGHTED_COLOUR, curve_charts, forest_legend, forest_plot
 
@@ -99,10 +99,7 @@ def verdict_section(report: "AuditReport") -> str:
         facts.append(f"<li><strong>Not informative</strong> (interval half-width above \u03c4/2): "
                      f"{_list(list(v.uninformative))}</li>")
     if v.attenuation:
-        a = v.attenuation
-        facts.append(f"<li><strong>Corrected for attenuation:</strong> {esc(a.get('pair'))} = "
-                     f"{esc(signed_text(a.get('corrected')))}"
-                     + (" (the weighted gap understates it)" if a.get("understates") else "") + "</li>")
+        facts.append(f"<li><strong>Attenuation:</strong> {esc(attenuation_text(v.attenuation))}</li>")
     tau = "" if v.rule == "inclusion" else f"; \u03c4 = {v.tau:g}"
     facts.append(f"<li><strong>Rule:</strong> {esc(v.rule)}: {esc(RULE_WORDS.get(v.rule, ''))}{esc(tau)}</li>")
     return (f'<section class="verdict {esc(sev_class)}" id="verdict" aria-labelledby="verdict-h">'

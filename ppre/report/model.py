@@ -230,7 +230,8 @@ def verdict_words(report: "AuditReport") -> tuple[str, str]:
                      f"A significant difference of at least \u03c4 = {tau:g} (below 2\u03c4 = {2 * tau:g})."),
         "high": ("Significant disparity, high severity",
                  f"A significant difference of at least 2\u03c4 = {2 * tau:g}."),
-        "inconclusive": ("Inconclusive at this size and privacy level",
+        "inconclusive": ("Inconclusive at this size" if _noisy(report) is False else
+                         "Inconclusive at this size and privacy level",
                          f"No compared difference is significant, but the intervals do not rule out a gap of "
                          f"\u03c4 = {tau:g} (no equivalence within \u00b1\u03c4; minimum detectable difference "
                          f"{num(v.mdd) if v.mdd is not None else 'undefined'}"
@@ -246,6 +247,25 @@ def verdict_words(report: "AuditReport") -> tuple[str, str]:
         "flagged": ("Flagged", "The verdict flags this audit."),
     }
     return words.get(v.severity, (f"Severity: {v.severity}", ""))
+
+
+def attenuation_text(a: dict) -> str:
+    """The verdict's attenuation facts in one line (`common.stats.verdict.with_attenuation`):
+    the compared pair's corrected gap where identifiable, the factor by which the weighted
+    gap may understate the gap between the races, and each group's own-race share."""
+    parts = []
+    if a.get("corrected") is not None:
+        parts.append(f"corrected {a.get('pair')} = {signed_text(a.get('corrected'))}")
+    elif a.get("factor") is not None:
+        parts.append(f"{a.get('pair')}: corrected value not identifiable at this size")
+    if a.get("factor") is not None and a.get("up_to") is not None and a["factor"] > 1.0:
+        parts.append(f"were the difference in one race alone, about {a['factor']:.1f}x the weighted gap "
+                     f"({signed_text(a['up_to'])})")
+    shares = a.get("own_race_share") or {}
+    if shares:
+        parts.append("own-race share of the weight: " + ", ".join(f"{g} {x:.0%}" for g, x in shares.items()))
+    words = "; ".join(parts)
+    return words + (" (the weighted gap understates it)" if a.get("understates") else "")
 
 
 def left_out_reason(report: "AuditReport") -> str:
