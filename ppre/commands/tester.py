@@ -83,6 +83,8 @@ def register_validate_bisg(actions: argparse._SubParsersAction) -> None:
                         "(env PPRE_EXCLUDED_STATES, as `ppre tester serve`)")
     v.add_argument("--opt-out-column", default=env("PPRE_OPT_OUT_COLUMN", "opt_out"),
                    help="opted-out members (and their answers) are not used (env PPRE_OPT_OUT_COLUMN)")
+    from ppre.columns import add_column_arguments
+    add_column_arguments(v, env=False, whose="the members and Self-ID files")
     v.set_defaults(func=run_validate_bisg)
 
 
@@ -90,10 +92,12 @@ def run_validate_bisg(args: argparse.Namespace) -> int:
     """Print the validation report (text, or JSON with --json) to stdout."""
     import json
 
+    from ppre.columns import tester_columns
     from tester_service.demographics.bisg_validation import format_report, validate
     states = tuple(x.strip() for x in args.excluded_states.split(",") if x.strip())
     report = validate(args.members, args.self_id, geo=args.geo, first_names=args.first_names, bins=args.bins,
-                      min_bin_count=args.min_bin_count, excluded_states=states, opt_out_column=args.opt_out_column)
+                      min_bin_count=args.min_bin_count, excluded_states=states, opt_out_column=args.opt_out_column,
+                      columns=tester_columns(args))  # one mapping for both files, as `ppre tester serve`
     print(json.dumps(report, indent=2, allow_nan=False) if args.json else format_report(report), flush=True)
     return 0
 

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -172,11 +173,13 @@ def check_settings(geo: str, bins: int, min_bin_count: int) -> None:
 
 def self_id_sample(members_path: str | Path, self_id_path: str | Path, *, geo: str = "zcta",
                    first_names: bool = False, excluded_states: tuple[str, ...] = (),
-                   opt_out_column: str = "opt_out") -> SelfIdSample:
+                   opt_out_column: str = "opt_out", columns: Mapping[str, str] | None = None) -> SelfIdSample:
     """Read and check both files (preparation's readers and rules) and join the answers
-    to the kept members by ``member_id``."""
+    to the kept members by ``member_id``. ``columns``: the column mapping of both files
+    (``--id-column``, ``--column OURS=THEIRS``; docs/inputs.md, "Column mapping"), as
+    `ppre tester serve` reads them."""
     m_label, s_label = str(members_path), str(self_id_path)
-    members = read_members_table(members_path, opt_out_column)
+    members = read_members_table(members_path, opt_out_column, columns)
     member_ids = members.column("member_id").combine_chunks()
     validate_members(members, m_label, opt_out_column, ids=member_ids)
     found = file_columns(members)
@@ -186,7 +189,7 @@ def self_id_sample(members_path: str | Path, self_id_path: str | Path, *, geo: s
     if first_names and "first_name" not in members.column_names:
         raise InputError(f"is missing column 'first_name' needed by --first-names"
                          f"{did_you_mean('first_name', found)}", file=m_label)
-    answers = read_text_table(self_id_path, SELF_ID_REQUIRED)
+    answers = read_text_table(self_id_path, SELF_ID_REQUIRED, columns=columns)  # `read_self_id`, in Arrow
     answer_ids = answers.column("member_id").combine_chunks()
     check_member_ids(answer_ids, s_label)
     categories = self_id_categories(answers, s_label)
@@ -222,11 +225,13 @@ def variant_probabilities(sample: SelfIdSample, geo: str, first_names: bool) -> 
 
 def validate(members_path: str | Path, self_id_path: str | Path, *, geo: str = "zcta", first_names: bool = False,
              bins: int = DEFAULT_BINS, min_bin_count: int = DEFAULT_MIN_BIN_COUNT,
-             excluded_states: tuple[str, ...] = (), opt_out_column: str = "opt_out") -> dict:
-    """The validation report (module docstring): aggregates only, small cells withheld."""
+             excluded_states: tuple[str, ...] = (), opt_out_column: str = "opt_out",
+             columns: Mapping[str, str] | None = None) -> dict:
+    """The validation report (module docstring): aggregates only, small cells withheld.
+    ``columns``: the column mapping of both files (`self_id_sample`)."""
     check_settings(geo, bins, min_bin_count)
     sample = self_id_sample(members_path, self_id_path, geo=geo, first_names=first_names,
-                            excluded_states=excluded_states, opt_out_column=opt_out_column)
+                            excluded_states=excluded_states, opt_out_column=opt_out_column, columns=columns)
     report: dict = {
         "validation": "BISG variants against Self-ID answers (paper appendix D)",
         "cross_entropy": f"mean of -ln max(p, {PROBABILITY_FLOOR:g}), p = the predicted probability of the "
