@@ -19,8 +19,15 @@ line). They never contain a member id or any other value from the file.
   an in-place rewrite to the same size within one tick of the file system's clock.
 * **Empty.** A 0-byte file is refused; so is a file with a header and no data rows.
 * **CSV.** UTF-8 (a byte-order mark is skipped; UTF-16 and other encodings are refused
-  with the line of the first bad byte); one header row; every record has as many
-  fields as the header; a quoted value may not span lines.
+  with the line of the first bad byte and how to convert the file: `not_utf8`); one
+  header row; every record has as many fields as the header; a quoted value may not
+  span lines. Fields are separated by commas; a header that is one field holding ``;``
+  or a tab is refused as "looks semicolon-separated" (`separator_hint`).
+  Neither is guessed: any byte sequence is valid Latin-1, so a guessed encoding would
+  silently misread a file in another one (surnames feed BISG), and a file separated by
+  semicolons usually comes from a locale that writes decimal commas, which a guessed
+  separator would then misread as text or refuse row by row; both parties must also
+  read ids byte for byte the same way. The message says how to save the file instead.
 * **Parquet.** Read with pyarrow; a file that is not Parquet, or is cut short, is
   refused. Text columns must be valid UTF-8 (row named).
 * **Header.** Names are matched case-insensitively with surrounding whitespace ignored;
@@ -40,6 +47,12 @@ line). They never contain a member id or any other value from the file.
   Every reader applies this rule, so the two parties' ids join the same way.
 * **Numbers** (`read_table`): each value must parse as a number; ``NaN`` and empty cells
   are "not a number"; infinities are left to the caller's range check, which names them.
+  ``True``/``False`` (any case) are not numbers either: the message says to write 1/0
+  (`not_a_number`). They are not read as 1/0 because the reader does not know which
+  columns are yes/no ones (a score column holding "True" is a broken export, not a
+  score of 1); Parquet booleans are typed, and are read as 1/0.
+* **Error names** (`shown_column`): an error about a column the mapping renamed names
+  the file's own column (``'Customer Key'``, not ``'member_id'``).
 * Nothing here writes a file.
 """
 from __future__ import annotations
@@ -218,14 +231,36 @@ def first_row(mask: Sequence[bool] | np.ndarray) -> int:
     return int(np.flatnonzero(np.asarray(mask))[0]) + 1
 
 
+def not_utf8(label: str, line: int) -> InputError:
+    """A CSV file that is not UTF-8 (docs/inputs.md, "File rules"): the line of the first
+    bad byte, and how to convert the file (most often a Latin-1 / Windows-1252 export)."""
+    converted = Path(label).with_suffix(".utf8.csv").name
+    how = (f"convert it to UTF-8, e.g. iconv -f latin1 -t utf-8 {label} > {converted} (an export from Windows: "
+           f"-f cp1252), or save it as 'CSV UTF-8' from the spreadsheet")
+    if line == 1:
+        return InputError(f"the header is not valid UTF-8 text: {how}", file=label)
+    return InputError(f"is not valid UTF-8 text (line {line}): {how}", file=label, row=line - 1)
+
+
+def separator_hint(header_text: str, header: Sequence[str], label: str) -> None:
+    """Refuse a header that is one field holding ``;`` or a tab: a file separated by
+    semicolons (a spreadsheet's export in a locale with decimal commas) or tabs, which
+    would otherwise be read as one column (module docstring: why it is not guessed)."""
+    if len(header) != 1:
+        return
+    for mark, words in ((";", "semicolon"), ("\t", "tab")):
+        if header_text.count(mark) > header_text.count(","):
+            raise InputError(f"looks {words}-separated: its header is one column holding {words}s, and PPRE "
+                             "reads comma-separated files; save it as CSV with commas between fields (a "
+                             "spreadsheet's 'CSV UTF-8 (comma delimited)') and decimal points, not commas",
+                             file=label)
+
+
 def _locate_bad_utf8(raw: bytes | memoryview, label: str) -> None:
     try:
         bytes(raw).decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = bytes(raw[: exc.start]).count(b"\n") + 1
-        if line == 1:
-            raise InputError("the header is not valid UTF-8 text", file=label) from None
-        raise InputError(f"is not valid UTF-8 text (line {line})", file=label, row=line - 1) from None
+        raise not_utf8(label, bytes(raw[: exc.start]).count(b"\n") + 1) from None
 
 
 def _csv_text_table(raw: bytes, label: str, numeric: frozenset[str] = frozenset()) -> pa.Table:
@@ -245,13 +280,14 @@ def _csv_text_table(raw: bytes, label: str, numeric: frozenset[str] = frozenset(
     try:
         header_text = first.decode("utf-8").rstrip("\r")
     except UnicodeDecodeError:
-        raise InputError("the header is not valid UTF-8 text", file=label) from None
+        raise not_utf8(label, 1) from None
     if not header_text.strip():
         raise InputError("the first line (the header) is blank", file=label)
     try:
         header = next(csv.reader([header_text], strict=True))
     except csv.Error:
         raise InputError("the header is not valid CSV", file=label) from None
+    separator_hint(header_text, header, label)
     names = [f"{h}\0{i}" for i, h in enumerate(header)]  # unique here; duplicates are reported by _header
     types = {n: pa.float64() if h.strip().lower() in numeric else pa.string() for n, h in zip(names, header)}
     try:
@@ -578,8 +614,32 @@ def mapped_name(column: str, columns: Mapping[str, str] | None) -> str:
     return _file_name(column, columns)
 
 
+def shown_column(column: str, columns: Mapping[str, str] | None) -> str:
+    """How an error names our ``column``: the file's own name for it where the column
+    mapping renames it (``'Customer Key'``, not ``'member_id'``), else ours."""
+    theirs = (columns or {}).get(column)
+    return theirs.strip() if theirs and theirs.strip().lower() != column else column
+
+
+def column_mapping_of(table: pa.Table | pd.DataFrame) -> dict[str, str]:
+    """The column mapping a table was read with (`read_text_table`'s schema metadata, or
+    `read_table`'s ``frame.attrs["column_mapping"]``); {} if none."""
+    import json
+    if isinstance(table, pa.Table):
+        raw = (table.schema.metadata or {}).get(COLUMN_MAPPING_KEY)
+        return dict(json.loads(raw)) if raw else {}
+    return dict(getattr(table, "attrs", {}).get("column_mapping") or {})
+
+
+def table_column(table: pa.Table | pd.DataFrame, column: str) -> str:
+    """`shown_column` for a table read here: the name an error about its ``column`` uses."""
+    return shown_column(column, column_mapping_of(table))
+
+
 #: schema metadata key of `read_text_table`'s result: the file's header names as written (JSON)
 FILE_COLUMNS_KEY = b"file_columns"
+#: schema metadata key of `read_text_table`'s result: the column mapping it applied (JSON)
+COLUMN_MAPPING_KEY = b"column_mapping"
 
 
 def read_text_table(path: str | Path, required: Sequence[str], optional: Sequence[str] = (),
@@ -594,10 +654,11 @@ def read_text_table(path: str | Path, required: Sequence[str], optional: Sequenc
     table, _ = _raw_table(path)
     shown = [c.split("\0", 1)[0].strip() for c in table.column_names]
     table = _header(table, label, required, optional, columns, lenient, may_lack=())  # a mapped name must be there
-    cols = [clean_member_ids(c, label) if n == ID_COLUMN else as_text(c, label, n)
-            for n, c in zip(table.column_names, table.columns)]
+    cols = [clean_member_ids(c, label, shown_column(n, columns)) if n == ID_COLUMN
+            else as_text(c, label, shown_column(n, columns)) for n, c in zip(table.column_names, table.columns)]
     return pa.Table.from_arrays(cols, names=table.column_names,
-                                metadata={FILE_COLUMNS_KEY: json.dumps(shown).encode("utf-8")})
+                                metadata={FILE_COLUMNS_KEY: json.dumps(shown).encode("utf-8"),
+                                          COLUMN_MAPPING_KEY: json.dumps(dict(columns or {})).encode("utf-8")})
 
 
 def file_columns(table: pa.Table) -> list[str]:
@@ -664,6 +725,31 @@ def _casts(arr: pa.Array) -> bool:
         return False
 
 
+#: values that are no number but say how to write one (`not_a_number`), lower case
+BOOLEAN_WORDS = frozenset({"true", "false"})
+
+
+def not_a_number(label: str, column: str, row: int, boolean: bool = False) -> InputError:
+    """The error of a value that is no number; ``boolean``: the value is True/False (any
+    case), and the message says to write 1/0 (module docstring: why it is not read as 1/0)."""
+    hint = ": expected 0/1 (True/False: write 1/0)" if boolean else ""
+    return InputError("not a number" + hint, file=label, column=column, row=row)
+
+
+def _is_boolean_word(value) -> bool:
+    return isinstance(value, str) and value.strip().lower() in BOOLEAN_WORDS
+
+
+def _first_boolean_word(arr: pa.Array) -> int | None:
+    """1-based row of the first True/False (any case) of a text column, else None."""
+    if not _is_text(arr.type):
+        return None
+    lowered = pc.utf8_lower(pc.utf8_trim_whitespace(fill_empty(arr)))
+    hits = arrow_to_numpy(pc.or_(pc.equal(lowered, string_scalar("true")), pc.equal(lowered, string_scalar("false"))),
+                          null=False)
+    return first_row(hits) if hits.any() else None
+
+
 def _text_numbers(arr: pa.Array, label: str, column: str) -> np.ndarray:
     arr = pc.utf8_trim_whitespace(fill_empty(arr))
     try:
@@ -677,7 +763,7 @@ def _text_numbers(arr: pa.Array, label: str, column: str) -> np.ndarray:
             lo = mid
         else:
             hi = mid
-    raise InputError("not a number", file=label, column=column, row=lo + 1)
+    raise not_a_number(label, column, lo + 1, _is_boolean_word(arr[lo].as_py()))
 
 
 def _numbers(col: pa.Array | pa.ChunkedArray, label: str, column: str) -> np.ndarray:
@@ -695,7 +781,8 @@ def _numbers(col: pa.Array | pa.ChunkedArray, label: str, column: str) -> np.nda
         raise InputError(f"must hold numbers, not {t}", file=label, column=column)
     bad = np.isnan(values)
     if bad.any():
-        raise InputError("not a number", file=label, column=column, row=first_row(bad))
+        row = first_row(bad)
+        raise not_a_number(label, column, row, _is_text(col.type) and _is_boolean_word(col[row - 1].as_py()))
     return values
 
 
@@ -740,31 +827,41 @@ def read_table(path: str | Path, numeric: Sequence[str] | None, *, text: Sequenc
         numeric = tuple(c for c in names if c != ID_COLUMN and c not in text and c not in lenient)
     required = [c for c in (ID_COLUMN, *numeric, *text) if c not in optional]
     table = _header(table, label, required, optional, columns, lenient)
-    ids = clean_member_ids(table.column(ID_COLUMN), label)
+    id_name = shown_column(ID_COLUMN, columns)  # errors name the file's column
+    ids = clean_member_ids(table.column(ID_COLUMN), label, id_name)
     if unique_ids:
-        check_member_ids(ids, label)
+        check_member_ids(ids, label, id_name)
     else:
         empty = arrow_to_numpy(pc.equal(fill_empty(ids), string_scalar("")), null=False)
         if empty.any():
-            raise InputError("empty member id", file=label, column=ID_COLUMN, row=first_row(empty))
+            raise InputError("empty member id", file=label, column=id_name, row=first_row(empty))
     present = set(table.column_names)
-    data = {c: _numbers(table.column(c), label, c) for c in numeric if c in present}
-    data.update({c: _lenient_numbers(table.column(c)) for c in lenient if c in present and c not in data})
-    data.update({c: as_text(table.column(c), label, c).to_numpy(zero_copy_only=False)
+    data = {c: _numbers(table.column(c), label, shown_column(c, columns)) for c in numeric if c in present}
+    lenient_read = [c for c in lenient if c in present and c not in data]
+    data.update({c: _lenient_numbers(table.column(c)) for c in lenient_read})
+    data.update({c: as_text(table.column(c), label, shown_column(c, columns)).to_numpy(zero_copy_only=False)
                  for c in text if c in present})
     frame = pd.DataFrame(data)
     frame.insert(0, ID_COLUMN, ids.to_numpy(zero_copy_only=False))
     frame.attrs["file_columns"] = shown
     frame.attrs["column_mapping"] = dict(columns or {})
+    # a lenient column's first True/False, for `numeric_column`'s message (rows only, no values)
+    frame.attrs["boolean_words"] = {c: row for c in lenient_read
+                                    if (row := _first_boolean_word(table.column(c).combine_chunks())) is not None}
     return frame
 
 
 def numeric_column(frame: pd.DataFrame, column: str, file: str) -> np.ndarray:
+    """A column of a `read_table` frame as float64; a value that is no number is refused,
+    naming the file's column (`table_column`) and saying how to write True/False."""
     import pandas as pd
     values = pd.to_numeric(frame[column], errors="coerce")
     bad = values.isna()
     if bad.any():
-        raise InputError("not a number", file=file, column=column, row=first_row(bad))
+        row = first_row(bad)
+        words = frame.attrs.get("boolean_words", {}).get(column)
+        text = frame[column].iloc[row - 1]
+        raise not_a_number(file, table_column(frame, column), row, words == row or _is_boolean_word(text))
     return values.to_numpy(dtype=np.float64)
 
 
@@ -772,5 +869,5 @@ def binary_column(frame: pd.DataFrame, column: str, file: str) -> np.ndarray:
     values = numeric_column(frame, column, file)
     bad = ~np.isin(values, (0.0, 1.0))
     if bad.any():
-        raise InputError("label must be 0 or 1", file=file, column=column, row=first_row(bad))
+        raise InputError("label must be 0 or 1", file=file, column=table_column(frame, column), row=first_row(bad))
     return values.astype(np.int64)

@@ -223,9 +223,11 @@ def _run(args: argparse.Namespace, progress) -> int:
             members, self_id, preparation = args.tester_members, args.self_id, preparation_config(args)
             load = lambda: prepare_from_files(members, self_id, preparation, columns)  # noqa: E731
         load = in_context(load, prefixed_mapping("tester-"))
-        load()  # fail fast, before any service starts
+        prepared = load()  # fail fast, before any service starts
         registry = DatasetRegistry(named={LOCAL_DATASET: args.client_data}, columns=client_columns(args, "client-"),
                                    how=prefixed_mapping("client-"))
+        refuse_no_match(prepared, args.client_data, registry.columns,
+                        args.tester_members or args.tester_probabilities)
         request = build_request(args, LOCAL_DATASET)
         # mutual TLS with a development CA made in memory for this run (--insecure: plaintext)
         if args.insecure:
@@ -261,6 +263,26 @@ def _run(args: argparse.Namespace, progress) -> int:
     progress.close()  # the live line ends before the result is printed
     return print_event(event, as_json=args.json, insecure=args.insecure,
                        report_dir=getattr(args, "report", None))
+
+
+def refuse_no_match(prepared, client_data: str, columns: dict[str, str], tester_file: str) -> None:
+    """A local run whose dataset shares no member id with the Tester's members is refused
+    before any encryption, saying so plainly. The operator holds both files (docs/design.md
+    §8.2's "refused" wording keeps a Test-Client from learning the intersection's size; here
+    the operator is both parties and learns nothing new). A service keeps that wording:
+    its Tester cannot see the Test-Client's ids before the PSI, nor say a count to it.
+    A dataset the id reader refuses is left to the audit, whose reader names the problem."""
+    from common.tables import ID_COLUMN, read_text_table, shown_column
+    try:
+        ids = read_text_table(client_data, (ID_COLUMN,), columns={k: v for k, v in columns.items() if k == ID_COLUMN})
+    except (InputError, OSError):
+        return
+    client_ids = set(ids.column(ID_COLUMN).to_pylist())
+    if client_ids.isdisjoint(prepared[ID_COLUMN].astype(str)):
+        raise InputError(f"no member id matched: none of its ids is among the members of {tester_file} (after "
+                         "opted-out, non-US and excluded-state members are dropped); are both files of the same "
+                         "members, with the ids in the same form and column (--client-id-column, "
+                         "--tester-id-column)?", file=str(client_data), column=shown_column(ID_COLUMN, columns))
 
 
 def explain_wrong_service(event, args: argparse.Namespace) -> None:

@@ -37,8 +37,7 @@ def _check_dataset(report: Report, registry, name: str, columns: dict[str, str])
         return
     names, rows = header
     lower = {n.lower() for n in names}
-    served, missing = [], {}
-    failed = False
+    served, missing, failed_labels = [], {}, []
     for label, metric, needed, params in _metric_variants():
         absent = [c for c in needed if mapped_name(c, columns) not in lower]
         if absent:
@@ -53,15 +52,15 @@ def _check_dataset(report: Report, registry, name: str, columns: dict[str, str])
             return metric.client_rows(frame, str(path), option, parsed, np.random.default_rng(0))
         out = report.run(f"dataset {name} for {label}", lambda: rows_for())
         if out is None:
-            failed = True
+            failed_labels.append(label)
         else:
             served.append(label)
     details = {"file": str(path), "rows": rows, "columns": names, "metrics": served,
                "missing": {k: v for k, v in missing.items()}}
     if served:
         report.ok(f"dataset {name}", f"{path}: {rows} rows, {size_words(path)}; serves {', '.join(served)}", **details)
-        _named_after_another_metric(report, name, path, served, missing, columns)
-    elif not failed:
+        _named_after_another_metric(report, name, path, served, missing, columns, failed_labels)
+    elif not failed_labels:
         closest, absent = min(missing.items(), key=lambda kv: len(kv[1]))
         lacks = ", ".join(c if mapped_name(c, columns) == c else f"{c} (read from '{columns[c]}' by the column mapping)"
                           for c in absent)
@@ -103,12 +102,13 @@ def check_client(args: argparse.Namespace) -> int:
 
 
 def _named_after_another_metric(report: Report, name: str, path, served: list[str], missing: dict[str, list[str]],
-                                columns: dict[str, str]) -> None:
+                                columns: dict[str, str], failed: list[str] = ()) -> None:
     """A dataset named after a metric (`ero.csv`) that cannot serve that metric is most
-    likely missing a column: a warning naming the columns, and how to map one."""
+    likely missing a column: a warning naming the columns, and how to map one. A metric in
+    ``failed`` (its columns are there, a value is wrong) has its failure said already: no warning."""
     from common.metrics import METRICS
     metric = name.strip().lower().replace("_", "-")
-    if metric not in METRICS or any(label.split(" ")[0] == metric for label in served):
+    if metric not in METRICS or any(label.split(" ")[0] == metric for label in (*served, *failed)):
         return
     absent = missing.get(metric) or min((v for k, v in missing.items() if k.split(" ")[0] == metric),
                                         key=len, default=[])

@@ -65,7 +65,8 @@ import pyarrow.compute as pc
 
 from common.errors import InputError
 from common.races import RACES
-from common.tables import arrow_to_numpy, check_member_ids, did_you_mean, file_columns, numpy_to_arrow, read_text_table
+from common.tables import (ID_COLUMN, arrow_to_numpy, check_member_ids, did_you_mean, file_columns, numpy_to_arrow,
+                           read_text_table, table_column)
 from tester_service.demographics.bisg import GEO_TABLES, BisgResult, bisg
 from tester_service.demographics.preparation import (SELF_ID_REQUIRED, PreparationConfig, drop_out_of_scope,
                                                      read_members_table, self_id_categories, validate_members)
@@ -191,7 +192,7 @@ def self_id_sample(members_path: str | Path, self_id_path: str | Path, *, geo: s
                          f"{did_you_mean('first_name', found)}", file=m_label)
     answers = read_text_table(self_id_path, SELF_ID_REQUIRED, columns=columns)  # `read_self_id`, in Arrow
     answer_ids = answers.column("member_id").combine_chunks()
-    check_member_ids(answer_ids, s_label)
+    check_member_ids(answer_ids, s_label, table_column(answers, ID_COLUMN))
     categories = self_id_categories(answers, s_label)
 
     config = PreparationConfig(excluded_states=excluded_states, geo=geo, first_names=first_names,

@@ -39,8 +39,9 @@ import pyarrow.compute as pc
 
 from common.errors import InputError
 from common.races import RACES, GroupMapping, race_label_to_index
-from common.tables import (HOW_TO_MAP, MissingColumn, arrow_to_numpy, check_member_ids, clean_member_ids, did_you_mean,
-                           file_columns, fill_empty, first_row, misspelling_hint, read_text_table, string_scalar)
+from common.tables import (HOW_TO_MAP, MissingColumn, arrow_to_numpy, check_member_ids, clean_member_ids,
+                           column_mapping_of, did_you_mean, file_columns, fill_empty, first_row, misspelling_hint,
+                           read_text_table, string_scalar, table_column)
 from tester_service.demographics import bisg as bisg_mod
 from tester_service.demographics import clipping, randomized_response
 
@@ -223,7 +224,8 @@ def validate_members(df: pd.DataFrame | pa.Table, label: str = "members", opt_ou
     """Check a members table (columns as text; a DataFrame or an Arrow table); raise
     `InputError` naming the first bad row. ``ids``: the table's ids already cleaned."""
     _require(df, MEMBER_REQUIRED, label)
-    check_member_ids(ids if ids is not None else _ids(df["member_id"], label), label)
+    check_member_ids(ids if ids is not None else _ids(df["member_id"], label), label,
+                     table_column(df, "member_id"))  # the file's name for it (column mapping)
     if isinstance(df, pa.Table):
         t = df.schema.field("surname").type
         if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)):
@@ -236,7 +238,7 @@ def validate_members(df: pd.DataFrame | pa.Table, label: str = "members", opt_ou
     if no_letter.any():
         row = first_row(no_letter)
         what = "is empty" if _blank(surnames.slice(row - 1, 1))[0] else "has no letters"
-        raise InputError(what, file=label, column="surname", row=row)
+        raise InputError(what, file=label, column=table_column(df, "surname"), row=row)
     if opt_out_column in _columns(df):
         parse_opt_out(df[opt_out_column], label, opt_out_column)
 
@@ -278,6 +280,7 @@ def read_members(path: str | Path, opt_out_column: str = "opt_out",
     table = read_members_table(path, opt_out_column, columns)
     frame = table.to_pandas()
     frame.attrs["file_columns"] = file_columns(table)
+    frame.attrs["column_mapping"] = column_mapping_of(table)  # errors name the file's columns
     return frame
 
 
@@ -299,7 +302,9 @@ def read_members_table(path: str | Path, opt_out_column: str = "opt_out",
 def read_self_id(path: str | Path, columns: Mapping[str, str] | None = None) -> pd.DataFrame:
     """A Self-ID file (``member_id, race``; CSV or Parquet) as text, not yet validated
     (`prepare` validates). ``columns``: the column mapping, as `read_members`."""
-    return read_text_table(path, SELF_ID_REQUIRED, columns=columns).to_pandas()
+    frame = read_text_table(path, SELF_ID_REQUIRED, columns=columns).to_pandas()
+    frame.attrs["column_mapping"] = dict(columns or {})  # errors name the file's columns
+    return frame
 
 
 def self_id_categories(df: pd.DataFrame, label: str = "self-id") -> np.ndarray:
@@ -311,7 +316,7 @@ def self_id_categories(df: pd.DataFrame, label: str = "self-id") -> np.ndarray:
     cats = idx[codes]
     if (cats < 0).any():
         raise InputError(f"unknown race label; expected one of {', '.join(RACES)}",
-                         file=label, column="race", row=first_row(cats < 0))
+                         file=label, column=table_column(df, "race"), row=first_row(cats < 0))
     return cats
 
 
@@ -395,7 +400,7 @@ def prepare(members: pd.DataFrame, self_id: pd.DataFrame | None = None,
     if self_id is not None:
         _require(self_id, SELF_ID_REQUIRED, self_id_label)
         self_id_ids = _ids(self_id["member_id"], self_id_label)
-        check_member_ids(self_id_ids, self_id_label)
+        check_member_ids(self_id_ids, self_id_label, table_column(self_id, "member_id"))
         cats_all = self_id_categories(self_id, self_id_label)
         pos_all = member_positions(self_id_ids, member_ids, self_id_label, members_label)
 
