@@ -145,7 +145,9 @@ def test_a_small_intersection_is_refused_and_names_the_control():
     with pytest.raises(ReleaseRefused) as refused:
         _audit(tester, client, ReleasePolicy())
     assert str(refused.value) == INTERSECTION_REFUSAL and "60" not in str(refused.value)  # no count
-    result, _, _ = _audit(tester, client, dataclasses.replace(ReleasePolicy(), min_intersection=60))
+    # the minimum is checked on a noised count (sd 5 members at the defaults, §8.2): 60 members
+    # clear a minimum of 40 but for a draw 4 sd below (3e-5), where a minimum of 60 is a coin toss
+    result, _, _ = _audit(tester, client, dataclasses.replace(ReleasePolicy(), min_intersection=40))
     assert result.n_matched == 60
 
 
