@@ -5,6 +5,7 @@ far its estimates may lie from exact's and when a group has no interval."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -106,3 +107,18 @@ def test_result_without_release_noise_has_no_note_and_intervals():
     result, _, _ = local_audit(tester, client, spec=SPEC)
     assert SAMPLED_NOISE_INFO not in result.info and "release_noise" not in result.params
     assert all(g.ci_low is not None for g in result.groups if g.estimate is not None)
+
+
+def test_the_note_is_on_the_table_and_the_page():
+    """The result's note on how far sampled may lie from exact, and why a group has no
+    interval, is read where the result is read: the text table and the page."""
+    import dataclasses
+
+    from common.stats.results import AuditReport
+    from ppre.report.html import render_html
+    from ppre.report.text import render_text
+    report = AuditReport.from_json((Path(__file__).parent / "data" / "reports" / "ero_calibration.json").read_text())
+    note = sampled_release_note(400)
+    noted = dataclasses.replace(report, info={**report.info, SAMPLED_NOISE_INFO: note})
+    assert f"note: {note}" in render_text(noted) and "note: " not in render_text(report)
+    assert "<strong>Note:</strong>" in render_html(noted) and "<strong>Note:</strong>" not in render_html(report)

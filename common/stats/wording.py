@@ -36,6 +36,17 @@ def score_bins_words(info: dict[str, Any], sep: str) -> str:
     return f"{sep}AUC of the score in {int(bins)} bins" if isinstance(bins, int) and bins > 0 else ""
 
 
+#: the notes a metric states in its result's `info`, shown beside the verdict on every
+#: page (MQOS-AUC sampled under release noise: `common.metrics.mqos_auc.SAMPLED_NOISE_INFO`,
+#: how far its estimates may lie from the exact option's and when a group has no interval)
+RESULT_NOTES = ("release_noise_note",)
+
+
+def result_notes(info: dict[str, Any]) -> list[str]:
+    """The metric's own notes on its result (`RESULT_NOTES`), in order."""
+    return [str(info[key]) for key in RESULT_NOTES if isinstance(info.get(key), str) and info[key]]
+
+
 def correction_summary(correction: dict[str, Any]) -> str:
     """One line on the attenuation correction (`common.stats.correction`)."""
     cond = correction.get("condition_number")

@@ -16,7 +16,7 @@ from ppre.report.escape import esc
 from ppre.report.model import (
     AGGREGATES_ONLY, PHASE_TOTAL, PREPARATION_WORDS, PROVENANCE, PROVENANCE_TABLE, RULE_WORDS, ci_text,
     attenuation_text, clipped_text, correction_words, count_text, finite, intervals_words, joined_rows_text,
-    left_out_reason, members_heading, metric_description, metric_title, num, plain_words, rank_order, receipt_line, release_words, signed_text, verdict_words,
+    left_out_reason, members_heading, metric_description, metric_title, result_notes, num, plain_words, rank_order, receipt_line, release_words, signed_text, verdict_words,
 )
 from ppre.report.plots import CORRECTED_COLOUR, OVERALL_COLOUR, WEIGHTED_COLOUR, curve_charts, forest_legend, forest_plot
 
@@ -89,6 +89,7 @@ def verdict_section(report: "AuditReport") -> str:
     clipped = clipped_text(report)
     if clipped:  # the estimates are of the clipped values: said beside the verdict, as the table says it
         facts.append(f'<li class="warn"><strong>Clipped values:</strong> {esc(clipped)}</li>')
+    facts += [f'<li class="warn"><strong>Note:</strong> {esc(note)}</li>' for note in result_notes(report.info)]
     if v.excluded_groups:
         facts.append(f"<li><strong>Left out of the verdict</strong> ({esc(left_out_reason(report))}; marked \u2020): "
                      f"{_list(list(v.excluded_groups))}</li>")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from common.stats.declared_range import clipped_facts
 from common.stats.results import DELIVERED, NOISED_MEMBERS
 from common.stats.wording import (FLAT_WORDS, clipped_warning, clipped_words, correction_summary, left_out_words,
-                                  range_advice, release_summary, score_bins_words)
+                                  range_advice, release_summary, result_notes, score_bins_words)
 
 if TYPE_CHECKING:  # pragma: no cover
     from common.stats.results import AuditReport

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from common.stats.intervals import INFORMATIVE_SHARE
 from common.stats.results import preparation_in_order, release_clean
-from common.stats.wording import correction_summary, release_summary, score_bins_words
+from common.stats.wording import correction_summary, release_summary, result_notes, score_bins_words
 from ppre.report.model import clipped_text, joined_rows_text, members_heading, receipt_line
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -82,6 +82,7 @@ def render_text(report: "AuditReport") -> str:
         lines.append(f"note: {over_cap:,} rows were left out before encryption: they would have put a member in "
                      f"more than rows_per_member = {report.params.get('rows_per_member')} rows (the release noise "
                      f"grows in proportion to it: raise it if many rows are left out)")
+    lines += [f"note: {note}" for note in result_notes(report.info)]
     lines.append(f"verdict: {v.message}")
     if v.severity == "inconclusive" and v.members_factor is not None and report.n_matched:
         lines.append(f"conclusive from about {math.ceil(v.members_factor * report.n_matched):,} joined members "
