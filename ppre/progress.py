@@ -226,25 +226,30 @@ def plain_line(event: Event) -> str:
 
 # ------------------------------------------------------------------ writers
 class PlainProgress:
-    """One line per event; the audit id once, when first heard. An event that says
-    nothing new (the Tester's heartbeat repeats its latest progress while a phase is
-    silent, e.g. during the Test-Client's key generation) prints no second line."""
+    """One line per event; the audit id once, when first heard (``show_id``). An event
+    that says nothing new prints no second line: the Tester's heartbeat repeats its
+    latest progress while a phase is silent (the Test-Client's key generation, a slow
+    upload), also after other news was printed (a Test-Client phase relayed in between),
+    so every (phase, message, counts) is printed once. ``line``: the event as text
+    (`plain_line`; `ppre demo` indents it)."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, *, line=None, show_id: bool = True) -> None:
         self.stream = stream
         self.state = ProgressState()
-        self._last: tuple = ()
+        self.line = line or plain_line
+        self.show_id = show_id
+        self._printed: set[tuple] = set()
 
     def __call__(self, event: Event) -> None:
         had_id = bool(self.state.audit_id)
         self.state.update(event)
-        if self.state.audit_id and not had_id:
+        if self.show_id and self.state.audit_id and not had_id:
             print(f"audit id: {self.state.audit_id}", file=self.stream, flush=True)
         news = (event.phase, event.message, event.done, event.total)
-        if news == self._last:
+        if news in self._printed:
             return
-        self._last = news
-        print(plain_line(event), file=self.stream, flush=True)
+        self._printed.add(news)
+        print(self.line(event), file=self.stream, flush=True)
 
     def close(self) -> None:
         self.state.close()

@@ -128,13 +128,20 @@ def tls_identity(args: argparse.Namespace):
                          "plaintext only with --insecure")
     directory = Path(args.tls_dir) if args.tls_dir else None
     if directory is not None and not directory.is_dir():
-        raise InputError("is not a directory (create one with `ppre certs init DIR`)", file=str(directory))
+        what = "is a file, not a directory" if directory.exists() else "does not exist"
+        raise InputError(f"'{directory}' {what}: give the directory that holds ca.pem, ROLE.pem and ROLE.key "
+                         "(create one with `ppre certs init DIR`), or the files with --ca, --cert and --key",
+                         parameter="--tls-dir")
     paths = {"--ca": args.ca or (directory / CA_CERT if directory else None),
              "--cert": args.cert or (directory / f"{role}.pem" if directory else None),
              "--key": args.key or (directory / f"{role}.key" if directory else None)}
     missing = [flag for flag, path in paths.items() if path is None]
     if missing:
         raise InputError(f"TLS needs {', '.join(missing)} too (or --tls-dir)")
+    for flag, path in paths.items():
+        if Path(path).is_dir():  # a directory where a file goes: perhaps meant as --tls-dir
+            raise InputError(f"'{path}' is a directory: give the PEM file, or the directory as --tls-dir DIR "
+                             f"(which holds ca.pem, {role}.pem and {role}.key)", parameter=flag)
     return TlsIdentity.from_files(paths["--ca"], paths["--cert"], paths["--key"])
 
 

@@ -262,7 +262,7 @@ def _run(args: argparse.Namespace, progress) -> int:
         explain_wrong_service(event, args)
     progress.close()  # the live line ends before the result is printed
     return print_event(event, as_json=args.json, insecure=args.insecure,
-                       report_dir=getattr(args, "report", None))
+                       report_dir=getattr(args, "report", None), tester=None if args.local else args.tester)
 
 
 def refuse_no_match(prepared, client_data: str, columns: dict[str, str], tester_file: str) -> None:
@@ -283,6 +283,15 @@ def refuse_no_match(prepared, client_data: str, columns: dict[str, str], tester_
                          "opted-out, non-US and excluded-state members are dropped); are both files of the same "
                          "members, with the ids in the same form and column (--client-id-column, "
                          "--tester-id-column)?", file=str(client_data), column=shown_column(ID_COLUMN, columns))
+
+
+def run_id_words(run_id: str, tester: str | None = None) -> str:
+    """The line under ``run id: ID``: what each of an audit's two ids is for (the audit id
+    names the audit in both services' logs, from its start; the run id names its result in
+    the run history, once there is one: docs/operations.md)."""
+    where = f" --tester {tester}" if tester else ""
+    return (f"  (the run id names this result in the run history: ppre runs show {run_id}{where}; "
+            "the audit id printed first names this audit in both services' log lines)")
 
 
 def explain_wrong_service(event, args: argparse.Namespace) -> None:
@@ -345,7 +354,8 @@ def local_history(args: argparse.Namespace):
 INSECURE_TRANSPORT = "insecure: plaintext gRPC, peers not authenticated"
 
 
-def print_event(event, *, as_json: bool, insecure: bool = False, report_dir: str | None = None) -> int:
+def print_event(event, *, as_json: bool, insecure: bool = False, report_dir: str | None = None,
+                tester: str | None = None) -> int:
     from common.stats.results import AuditReport
     from ppre.report.text import render_text
 
@@ -361,6 +371,7 @@ def print_event(event, *, as_json: bool, insecure: bool = False, report_dir: str
     print(report.to_json() if as_json else render_text(report))
     if event.result.run_id:  # kept in the Tester's run history: stderr, so that --json stays one object
         print(f"run id: {event.result.run_id}", file=sys.stderr, flush=True)
+        print(run_id_words(event.result.run_id, tester), file=sys.stderr, flush=True)
     if insecure and not as_json:
         print(f"WARNING: this audit ran over {INSECURE_TRANSPORT} (--insecure)")
     if report_dir:  # --report DIR: the page and exactly the --json object (ppre/report/)

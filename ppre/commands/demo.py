@@ -86,8 +86,10 @@ def run(args: argparse.Namespace) -> int:
             with local_services(lambda: prepare_from_files(members, self_id, preparation),
                                 DatasetRegistry(named={"ero": outputs}), tls=not args.insecure,
                                 executor=executor) as svc:
-                event = run_audit(svc.tester_address, request, tls=svc.operator_tls, on_progress=lambda p: print(
-                    f"  [{p.elapsed_s:6.1f}s] {p.phase}: {p.message}", flush=True))
+                from ppre.progress import PlainProgress  # each line once (heartbeats repeat the latest)
+                progress = PlainProgress(sys.stdout, line=lambda p: f"  [{p.elapsed_s:6.1f}s] {p.phase}: {p.message}",
+                                         show_id=False)
+                event = run_audit(svc.tester_address, request, tls=svc.operator_tls, on_progress=progress)
         finally:
             executor.shutdown(wait=False)
     if event.WhichOneof("event") != "result":

@@ -9,6 +9,9 @@ but not serving, nothing answering at the address, and a TLS handshake that fail
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import sys
 
 from ppre.commands import add_tls_arguments, tls_identity
 
@@ -35,11 +38,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=run)
 
 
+@contextlib.contextmanager
+def core_log_silenced():
+    """gRPC's C core writes its own log lines to file descriptor 2 (a refused handshake:
+    "Handshake failed ..."), beside this command's one line, whatever sys.stderr is; the
+    answer's detail already says what failed. While the check runs, descriptor 2 points
+    to /dev/null, unless the operator asked gRPC for more (GRPC_VERBOSITY other than
+    `ppre`'s default ERROR: ppre/__init__.py)."""
+    if os.environ.get("GRPC_VERBOSITY", "ERROR").upper() != "ERROR":
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def run(args: argparse.Namespace) -> int:
     from common.net.channels import health_status
     tls = tls_identity(args)
-    answer = health_status(args.address, args.timeout, tls=tls,
-                           server_name=args.server_identity if tls else None)
+    with core_log_silenced():
+        answer = health_status(args.address, args.timeout, tls=tls,
+                               server_name=args.server_identity if tls else None)
     print(describe(answer, args.address, tls is not None))
     return EXIT_CODES[answer.status]
 

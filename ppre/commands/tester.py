@@ -3,6 +3,7 @@ BISG against the Self-ID answers (paper appendix D; `tester_service.demographics
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 
 from common.crypto import batch, paillier
@@ -250,9 +251,8 @@ def preparation_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppre.commands import make_executor, serve_forever, setup_logging
+    from ppre.commands import serve_forever, setup_logging
     setup_logging(args, "tester")  # the process is protected already (`ppre.cli.main`, design §7)
-    from tester_service.server import TesterConfig, serve
     if bool(args.probabilities) == bool(args.members):
         raise InputError("give exactly one of --probabilities (a prepared table) and --members",
                          parameter="--probabilities/--members")
@@ -265,6 +265,39 @@ def run(args: argparse.Namespace) -> int:
                    audit_log=audit_log(args), tls=tls,
                    allowed_operators=parse_names(args.allow_operator), client_name=args.client_identity)
     service["history"] = args.history or None  # opened (and its schema checked) before anything listens
+    with removed_unless_serving(args.history):
+        server, port, servicer, config, test_keys = _start(args, service, columns, release)
+    security = (f"mutual TLS as {tls.identity}; operators allowed: {', '.join(config.allowed_operators)}; "
+                f"Test-Client identity {config.client_name}" if tls is not None else "INSECURE plaintext")
+    print(f"tester serving on {listening_words(args.host, port)}; Test-Client at {args.client}; {security}; "
+          f"crypto backend {batch.backend()} ({batch.backend_reason()})"
+          + (f"; {paillier.test_keys_label()}" if test_keys else ""), flush=True)
+    return serve_forever(server, servicer, config.executor)
+
+
+@contextlib.contextmanager
+def removed_unless_serving(history: str | None):
+    """A run history this start creates (`--history FILE`, opened before the port is bound:
+    its schema is checked before anything listens) is removed again, with SQLite's journal
+    files, when the Tester does not get to serve (a port already taken, a bad input file):
+    a failed start leaves no empty history behind. An existing history is never touched."""
+    from pathlib import Path
+    paths = [Path(history + suffix) for suffix in ("", "-journal", "-wal", "-shm")] if history else []
+    new = [p for p in paths if not os.path.lexists(p)]
+    try:
+        yield
+    except BaseException:
+        for path in new:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        raise
+
+
+def _start(args: argparse.Namespace, service: dict, columns, release):
+    """The Tester's configuration, its inputs checked, and its server bound (not yet
+    serving): (server, port, servicer, config, whether the keys are test keys)."""
+    from ppre.commands import make_executor
+    from tester_service.server import TesterConfig, serve
     service["executor"] = make_executor(args)
     service["min_modulus_bits"], test_keys = paillier.process_key_size()
     service["release"], service["accountant"] = release
@@ -278,9 +311,4 @@ def run(args: argparse.Namespace) -> int:
                                            columns=columns, **service)
         config.load_probabilities()  # check the files and parameters now, not at the first audit
     server, port, servicer = serve(config, args.port, args.host)
-    security = (f"mutual TLS as {tls.identity}; operators allowed: {', '.join(config.allowed_operators)}; "
-                f"Test-Client identity {config.client_name}" if tls is not None else "INSECURE plaintext")
-    print(f"tester serving on {listening_words(args.host, port)}; Test-Client at {args.client}; {security}; "
-          f"crypto backend {batch.backend()} ({batch.backend_reason()})"
-          + (f"; {paillier.test_keys_label()}" if test_keys else ""), flush=True)
-    return serve_forever(server, servicer, config.executor)
+    return server, port, servicer, config, test_keys
