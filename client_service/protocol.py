@@ -46,6 +46,7 @@ from common.protocol.session import PartySession, PhaseClock, chunk_ticks
 from common.protocol.transitions import CLIENT, ClientPhase, Step
 from proto import ppre_pb2 as pb
 from client_service import blind_pairs
+from client_service.results import JOINED_MEMBERS_SD
 
 #: the limits on what the Tester sends, with the checks: common.protocol.validation
 PROTOCOL_VERSION = validation.PROTOCOL_VERSION
@@ -64,6 +65,18 @@ NOISELESS_HELLO_REFUSED = ("the Tester asked for {metric} without release noise 
                            "(env PPRE_ACCEPT_NOISELESS=1)")
 #: own ids hashed and encrypted per step of step 4 (a checkpoint and a progress report each)
 ID_STEP_ROWS = 32_768
+
+
+def joined_count(report: AuditReport, header: pb.AggregatesHeader | None) -> AuditReport:
+    """`report` with the intersection's count the Tester released (design §8.2, §9.2):
+    its distinct joined members as the minimum was checked on them, noised under the
+    release controls (sd σ_i), exact without them (sd 0), as `n_matched`, and the sd
+    under `client_service.results.JOINED_MEMBERS_SD` in its facts; unchanged (no count:
+    `n_matched` 0, kept as null) where the header carries none."""
+    if header is None or not header.HasField("joined_members"):
+        return report
+    return replace(report, n_matched=int(header.joined_members),
+                   info={**report.info, JOINED_MEMBERS_SD: float(header.joined_members_sd)})
 
 
 def secret_permutation(n: int) -> np.ndarray:
@@ -579,7 +592,9 @@ class ClientSession(PartySession):
 
     def _keep(self, report: AuditReport) -> list[pb.PeerMessage]:
         """The result stays here (design §3.7): kept, then delivered; the Tester gets only
-        our timings, as the sign that the audit is done."""
+        our timings, as the sign that the audit is done. Its joined count is the one the
+        Tester's AggregatesHeader released (`joined_count`), or none."""
+        report = joined_count(report, self._header)
         self.result = replace(report, metric_option=self._option, result_recipient="client",
                               audit_id=self._hello.audit_id)
         if self._deliver is not None:

@@ -9,11 +9,21 @@ it back with `pop`, since one user holds both sides there) and, with a directory
 atomically (a temporary file, then a link that fails if the name is taken: a Tester
 that repeats an audit id cannot overwrite an earlier result).
 
-The joined rows are not the Test-Client's to count: the protocol never tells it the
-intersection's size (design §9.2; a refusal for a small intersection carries no count,
-§8.2), which the Tester's receipt holds (§9.3). The file says so with ``"n_matched":
-null`` rather than a count of 0; `read_kept` reads such a file back, and the reports
-(`ppre.report`) say whose count it is.
+The exact joined rows are not the Test-Client's to count: an exact intersection size
+would tell it whether one member is in the Tester's table (design §8.2, §9.2); the
+Tester's receipt holds it (§9.3). What the Tester does send (the AggregatesHeader's
+`joined_members`) is the count of distinct joined members the minimum intersection was
+checked on: under the release controls that check's own noised count (Gaussian, sd σ_i,
+5 members at the defaults; rounded, at least 0), a release whose ρ_i the answered audit
+already spends; without the controls the exact count. The kept result has it as
+``n_matched`` and its sd in its facts, ``info["joined_members_sd"]``
+(`JOINED_MEMBERS_SD`; 0 for an exact count), and the reports say "about 5,003 members
+(noised count, sd 5)" (`ppre.report.model.joined_rows_text`). It counts distinct
+members: for a metric with one row per member (ERO, output, POT, MQOS-NDCG, the
+probabilistic count) the joined rows, for the pair metrics (LOT, MQOS-AUC) the members
+in the joined pairs. A result from a Tester that sent no count says ``"n_matched":
+null`` rather than 0; `read_kept` reads such a file back, and the reports say whose
+count it is.
 """
 from __future__ import annotations
 
@@ -28,6 +38,9 @@ from common import logs
 from common.errors import InputError, PPREError
 from common.stats.results import AuditReport
 
+#: the fact under which a kept result holds its `n_matched`'s noise sd (members; 0: exact),
+#: present exactly when the Tester sent the joined count (module docstring)
+JOINED_MEMBERS_SD = "joined_members_sd"
 #: results kept in memory at most (the oldest go first; the directory keeps them all)
 MAX_KEPT = 64
 #: a kept result's file mode: the Test-Client's operator only
@@ -107,17 +120,20 @@ class ResultStore:
 
 
 def kept_json(report: AuditReport) -> str:
-    """The result as this Test-Client keeps it: the `ppre audit --json` object, with
-    ``"n_matched": null`` (module docstring: the intersection's size is the Tester's)."""
+    """The result as this Test-Client keeps it: the `ppre audit --json` object, whose
+    ``"n_matched"`` is the joined count the Tester released, noised (its sd in
+    ``info["joined_members_sd"]``), or null where it released none (module docstring:
+    the exact intersection's size is the Tester's)."""
     data = report.to_dict()
-    data["n_matched"] = None
+    if JOINED_MEMBERS_SD not in report.info:
+        data["n_matched"] = None
     return json.dumps(data)
 
 
 def read_kept(text: str) -> AuditReport:
     """A result as `kept_json` (or `ppre audit --json`) wrote it; a null joined-row
-    count reads as 0, which the reports show as the Tester's to know
-    (`ppre.report.model.joined_rows_text`)."""
+    count reads as 0, which the reports show as the Tester's to know, and a released
+    one with its sd (`ppre.report.model.joined_rows_text`)."""
     try:
         data = json.loads(text)
     except ValueError:

@@ -279,7 +279,7 @@ class TableEnd(_message.Message):
     def __init__(self, table: _Optional[_Union[Table, str]] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class AggregatesHeader(_message.Message):
-    __slots__ = ("groups", "replicates", "confidence", "slot_bits", "mask", "items", "item_slots", "tau", "small_groups", "suppressed_items", "interval", "plain_rows", "noise_sd", "zero_tests", "unidentifiable", "min_effective_size")
+    __slots__ = ("groups", "replicates", "confidence", "slot_bits", "mask", "items", "item_slots", "tau", "small_groups", "suppressed_items", "interval", "plain_rows", "noise_sd", "zero_tests", "unidentifiable", "min_effective_size", "joined_members", "joined_members_sd")
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     REPLICATES_FIELD_NUMBER: _ClassVar[int]
     CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
@@ -296,6 +296,8 @@ class AggregatesHeader(_message.Message):
     ZERO_TESTS_FIELD_NUMBER: _ClassVar[int]
     UNIDENTIFIABLE_FIELD_NUMBER: _ClassVar[int]
     MIN_EFFECTIVE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    JOINED_MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    JOINED_MEMBERS_SD_FIELD_NUMBER: _ClassVar[int]
     groups: _containers.RepeatedScalarFieldContainer[str]
     replicates: int
     confidence: float
@@ -312,7 +314,9 @@ class AggregatesHeader(_message.Message):
     zero_tests: int
     unidentifiable: _containers.RepeatedScalarFieldContainer[str]
     min_effective_size: float
-    def __init__(self, groups: _Optional[_Iterable[str]] = ..., replicates: _Optional[int] = ..., confidence: _Optional[float] = ..., slot_bits: _Optional[int] = ..., mask: _Optional[str] = ..., items: _Optional[int] = ..., item_slots: _Optional[int] = ..., tau: _Optional[float] = ..., small_groups: _Optional[_Iterable[str]] = ..., suppressed_items: _Optional[_Iterable[int]] = ..., interval: _Optional[str] = ..., plain_rows: _Optional[int] = ..., noise_sd: _Optional[_Iterable[float]] = ..., zero_tests: _Optional[int] = ..., unidentifiable: _Optional[_Iterable[str]] = ..., min_effective_size: _Optional[float] = ...) -> None: ...
+    joined_members: int
+    joined_members_sd: float
+    def __init__(self, groups: _Optional[_Iterable[str]] = ..., replicates: _Optional[int] = ..., confidence: _Optional[float] = ..., slot_bits: _Optional[int] = ..., mask: _Optional[str] = ..., items: _Optional[int] = ..., item_slots: _Optional[int] = ..., tau: _Optional[float] = ..., small_groups: _Optional[_Iterable[str]] = ..., suppressed_items: _Optional[_Iterable[int]] = ..., interval: _Optional[str] = ..., plain_rows: _Optional[int] = ..., noise_sd: _Optional[_Iterable[float]] = ..., zero_tests: _Optional[int] = ..., unidentifiable: _Optional[_Iterable[str]] = ..., min_effective_size: _Optional[float] = ..., joined_members: _Optional[int] = ..., joined_members_sd: _Optional[float] = ...) -> None: ...
 
 class ClientResult(_message.Message):
     __slots__ = ("phase_seconds", "report_json")

@@ -59,6 +59,7 @@ from common.protocol.transitions import TESTER, Step, TesterPhase
 from common.crypto.symmetric import RowSealer, sealed_width
 from proto import ppre_pb2 as pb
 from tester_service import aggregation, blind_pairs, release_items
+from tester_service import release as release_controls
 from tester_service.audit_spec import AuditSpec
 from tester_service.join import check_shuffled_chunk, double_client_chunk
 from tester_service.release import IntersectionRefused, ReleasePolicy, gaussian, gaussian_slots
@@ -79,6 +80,28 @@ ProgressFn = Callable[..., None]
 #: rows hashed, encrypted and sealed per step of step 2 (a checkpoint and a progress
 #: report each; about a second of work)
 UPLOAD_STEP_ROWS = 32_768
+
+
+def decided_intersection(release: ReleasePolicy, distinct: int) -> tuple[bool, int]:
+    """Whether an intersection of `distinct` distinct joined members is answered
+    (`ReleasePolicy.intersection_answered`, design §8.2), and the count that answer
+    rested on: under noise `distinct` plus the decision's own Gaussian draw of σ_i (one
+    draw, recorded as the decision makes it: never a second), rounded to a whole member
+    and floored at 0; without noise the exact count. Releasing it is the Gaussian
+    mechanism whose ρ_i the decision already spends, the rounding and the floor being
+    post-processing (docs/threat-model.md, "What one identity can still learn of
+    membership"). The draw comes from `tester_service.release.gaussian`, the operating
+    system's CSPRNG."""
+    drawn: list[float] = []
+
+    def draw(sigma: float) -> float:
+        drawn.append(release_controls.gaussian(sigma))
+        return drawn[-1]
+
+    answered = release.intersection_answered(distinct, draw=draw)
+    if len(drawn) > 1:
+        raise RuntimeError("the intersection's decision drew its noise more than once")
+    return answered, max(0, int(round(distinct + sum(drawn))))
 
 
 class TesterSession(PartySession):
@@ -152,6 +175,9 @@ class TesterSession(PartySession):
         self.n_matched = 0
         #: whether the intersection was answered or refused (`_decide_intersection`)
         self.intersection_decided = False
+        #: the count of distinct joined members the answer rested on (`decided_intersection`),
+        #: sent to a Test-Client that keeps the result (`_send`); None until answered
+        self._joined_members: int | None = None
         # per-session secrets: memory only, dropped by close()
         self._com_key: commutative.CommutativeKey | None = commutative.CommutativeKey.generate()
         self._sealer: RowSealer | None = RowSealer.generate()
@@ -444,10 +470,13 @@ class TesterSession(PartySession):
         the decision only with bounded probability; a refusal is `IntersectionRefused`,
         whose fixed text carries neither the count nor the draw. From here on the
         decision is out: an audit that ends without charging its ρ is counted as a
-        refusal by the servicer (`intersection_decided`)."""
+        refusal by the servicer (`intersection_decided`). An answered intersection keeps
+        the count it was answered on (`decided_intersection`) for the AggregatesHeader."""
         self.intersection_decided = True
-        if not self.release.intersection_answered(distinct):
+        answered, count = decided_intersection(self.release, distinct)
+        if not answered:
             raise IntersectionRefused()
+        self._joined_members = count
 
     def _sized_rows(self, multiplicity: int | None, l2: float | None) -> tuple[int, float]:
         """The (m, L2 count) the noise is sized from (design §8.3): the metric's cap on
@@ -669,7 +698,13 @@ class TesterSession(PartySession):
         self._released, self._pads = out.release, out.pads
         self._release_info = dict(out.release.info)
         width = self._pub.ciphertext_bytes
-        yield pb.PeerMessage(aggregates_header=release_items.header(self._audit(), out.release))
+        header = release_items.header(self._audit(), out.release)
+        if self.spec.result_recipient == "client" and self._joined_members is not None:
+            # the count the intersection was decided on, for the result the Test-Client keeps
+            # (design §8.2, §9.2): under noise a release whose ρ_i the answered audit's ρ covers
+            header.joined_members = self._joined_members
+            header.joined_members_sd = self.release.intersection_sigma()
+        yield pb.PeerMessage(aggregates_header=header)
         yield from wire.table_messages(wire.ciphertext_table(pb.AGGREGATES, width), len(out.ciphertexts),
                                        ciphertexts=paillier.ciphertexts_to_bytes(out.ciphertexts, width))
 

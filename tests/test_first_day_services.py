@@ -91,10 +91,10 @@ def test_in_their_containers_the_services_listen_on_every_interface():
     assert "ENV PPRE_TESTER_HOST=0.0.0.0 PPRE_CLIENT_HOST=0.0.0.0" in dockerfile
 
 
-def test_the_test_clients_record_says_whose_the_joined_row_count_is(tmp_path):
-    """The Test-Client's results file is never told the intersection's size (design
-    §9.2): it says null, not 0, and its page and table say the count is the Tester's,
-    on the receipt the operator got (which has it)."""
+def test_the_test_clients_record_has_the_joined_count_noised(tmp_path):
+    """The Test-Client's results file holds the joined count the Tester checked its
+    minimum on (design §8.2, §9.2): noised (σ_i), never 0 for an audit that joined rows,
+    and its page says it is noised; the exact count is on the receipt the operator got."""
     import json
     import math
 
@@ -120,10 +120,13 @@ def test_the_test_clients_record_says_whose_the_joined_row_count_is(tmp_path):
     got = AuditReport.from_json(event.result.report_json)
     assert got.is_receipt and got.n_matched == 90
     path = results / f"{got.audit_id}.json"
-    assert json.loads(path.read_text())["n_matched"] is None
+    kept = json.loads(path.read_text())
+    sigma = noisy.intersection_sigma()
+    assert abs(kept["n_matched"] - 90) <= 8 * sigma + 1 and kept["info"]["joined_members_sd"] == sigma
     out = subprocess.run([sys.executable, "-m", "ppre.report", str(path), str(tmp_path / "page")],
                          capture_output=True, text=True, timeout=60, env=child_env(), cwd=REPO)
     assert out.returncode == 0, out.stderr
     page = (tmp_path / "page" / "report.html").read_text(encoding="utf-8")
-    assert f"known to the Tester only (its receipt of audit {got.audit_id})" in page
-    assert "0 joined rows" not in page and json.loads((tmp_path / "page" / "report.json").read_text())["n_matched"] is None
+    assert f"about {kept['n_matched']} members (noised count, sd {sigma:.3g})" in page
+    assert "0 joined rows" not in page
+    assert json.loads((tmp_path / "page" / "report.json").read_text())["n_matched"] == kept["n_matched"]

@@ -17,6 +17,10 @@ Left out of the skeleton, each for a stated reason:
 * `AggregatesHeader.small_groups`, `suppressed_items`, `unidentifiable`: decided on
   noised sizes and the released (noised) M, drawn from the audit's budget (design §8.2);
   `tests/test_release.py` checks that suppression reads the noised sizes;
+* `AggregatesHeader.joined_members`: the count of distinct joined members plus the
+  minimum intersection's own Gaussian draw (σ_i, design §8.2; its sd,
+  `joined_members_sd`, a setting, stays in); `tests/test_joined_count_release.py` checks
+  that it is that draw;
 * on the removal neighbour only, the Tester's own PSI table (its row count is the size
   of the Tester's table, which PSI discloses by design: docs/threat-model.md).
 """
@@ -36,8 +40,9 @@ from tests.metric_data import random_ranked_lists
 
 #: the controls on, without the size thresholds these small tables would not pass
 NOISY = ReleasePolicy(min_intersection=1, min_effective_size=0.0)
-#: decided on noised values (module docstring)
-NOISED_FIELDS = {"small_groups", "suppressed_items", "unidentifiable"}
+#: decided on noised values (module docstring), or noised: the joined members' count the
+#: minimum intersection was checked on (design §8.2)
+NOISED_FIELDS = {"small_groups", "suppressed_items", "unidentifiable", "joined_members"}
 #: drawn afresh by every session, whatever the data: the audit's random id
 SESSION_FIELDS = {"audit_id"}
 N_TESTER = 240

@@ -58,8 +58,10 @@ def test_with_noise_on_the_tester_gets_a_receipt_and_the_results_dir_the_result(
     path = results / f"{got.audit_id}.json"
     assert [p.name for p in results.iterdir()] == [path.name]  # no temporary file left
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    kept = read_kept(path.read_text())  # its joined rows: null, the Tester's to count
-    assert json.loads(path.read_text())["n_matched"] is None
+    kept = read_kept(path.read_text())  # its joined rows: the Tester's noised count, sd σ_i
+    sigma = NOISY.intersection_sigma()
+    assert abs(json.loads(path.read_text())["n_matched"] - 90) <= 8 * sigma + 1 and kept.n_matched > 0
+    assert kept.info["joined_members_sd"] == pytest.approx(sigma)
     assert not kept.is_receipt and kept.audit_id == got.audit_id and kept.result_recipient == "client"
     # under noise a cell whose noised denominator is swamped has no estimate: some have one
     assert any(g.estimate is not None for g in kept.groups)

@@ -27,7 +27,8 @@ an error state sticks. In order:
    path the member vectors against the member table sent, its masked sums against the
    member table received, their totals one per rank pair), field sizes, the
    release fields of the AggregatesHeader (suppressed items, plain rows, zero tests,
-   noise standard deviations: `tester_service.release`), points (32-byte
+   noise standard deviations: `tester_service.release`; the joined members' count and
+   its sd, `check_joined_members`), points (32-byte
    canonical u-coordinates on Curve25519, not of small order: on the executor, below),
    ciphertexts (0 < c < n^2,
    gcd(c, n) = 1), key sizes (`min_modulus_bits` .. `MAX_MODULUS_BITS`), resampling
@@ -100,6 +101,12 @@ MAX_PARAMS = 64
 MAX_PARAM_CHARS = 1 << 20
 #: widest masked plaintext (bytes; a value below n of MAX_MODULUS_BITS, with its sign)
 MAX_PLAINTEXT_WIDTH = 1024
+#: the joined members' count in an AggregatesHeader (design §8.2, §9.2): its noise sd at
+#: most this (σ_i of a ρ far below any useful one), and the count at most the members the
+#: Test-Client sent plus the noise's cut, `JOINED_NOISE_TAIL_SD`·sd + 1 (the Tester's
+#: draws are cut there: `tester_service.release.NOISE_TAIL_SD`)
+MAX_JOINED_MEMBERS_SD = 1e6
+JOINED_NOISE_TAIL_SD = 8.0
 #: the peer's own timings (ClientResult, MaskedPlaintexts)
 MAX_SECONDS_ENTRIES = 64
 _SECONDS_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
@@ -425,6 +432,28 @@ class TesterInbound(Gate):
 
 
 # ------------------------------------------------------------------ the Test-Client's gate
+def check_joined_members(header: pb.AggregatesHeader, members_sent: int) -> None:
+    """The AggregatesHeader's `joined_members` (design §8.2, §9.2): sent only to a
+    Test-Client that keeps the result (mask "ratio"), with `joined_members_sd` a finite
+    sd in [0, MAX_JOINED_MEMBERS_SD]; the count (a uint64, never negative) at most the
+    `members_sent` plus the noise's cut. Anything else is a ProtocolError naming the
+    field."""
+    sd = header.joined_members_sd
+    if not header.HasField("joined_members"):
+        if sd != 0:
+            raise ProtocolError("aggregates header: joined_members_sd without joined_members")
+        return
+    if header.mask != "ratio":
+        raise ProtocolError("aggregates header: joined_members sent to a Test-Client that keeps no result")
+    if not (math.isfinite(sd) and 0 <= sd <= MAX_JOINED_MEMBERS_SD):
+        raise ProtocolError(f"aggregates header: joined_members_sd must be a finite sd in [0, "
+                            f"{MAX_JOINED_MEMBERS_SD:g}] members")
+    most = members_sent + math.ceil(JOINED_NOISE_TAIL_SD * sd) + (1 if sd else 0)
+    if header.joined_members > most:
+        raise ProtocolError(f"aggregates header: joined_members {header.joined_members} is above the {most} "
+                            f"members this Test-Client's rows hold (with the noise's cut)")
+
+
 class ClientInbound(Gate):
     """What the Test-Client (P2) accepts from the Tester. Reads the ClientSession's
     announced state: `_reader`, `_paillier`, `_header`, `_hello`, `_metric`, `_layout`,
@@ -571,4 +600,10 @@ class ClientInbound(Gate):
                 or (exact and (header.zero_tests or (header.mask == "ratio" and header.plain_rows != 1))) \
                 or not (math.isfinite(header.min_effective_size) and header.min_effective_size >= 0):
             raise ProtocolError("aggregates header: malformed release fields")
+        check_joined_members(header, self._members_sent(s))
         return plan, corrections
+
+    def _members_sent(self, s) -> int:
+        """The most distinct members the rows this Test-Client sent can hold: each row's
+        ids (`Metric.n_ids`), or its member table on LOT's blind path."""
+        return max(self.sent_rows.get(pb.CLIENT_ROWS, 0) * s._metric.n_ids, self.sent_rows.get(pb.MEMBER_POINTS, 0))

@@ -326,8 +326,33 @@ def is_client_copy(report: "AuditReport") -> bool:
         and not report.n_matched
 
 
+#: the fact under which a Test-Client's copy holds the noise sd of the joined count the
+#: Tester released (`client_service.results.JOINED_MEMBERS_SD`; 0: an exact count)
+JOINED_MEMBERS_SD = "joined_members_sd"
+
+
+def released_joined_sd(report: "AuditReport") -> float | None:
+    """The noise sd (members) of the joined count on a Test-Client's copy of its result:
+    the count of distinct joined members the Tester checked its minimum on and released
+    (design §8.2, §9.2; `client_service.results`), 0 where it is exact (no release
+    controls); None where the report holds no such count (the Tester's own, a receipt, a
+    local run's result, a copy from a Tester that sent none)."""
+    if not (report.audit_id and not report.is_receipt and report.result_recipient == "client"):
+        return None
+    sd = finite(report.info.get(JOINED_MEMBERS_SD))
+    return None if sd is None or sd < 0 else float(sd)
+
+
 def joined_rows_text(report: "AuditReport") -> str:
-    """The joined rows as a report shows them; a Test-Client's copy says whose count it is."""
+    """The joined rows as a report shows them; a Test-Client's copy says whose count it
+    is: the Tester's noised count of distinct members ("about 5,003 members (noised
+    count, sd 5)"), its exact one without the release controls, or, where it released
+    none, that only the Tester knows it."""
+    sd = released_joined_sd(report)
+    if sd is not None:
+        if sd > 0:
+            return f"about {count_text(report.n_matched)} members (noised count, sd {sd:.3g})"
+        return f"exactly {count_text(report.n_matched)} members (the Tester's release controls were off)"
     if is_client_copy(report):
         return f"known to the Tester only (its receipt of audit {report.audit_id})"
     return count_text(report.n_matched)
