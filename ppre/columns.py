@@ -67,6 +67,15 @@ def tester_columns(args: argparse.Namespace, prefix: str = "") -> dict[str, str]
     return mapping
 
 
+def members_columns(args: argparse.Namespace, prefix: str = "") -> dict[str, str]:
+    """A members file's column mapping alone (`ppre bisg`: `--id-column`, `--column
+    OURS=THEIRS`, docs/inputs.md), checked against the columns a members file has."""
+    from tester_service.demographics.preparation import MEMBER_OPTIONAL, MEMBER_REQUIRED
+    mapping = column_mapping(args, prefix)
+    _check_known(mapping, (*MEMBER_REQUIRED, *MEMBER_OPTIONAL), f"--{prefix}column", "the members file")
+    return mapping
+
+
 def client_columns(args: argparse.Namespace, prefix: str = "") -> dict[str, str]:
     """The Test-Client's column mapping, for every dataset; its names are the metrics' columns."""
     mapping = column_mapping(args, prefix)

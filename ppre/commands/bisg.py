@@ -50,16 +50,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def members_columns(args: argparse.Namespace) -> dict[str, str]:
-    """The members file's column mapping (`--id-column`, `--column OURS=THEIRS`,
-    docs/inputs.md), checked against the columns a members file has."""
-    from ppre.columns import _check_known, column_mapping
-    from tester_service.demographics.preparation import MEMBER_OPTIONAL, MEMBER_REQUIRED
-    mapping = column_mapping(args)
-    _check_known(mapping, (*MEMBER_REQUIRED, *MEMBER_OPTIONAL), "--column", "the members file")
-    return mapping
-
-
 def _floats_as_text(table: pa.Table) -> pa.Table:
     """Format float columns as text on all cores (the CSV writer does it on one); the
     text is the writer's own shortest round-trip form, so the file is unchanged."""
@@ -142,6 +132,7 @@ def write_table_atomic(table: pa.Table, output: str | Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ppre.columns import members_columns
     t0 = time.perf_counter()
     members = read_members_table(args.input, columns=members_columns(args))  # Arrow, all text: no pandas here
     csv_out = not str(args.output).lower().endswith((".parquet", ".pq"))
