@@ -40,12 +40,16 @@ def test_a_gap_whose_band_reaches_tau_is_not_none_even_where_the_audit_had_the_p
     """Not significant, the minimum detectable difference below τ (the old rule's "none"),
     but the band reaches past τ: a gap of τ is not ruled out, so inconclusive, and the
     message says which comparison's band reaches it."""
-    v = verdict_from("range", ["x - y"], family([0.028], [0.016]), 0.95, "percentile", TAU)
+    v = verdict_from("range", ["x - y"], family([0.02], [0.017]), 0.95, "percentile", TAU)
     assert not v.significant and v.mdd is not None and v.mdd <= TAU
     assert v.compared["band_low"] < 0 < TAU <= v.compared["band_high"]
     assert v.severity == "inconclusive" and v.equivalent is False
     assert "not ruled out" in v.message and "x - y" in v.message.split("not ruled out")[1]
     assert v.members_factor is not None and v.members_factor > 1.0  # the equivalence's need, not the MDD's (< 1)
+    # an estimate beyond tau/2: how many more members is not extrapolated, "more members" is all
+    near = verdict_from("range", ["x - y"], family([0.028], [0.016]), 0.95, "percentile", TAU)
+    assert near.severity == "inconclusive" and near.mdd <= TAU and near.members_factor is None
+    assert "conclusive with more members," in near.message and "x as many" not in near.message
 
 
 def test_none_says_every_band_lies_within_tau_and_the_page_calls_it_an_equivalence():
@@ -262,3 +266,31 @@ def test_the_page_shows_the_attenuation_the_verdict_states():
     assert "about 2.0x the weighted gap" in text and "b 55%" in text and "not identifiable" in text
     assert "understates" in text
     assert _replace(out, attenuation=None).attenuation is None
+
+
+def test_a_mixing_the_noise_swamps_states_no_share_and_no_factor():
+    """A noised M can make a group look unmixed or wholly mixed (the output metric at 5,000
+    members once read "multiple (0% of its weight on its race)"): a share whose noise sd
+    exceeds MAX_SHARE_SD is not stated, and a factor whose divisor the noise does not tell
+    from 0 is not given."""
+    from dataclasses import replace as _replace
+
+    from common.stats.verdict import MAX_SHARE_SD
+    mixing = np.array([[0.9, 0.05, 0.05], [0.35, 0.55, 0.10], [0.2, 0.1, 0.0]])
+    quiet = _corrected(mixing)
+    noisy = _replace(quiet, mixing_sd=np.array([[0.01] * 3, [0.01, 0.3, 0.01], [0.01, 0.01, 2 * MAX_SHARE_SD]]))
+    assert attenuation_factor(quiet, "b", "a") is not None and attenuation_factor(noisy, "b", "a") is None
+    v = _low_verdict()
+    out = with_attenuation(v, noisy, {"a": 0, "b": 1, "c": 2}, 0.95, "percentile", (0.0, 1.0), [])
+    assert out.attenuation is None or "b" not in out.attenuation["own_race_share"]
+    none = verdict_from("range", ["a - c"], family([0.004], [0.004]), 0.95, "percentile", TAU)
+    assert "c (0%" in with_attenuation(none, quiet, {}, 0.95, "percentile", None, []).message
+    assert "c (0%" not in with_attenuation(none, noisy, {}, 0.95, "percentile", None, []).message
+
+
+def test_no_members_factor_is_extrapolated_from_an_estimate_near_tau():
+    """An estimate at 0.049 whose band reaches τ: (half-width/(τ − 0.049))² would promise
+    thousands of times the members from a distance to τ that the noise alone sets."""
+    v = verdict_from("range", ["a - b"], family([0.049], [0.03]), 0.95, "percentile", TAU)
+    assert v.severity == "inconclusive"
+    assert v.members_factor is None or v.members_factor < 100

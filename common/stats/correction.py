@@ -275,6 +275,9 @@ class Corrected:
     mixing: np.ndarray | None = None
     #: each group's share of all groups' weight, ``Den_j / Σ Den``
     shares: np.ndarray | None = None
+    #: the release noise's sd of each entry of `mixing` (its M entry's noise over the row's
+    #: sum; 0 without noise): what of the mixing the noise leaves readable (`mixing_noise`)
+    mixing_sd: np.ndarray | None = None
     #: whether the corrected values are reported (asked for); otherwise they serve the
     #: verdict's attenuation statement only (`common.stats.verdict.with_attenuation`)
     reported: bool = True
@@ -477,6 +480,25 @@ class CorrectionPlan:
         return [g for g, size in zip(self.groups, sizes) if not size >= threshold], threshold
 
 
+def mixing_noise(plan_of_m: CorrectionPlan, row, plan, noise_sd: Sequence[float],
+                 mixing: np.ndarray | None) -> np.ndarray | None:
+    """The release noise's sd of each entry of the row-normalised M (`Corrected.mixing`):
+    the pair item's noise (first family, denominator slot) over the row's sum, which is
+    the group's weight and far steadier; None where the mixing is unknown."""
+    if mixing is None or not plan_of_m.families:
+        return None
+    family = plan_of_m.families[0]
+    k = len(plan_of_m.groups)
+    if len(family.pair_items) != len(pairs(k)):
+        return None
+    noise = np.zeros((k, k))
+    for p, (a, b) in enumerate(pairs(k)):
+        noise[a, b] = noise[b, a] = noise_of(noise_sd, family.pair_items[p], family.den_slot, plan.item_slots)
+    m = np.clip(pair_matrix(row, family, family.den_slot, k), 0.0, None)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return noise / m.sum(axis=1, keepdims=True)
+
+
 def finish_corrected(plan_of_m: CorrectionPlan, item_slots, plan, suppressed_items: Sequence[int],
                      unidentifiable: Sequence[str], noise_sd: Sequence[float] = (), **kwargs) -> Corrected:
     """Both parties' corrected values of a release with replicates (bootstrap or random
@@ -487,8 +509,10 @@ def finish_corrected(plan_of_m: CorrectionPlan, item_slots, plan, suppressed_ite
     threshold = MIN_IDENTIFYING_SIZE
     if len(noise_sd):
         unidentifiable, threshold = plan_of_m.released_identifiability(item_slots[:len(plan.items)], noise_sd, plan)
-    return plan_of_m.finish(item_slots, plan, suppressed_items, unidentifiable, min_identifying_size=threshold,
-                            **kwargs)
+    corrected = plan_of_m.finish(item_slots, plan, suppressed_items, unidentifiable, min_identifying_size=threshold,
+                                 **kwargs)
+    return replace(corrected, mixing_sd=mixing_noise(plan_of_m, item_slots[:len(plan.items)], plan, noise_sd,
+                                                     corrected.mixing))
 
 
 def extend(plan, groups: Sequence[str], *, square: tuple[int, int] | None = None, unit: float = 1.0,

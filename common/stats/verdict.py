@@ -160,6 +160,8 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
                                                                                  labels, tau))
                               if f[0] is not None], default=(None, None), key=lambda f: f[0])
         factor = _with_excluded(factor, excluded)
+        if factor is not None and factor <= 1.0:  # inconclusive with the members it has: how many more is unknown
+            factor = None
     pick, severity = _compared_pick(significant, adverse, banded, strict, tau, conclusive)
     needed = (wording.FLAT_NEEDED if flat and factor is None and not left_out and not excluded
               else wording.needed_words(factor, noisy, widest))
@@ -197,13 +199,14 @@ def _equivalence_factor(rule: str, est: np.ndarray, bands: Bands, short: np.ndar
     """How many times the members would bring the bands of the differences `short` of
     equivalence within ±τ, their estimates staying where they are: ((half-width /
     (τ − |estimate|))², the half-width shrinking as 1/√n), the largest, and the one that
-    needs it; None where an estimate itself reaches τ (more members decide that one
-    either way: no factor is stated for it)."""
+    needs it; None where an estimate itself reaches τ/2 (its distance to τ is too
+    uncertain to extrapolate: more members decide that one either way, and the MDD's
+    factor stands)."""
     best: tuple[float | None, str | None] = (None, None)
     for i in np.flatnonzero(short):
         magnitude = {"below_overall": est[i], "negative_cells": -est[i]}.get(rule, abs(est[i]))
         half = (bands.band_high[i] - bands.band_low[i]) / 2.0
-        if not (np.isfinite(magnitude) and np.isfinite(half)) or max(magnitude, 0.0) >= tau:
+        if not (np.isfinite(magnitude) and np.isfinite(half)) or max(magnitude, 0.0) >= tau / 2.0:
             continue
         f = (half / (tau - max(magnitude, 0.0))) ** 2
         if best[0] is None or f > best[0]:
@@ -572,8 +575,9 @@ def with_attenuation(verdict: Verdict, corrected, index, confidence, method, bou
              "up_to": None if up_to is None else round(up_to, 12),
              "own_race_share": {g: round(shares[g], 4) for g in (a, b) if g in shares},
              "reported": bool(getattr(corrected, "reported", True))}
-    reaches = [x for x in (gap, up_to) if x is not None and abs(x) >= verdict.tau and
-               (weighted is None or x * weighted >= 0)]
+    # the corrected gap where identifiable (the better estimate), else the factor's allowance
+    reaches = [x for x in ((gap,) if gap is not None else (up_to,)) if x is not None and abs(x) >= verdict.tau
+               and (weighted is None or x * weighted >= 0)]
     milder = verdict.severity == "low" and bool(reaches)
     words = wording.attenuation_words(label, gap, confidence, (low, high) if low is not None else None,
                                       understates, factor=factor, up_to=up_to, shares=facts["own_race_share"],
@@ -624,6 +628,7 @@ def attenuation_factor(corrected, a: str, b: str) -> float | None:
     mixing, names = getattr(corrected, "mixing", None), tuple(getattr(corrected, "groups", ()))
     if mixing is None or b not in names or (a != "overall" and a not in names):
         return None
+    sd = _mixing_sd(corrected)
     j = names.index(b)
     if a == "overall":
         share = getattr(corrected, "shares", None)
@@ -631,14 +636,38 @@ def attenuation_factor(corrected, a: str, b: str) -> float | None:
             return None
         s_b = float(share[j])
         divisor, over = float(mixing[j, j]) - s_b, 1.0 - s_b
-        factor = over / divisor if math.isfinite(divisor) and divisor > 0 else None
+        if not _readable(divisor, sd[j, j]):
+            return None
+        factor = over / divisor
     else:
         i = names.index(a)
-        divisors = [float(mixing[i, i] - mixing[j, i]), float(mixing[j, j] - mixing[i, j])]
-        if not all(math.isfinite(d) and d > 0 for d in divisors):
+        divisors = [(float(mixing[i, i] - mixing[j, i]), math.hypot(sd[i, i], sd[j, i])),
+                    (float(mixing[j, j] - mixing[i, j]), math.hypot(sd[j, j], sd[i, j]))]
+        if not all(_readable(d, e) for d, e in divisors):
             return None
-        factor = 1.0 / min(divisors)
-    return None if factor is None or not math.isfinite(factor) else max(factor, 1.0)
+        factor = 1.0 / min(d for d, _ in divisors)
+    return None if not math.isfinite(factor) else max(factor, 1.0)
+
+
+#: a share of the mixing is read only where the release noise leaves it this many sd
+#: clear of 0 (a divisor) or within this sd (a share: `MAX_SHARE_SD`)
+READABLE_SDS = 3.0
+MAX_SHARE_SD = 0.05
+
+
+def _mixing_sd(corrected) -> np.ndarray:
+    """`Corrected.mixing_sd`, zeros where unknown (no noise)."""
+    sd = getattr(corrected, "mixing_sd", None)
+    mixing = getattr(corrected, "mixing", None)
+    if sd is None:
+        return np.zeros(np.shape(mixing))
+    return np.where(np.isfinite(sd), sd, np.inf)
+
+
+def _readable(divisor: float, sd: float) -> bool:
+    """Whether a divisor of the attenuation factor is told apart from 0 by the release
+    noise (a noised M can make a group look unmixed, or wholly mixed: neither is a finding)."""
+    return math.isfinite(divisor) and divisor > 0 and divisor > READABLE_SDS * sd
 
 
 #: below this share of its weight on members of its own race a group is "seen little" by
@@ -647,11 +676,14 @@ SEEN_LITTLE = 0.5
 
 
 def _own_race_shares(corrected) -> dict[str, float]:
-    """Each group's share of its weight on members of its own race, ``M̃_jj`` (where known)."""
+    """Each group's share of its weight on members of its own race, ``M̃_jj``, where known
+    and the release noise leaves it within MAX_SHARE_SD (a noised 0% is no finding)."""
     mixing, names = getattr(corrected, "mixing", None), tuple(getattr(corrected, "groups", ()))
     if mixing is None:
         return {}
-    return {g: float(mixing[j, j]) for j, g in enumerate(names) if math.isfinite(float(mixing[j, j]))}
+    sd = _mixing_sd(corrected)
+    return {g: float(mixing[j, j]) for j, g in enumerate(names)
+            if math.isfinite(float(mixing[j, j])) and sd[j, j] <= MAX_SHARE_SD}
 
 
 def _label(cell) -> str:
