@@ -27,7 +27,8 @@ import pandas as pd
 
 from common.stats import bootstrap as boot
 from common.stats.results import DEFAULT_TAU, AuditReport
-from tester_service.release import DEFAULT_BUDGET, DEFAULT_POPULATION_BUDGET, DEFAULT_RHO_PER_AUDIT
+from tester_service.release import (DEFAULT_BUDGET, DEFAULT_MAX_POPULATION_REFUSALS, DEFAULT_POPULATION_BUDGET,
+                                    DEFAULT_RHO_PER_AUDIT)
 
 #: the dataset name the Test-Client knows the local data by
 LOCAL_DATASET = "local"
@@ -58,6 +59,7 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
                 result_recipient: str = "client", release_controls: bool = True,
                 noise_rho: float = DEFAULT_RHO_PER_AUDIT, privacy_budget: float = DEFAULT_BUDGET,
                 population_budget: float = DEFAULT_POPULATION_BUDGET,
+                max_population_refusals: int | None = DEFAULT_MAX_POPULATION_REFUSALS,
                 privacy_ledger: str | Path | None = None, history: bool | str | Path | None = True,
                 preparation=None, executor=None, timeout: float = AUDIT_TIMEOUT_S,
                 on_progress: Callable | None = None, tester_columns: Mapping[str, str] | None = None,
@@ -76,7 +78,9 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
     as `ppre audit --local --noise-rho --privacy-budget --privacy-ledger` does: the
     third audit of one pair at the defaults is refused (`AuditFailed`, code
     `privacy_budget_exhausted`), and so is any audit once all pairs with the same
-    Tester inputs together have spent `population_budget` (`--population-budget`). `history`: True (default) keeps the result in the run
+    Tester inputs together have spent `population_budget` (`--population-budget`), or
+    once `max_population_refusals` audits of those Tester inputs were refused for their
+    intersection (`--max-population-refusals`; None: no limit). `history`: True (default) keeps the result in the run
     history `ppre audit --local` keeps (`ppre runs list`), a path keeps it there,
     False or None keeps nothing. `executor`: a `common.execution.parallel.Executor` for the
     per-row work (default: inline). `on_progress(progress)`: called with each
@@ -118,7 +122,7 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
     try:
         release, accountant = _release(release_controls, noise_rho, privacy_budget, privacy_ledger,
                                        (probabilities, None) if probabilities is not None else (members, self_id),
-                                       client_data, population_budget)
+                                       client_data, population_budget, max_population_refusals)
     except InputError as exc:  # e.g. a client file that cannot be read: as the Test-Client would say it
         raise AuditFailed(exc.code, str(exc)) from None
     with local_services(load, registry, release=release, accountant=accountant, executor=executor,
@@ -131,7 +135,7 @@ def audit_local(client_data, *, metric: str = "ero", members=None, self_id=None,
 
 
 def _release(controls: bool, rho: float, budget: float, ledger, tester_inputs, client_data,
-             population_budget: float):
+             population_budget: float, max_population_refusals: int | None):
     """The release policy and privacy accountant of `ppre audit --local` (its
     `local_release`): the budget of this pair of inputs and that of the Tester's inputs'
     population (`release.local_accountant`), or with the controls off no control and an
@@ -142,7 +146,8 @@ def _release(controls: bool, rho: float, budget: float, ledger, tester_inputs, c
         return policy, PrivacyAccountant(policy.budget)
     policy = ReleasePolicy(rho=rho, budget=budget)
     return policy, local_accountant(policy.budget, tester_inputs, client_data, ledger, settings=API_SETTINGS,
-                                    population_budget=population_budget)
+                                    population_budget=population_budget,
+                                    max_population_refusals=max_population_refusals)
 
 
 def _history(history):

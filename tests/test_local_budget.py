@@ -301,3 +301,27 @@ def test_a_population_budget_that_is_not_positive_is_refused_naming_the_flag(use
     err = capsys.readouterr().err
     assert code == 2 and "--population-budget" in err and "must be above 0" in err
     assert not local_ledger_path().exists()  # nothing spent, nothing written
+
+
+def test_a_negative_population_refusal_limit_is_refused_naming_the_flag(user_home, capsys):
+    tp, cp = _pair(user_home, 9)
+    code = ppre_main(["audit", "--local", "--metric", "prob-count", "--tester-probabilities", str(tp),
+                      "--client-data", str(cp), "--max-population-refusals", "-1", "--history", "none"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--max-population-refusals" in err and "whole number" in err
+    assert not local_ledger_path().exists()
+
+
+def test_the_population_refusal_limit_is_the_operators_on_the_command_line_and_in_the_api(user_home, capsys):
+    """`--max-population-refusals 0`: the Tester's members have had as many refused audits as
+    the operator allows, so the audit is refused before any work, naming the population's
+    bound; the library call takes the same limit."""
+    tp, cp = _pair(user_home, 9)
+    code = ppre_main(["audit", "--local", "--metric", "prob-count", "--tester-probabilities", str(tp),
+                      "--client-data", str(cp), "--max-population-refusals", "0", "--history", "none", "--json"])
+    out = capsys.readouterr().out
+    assert code != 0 and json.loads(out)["error"]["code"] == "refusal_limit_reached"
+    with pytest.raises(AuditFailed) as failed:
+        audit_local(cp, probabilities=tp, metric="prob-count", max_population_refusals=0, history=False)
+    assert failed.value.code == "refusal_limit_reached" and "population" in str(failed.value)
+    assert audit_local(cp, probabilities=tp, metric="prob-count", history=False).verdict.severity  # default: answered

@@ -336,9 +336,11 @@ def local_release(args: argparse.Namespace):
         return release, PrivacyAccountant(release.budget, args.privacy_ledger or local_ledger_path(),
                                           identity=args.privacy_identity, settings=settings,
                                           population=population_key(tester_inputs),
-                                          population_budget=args.population_budget)
+                                          population_budget=args.population_budget,
+                                          max_population_refusals=args.max_population_refusals)
     return release, local_accountant(release.budget, tester_inputs, args.client_data, args.privacy_ledger,
-                                     population_budget=args.population_budget)
+                                     population_budget=args.population_budget,
+                                     max_population_refusals=args.max_population_refusals)
 
 
 def local_history(args: argparse.Namespace):

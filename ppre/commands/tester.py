@@ -147,6 +147,12 @@ def add_release_arguments(s: argparse.ArgumentParser, local: bool = False) -> No
                    help=f"total rho all Test-Client identities together may spend on the Tester's members (one "
                         f"population per set of Tester input files), beside each identity's --privacy-budget "
                         f"(default {r.DEFAULT_POPULATION_BUDGET:g}; 'inf': unlimited; env PPRE_POPULATION_BUDGET)")
+    s.add_argument("--max-population-refusals", type=int,
+                   default=env("PPRE_MAX_POPULATION_REFUSALS", str(r.DEFAULT_MAX_POPULATION_REFUSALS)), metavar="N",
+                   help=f"refuse every audit of the Tester's members once N audits of them, by any Test-Client "
+                        f"identity{' or local client file' if local else ''}, were refused for their intersection "
+                        f"(default {r.DEFAULT_MAX_POPULATION_REFUSALS}; each answers a noisy yes/no about "
+                        f"membership: docs/threat-model.md; env PPRE_MAX_POPULATION_REFUSALS)")
     where = ("default: the user's data directory; one budget per pair of input files, keyed by a digest of their "
              "contents" if local else "needed with release noise on, unless --ephemeral-budget")
     s.add_argument("--privacy-ledger", default=env("PPRE_PRIVACY_LEDGER"), metavar="FILE",
@@ -195,11 +201,15 @@ def release_settings(args: argparse.Namespace, local: bool = False):
         require_ledger(args, policy)
     if not args.population_budget > 0:
         raise InputError(f"must be above 0, got {args.population_budget:g}", parameter="--population-budget")
+    if args.max_population_refusals < 0:
+        raise InputError(f"must be a whole number >= 0, got {args.max_population_refusals}",
+                         parameter="--max-population-refusals")
     ledger = args.privacy_ledger or (local_ledger_path() if local else None)
     population = None if local else population_key(
         (args.probabilities, None) if args.probabilities else (args.members, args.self_id))
     return policy, PrivacyAccountant(policy.budget, ledger, identity="local Test-Client" if local else None,
-                                     population=population, population_budget=args.population_budget)
+                                     population=population, population_budget=args.population_budget,
+                                     max_population_refusals=args.max_population_refusals)
 
 
 #: why `ppre tester serve` with release noise refuses to start without a ledger
