@@ -294,3 +294,19 @@ def test_no_members_factor_is_extrapolated_from_an_estimate_near_tau():
     v = verdict_from("range", ["a - b"], family([0.049], [0.03]), 0.95, "percentile", TAU)
     assert v.severity == "inconclusive"
     assert v.members_factor is None or v.members_factor < 100
+
+
+def test_a_kept_low_result_from_before_the_flag_is_not_read_as_below_tau():
+    """A result kept in a history before `may_reach_tau` existed (its JSON has no such key):
+    the page reads its band, and a band that reaches τ is not called "below τ"."""
+    import json
+    from pathlib import Path
+
+    from common.stats.results import AuditReport
+    data = json.loads((Path(__file__).parent / "data" / "reports" / "ero_calibration.json").read_text())
+    data["verdict"].pop("may_reach_tau", None)
+    data["verdict"]["severity"] = "low"
+    report = AuditReport.from_dict(data)
+    assert not report.verdict.may_reach_tau and report.verdict.compared["band_high"] >= TAU
+    headline, explain = verdict_words(report)
+    assert "may be \u03c4 or more" in headline and "lies below" not in explain

@@ -222,7 +222,7 @@ def verdict_words(report: "AuditReport") -> tuple[str, str]:
                  f"A difference is significant ({pct} simultaneous interval excludes 0) and its weighted estimate "
                  f"is below \u03c4 = {tau:g}, but its interval or its correction for attenuation reaches "
                  f"\u03c4: the gap between the races may be \u03c4 or more (the verdict in full says which).")
-                if v.may_reach_tau else
+                if _may_reach_tau(v, tau) else
                 ("Significant disparity, low severity",
                  f"A difference is significant ({pct} simultaneous interval excludes 0) and its interval "
                  f"lies below \u03c4 = {tau:g}.")),
@@ -247,6 +247,22 @@ def verdict_words(report: "AuditReport") -> tuple[str, str]:
         "flagged": ("Flagged", "The verdict flags this audit."),
     }
     return words.get(v.severity, (f"Severity: {v.severity}", ""))
+
+
+def _may_reach_tau(v, tau: float) -> bool:
+    """Whether a "low" verdict's gap may be τ or more: its flag, or (a result kept before
+    the flag existed) its compared band's far end in the direction the rule judges."""
+    if v.may_reach_tau:
+        return True
+    c = v.compared or {}
+    low, high, estimate = finite(c.get("band_low")), finite(c.get("band_high")), finite(c.get("estimate"))
+    if v.rule == "negative_cells":
+        far = None if low is None else -low
+    elif v.rule == "below_overall" or (estimate is not None and estimate >= 0):
+        far = high
+    else:
+        far = None if low is None else -low
+    return far is not None and far >= tau
 
 
 def attenuation_text(a: dict) -> str:
