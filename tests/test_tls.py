@@ -332,7 +332,7 @@ def test_services_without_certificates_refuse_to_start(tmp_path):
         assert rc == 2, (rc, stdout, stderr)
         assert "no TLS certificates" in stderr and "ppre certs init" in stderr
         assert "--insecure" in stderr and "serving" not in stdout
-    assert nowhere[0] == 2 and "nowhere" in nowhere[2] and "is not a directory" in nowhere[2]
+    assert nowhere[0] == 2 and "nowhere" in nowhere[2] and "does not exist" in nowhere[2]
     assert both[0] == 2 and "exclude each other" in both[2]
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import time
@@ -71,6 +72,19 @@ def make_executor(args: argparse.Namespace):
     if start is not None:
         start()
     return executor
+
+
+@contextlib.contextmanager
+def shut_down_unless_serving(executor):
+    """A service's executor (`make_executor`), shut down again when the service does not get
+    to serve (a port already taken, a bad input file): its worker processes end with the
+    failed start, not at the interpreter's exit, where a process pool left running races
+    its own wake-up pipe ("Bad file descriptor" on stderr after the one error line)."""
+    try:
+        yield executor
+    except BaseException:
+        executor.shutdown(wait=True)
+        raise
 
 
 def add_names_argument(s: argparse.ArgumentParser, flag: str, env_name: str, default: str, what: str) -> None:

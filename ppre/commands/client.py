@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from client_service.datasets import DatasetRegistry
     from client_service.server import ClientConfig, serve
-    from ppre.commands import make_executor, serve_forever, setup_logging
+    from ppre.commands import make_executor, serve_forever, setup_logging, shut_down_unless_serving
     setup_logging(args, "client")  # the process is protected already (`ppre.cli.main`, design §7)
     from common.net.tls import parse_names
 
@@ -66,11 +66,13 @@ def run(args: argparse.Namespace) -> int:
     registry = DatasetRegistry(args.data_dir, dataset_files(args.dataset), client_columns(args))
     registry.check_servable()  # before the port opens: a service that serves nothing does not start
     bits, test_keys = paillier.process_key_size()
-    config = ClientConfig(registry, modulus_bits=bits, allow_insecure=test_keys,
-                          settings=link_settings(args), max_sessions=args.max_sessions, tls=tls,
-                          allowed_testers=parse_names(args.allow_tester), executor=make_executor(args),
-                          accept_noiseless=args.accept_noiseless, results=results)
-    server, port, servicer = serve(config, args.port, args.host)
+    executor = make_executor(args)
+    with shut_down_unless_serving(executor):
+        config = ClientConfig(registry, modulus_bits=bits, allow_insecure=test_keys,
+                              settings=link_settings(args), max_sessions=args.max_sessions, tls=tls,
+                              allowed_testers=parse_names(args.allow_tester), executor=executor,
+                              accept_noiseless=args.accept_noiseless, results=results)
+        server, port, servicer = serve(config, args.port, args.host)
     security = (f"mutual TLS as {tls.identity}; Testers allowed: {', '.join(config.allowed_testers)}"
                 if tls is not None else "INSECURE plaintext")
     kept = (f"results to {results.directory}" if results.directory is not None

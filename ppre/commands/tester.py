@@ -306,19 +306,20 @@ def removed_unless_serving(history: str | None):
 def _start(args: argparse.Namespace, service: dict, columns, release):
     """The Tester's configuration, its inputs checked, and its server bound (not yet
     serving): (server, port, servicer, config, whether the keys are test keys)."""
-    from ppre.commands import make_executor
+    from ppre.commands import make_executor, shut_down_unless_serving
     from tester_service.server import TesterConfig, serve
     service["executor"] = make_executor(args)
-    service["min_modulus_bits"], test_keys = paillier.process_key_size()
-    service["release"], service["accountant"] = release
-    if args.probabilities:
-        mapping = preparation_config(args).group_mapping
-        config = TesterConfig.from_probability_file(args.client, args.probabilities, mapping, columns=columns,
-                                                    **service)
-        config.load_probabilities()  # check the table now, not at the first audit
-    else:
-        config = TesterConfig.from_members(args.client, args.members, args.self_id, preparation_config(args),
-                                           columns=columns, **service)
-        config.load_probabilities()  # check the files and parameters now, not at the first audit
-    server, port, servicer = serve(config, args.port, args.host)
+    with shut_down_unless_serving(service["executor"]):
+        service["min_modulus_bits"], test_keys = paillier.process_key_size()
+        service["release"], service["accountant"] = release
+        if args.probabilities:
+            mapping = preparation_config(args).group_mapping
+            config = TesterConfig.from_probability_file(args.client, args.probabilities, mapping, columns=columns,
+                                                        **service)
+            config.load_probabilities()  # check the table now, not at the first audit
+        else:
+            config = TesterConfig.from_members(args.client, args.members, args.self_id, preparation_config(args),
+                                               columns=columns, **service)
+            config.load_probabilities()  # check the files and parameters now, not at the first audit
+        server, port, servicer = serve(config, args.port, args.host)
     return server, port, servicer, config, test_keys
