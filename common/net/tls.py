@@ -161,7 +161,8 @@ class TlsIdentity:
         """`ppre certs init`'s layout: DIR/ca.pem, DIR/ROLE.pem, DIR/ROLE.key."""
         d = Path(directory)
         if not d.is_dir():
-            raise InputError("is not a directory (create one with `ppre certs init DIR`)", file=str(d))
+            what = "is a file, not a directory" if d.exists() else "does not exist"
+            raise InputError(f"{what} (create one with `ppre certs init DIR`)", file=str(d))
         return cls.from_files(d / CA_CERT, d / f"{role}.pem", d / f"{role}.key")
 
     @property
