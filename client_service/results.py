@@ -36,11 +36,8 @@ from pathlib import Path
 
 from common import logs
 from common.errors import InputError, PPREError
-from common.stats.results import AuditReport
+from common.stats.results import JOINED_MEMBERS_SD, AuditReport  # present exactly when the Tester sent the count
 
-#: the fact under which a kept result holds its `n_matched`'s noise sd (members; 0: exact),
-#: present exactly when the Tester sent the joined count (module docstring)
-JOINED_MEMBERS_SD = "joined_members_sd"
 #: results kept in memory at most (the oldest go first; the directory keeps them all)
 MAX_KEPT = 64
 #: a kept result's file mode: the Test-Client's operator only

@@ -276,7 +276,7 @@ class Corrected:
     #: each group's share of all groups' weight, ``Den_j / Σ Den``
     shares: np.ndarray | None = None
     #: the release noise's sd of each entry of `mixing` (its M entry's noise over the row's
-    #: sum; 0 without noise): what of the mixing the noise leaves readable (`mixing_noise`)
+    #: sum; 0 without noise): what of the mixing the noise leaves readable (`mixing_of`)
     mixing_sd: np.ndarray | None = None
     #: whether the corrected values are reported (asked for); otherwise they serve the
     #: verdict's attenuation statement only (`common.stats.verdict.with_attenuation`)
@@ -426,32 +426,41 @@ class CorrectionPlan:
         for f, family in enumerate(self.families):
             for j, c in enumerate(family.cells):
                 out[:, c] = by_family[:, f * k + j] + plan.cells[c].offset  # values relative to a range
-        mixing, shares = self.mixing_of(item_slots, plan, dropped)
-        return Corrected(out, cond, tuple(hidden), tuple(dropped), float(min_identifying_size), self.groups,
-                         mixing, shares)
+        return Corrected(out, cond, tuple(hidden), tuple(dropped), float(min_identifying_size), self.groups)
 
-    def mixing_of(self, item_slots, plan, dropped: Sequence[str] = ()) -> tuple[np.ndarray | None,
-                                                                                np.ndarray | None]:
-        """(M row-normalised, the groups' shares of the weight) of the estimate's row, first
-        family (design §5.9): under (A1) row j is where group j's weight lies by race, so
-        that a weighted gap between j and l is ``(M̃_j − M̃_l)·μ`` of the true-race rates μ
+    def mixing_of(self, item_slots, plan, dropped: Sequence[str] = (),
+                  noise_sd: Sequence[float] = ()) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        """(M row-normalised, the groups' shares of the weight, the release noise's sd of
+        each entry of the first) of the estimate's row, first family (design §5.9): under
+        (A1) row j is where group j's weight lies by race, so that a weighted gap between j
+        and l is ``(M̃_j − M̃_l)·μ`` of the true-race rates μ
         (`common.stats.verdict.with_attenuation`). Post-processing of the released M; a
         dropped group's row and column (random values) are NaN; noise may leave an entry
-        below 0, read as 0."""
+        below 0, read as 0. An entry's sd is its pair item's noise (`noise_sd`, the
+        header's; 0 without) over the row's sum, the group's weight and far steadier:
+        what of the mixing the noise leaves readable."""
         if not self.families:
-            return None, None
-        _, den, m = self._system(item_slots, 0, plan.cells, self.families[0])
+            return None, None, None
+        family = self.families[0]
+        _, den, m = self._system(item_slots, 0, plan.cells, family)
         gone = [j for j, g in enumerate(self.groups) if g in set(dropped)]
         m[gone, :] = 0.0
         m[:, gone] = 0.0
         m = np.clip(m, 0.0, None)
+        k = len(self.groups)
+        noise = np.zeros((k, k))
+        if len(family.pair_items) == len(pairs(k)):
+            for p, (a, b) in enumerate(pairs(k)):
+                noise[a, b] = noise[b, a] = noise_of(noise_sd, family.pair_items[p], family.den_slot,
+                                                     plan.item_slots)
         with np.errstate(divide="ignore", invalid="ignore"):
-            mixing = m / m.sum(axis=1, keepdims=True)
+            weight = m.sum(axis=1, keepdims=True)
+            mixing, sd = m / weight, noise / weight
             kept = np.clip(np.delete(den, gone) if gone else den, 0.0, None)
             shares = np.clip(den, 0.0, None) / kept.sum()
         mixing[gone, :] = np.nan
         shares[gone] = np.nan
-        return mixing, shares
+        return mixing, shares, sd
 
     def released_identifiability(self, row: Sequence[Sequence[int]], noise_sd: Sequence[float],
                                  plan) -> tuple[list[str], float]:
@@ -480,25 +489,6 @@ class CorrectionPlan:
         return [g for g, size in zip(self.groups, sizes) if not size >= threshold], threshold
 
 
-def mixing_noise(plan_of_m: CorrectionPlan, row, plan, noise_sd: Sequence[float],
-                 mixing: np.ndarray | None) -> np.ndarray | None:
-    """The release noise's sd of each entry of the row-normalised M (`Corrected.mixing`):
-    the pair item's noise (first family, denominator slot) over the row's sum, which is
-    the group's weight and far steadier; None where the mixing is unknown."""
-    if mixing is None or not plan_of_m.families:
-        return None
-    family = plan_of_m.families[0]
-    k = len(plan_of_m.groups)
-    if len(family.pair_items) != len(pairs(k)):
-        return None
-    noise = np.zeros((k, k))
-    for p, (a, b) in enumerate(pairs(k)):
-        noise[a, b] = noise[b, a] = noise_of(noise_sd, family.pair_items[p], family.den_slot, plan.item_slots)
-    m = np.clip(pair_matrix(row, family, family.den_slot, k), 0.0, None)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return noise / m.sum(axis=1, keepdims=True)
-
-
 def finish_corrected(plan_of_m: CorrectionPlan, item_slots, plan, suppressed_items: Sequence[int],
                      unidentifiable: Sequence[str], noise_sd: Sequence[float] = (), **kwargs) -> Corrected:
     """Both parties' corrected values of a release with replicates (bootstrap or random
@@ -511,8 +501,8 @@ def finish_corrected(plan_of_m: CorrectionPlan, item_slots, plan, suppressed_ite
         unidentifiable, threshold = plan_of_m.released_identifiability(item_slots[:len(plan.items)], noise_sd, plan)
     corrected = plan_of_m.finish(item_slots, plan, suppressed_items, unidentifiable, min_identifying_size=threshold,
                                  **kwargs)
-    return replace(corrected, mixing_sd=mixing_noise(plan_of_m, item_slots[:len(plan.items)], plan, noise_sd,
-                                                     corrected.mixing))
+    mixing, shares, sd = plan_of_m.mixing_of(item_slots, plan, corrected.dropped, noise_sd)
+    return replace(corrected, mixing=mixing, shares=shares, mixing_sd=sd)
 
 
 def extend(plan, groups: Sequence[str], *, square: tuple[int, int] | None = None, unit: float = 1.0,

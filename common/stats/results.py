@@ -109,6 +109,9 @@ class Difference:
 #: the result's `info` key that says the pools' member counts are noised (the probabilistic
 #: count's encrypted form: each the sum of its groups' noised counts)
 NOISED_MEMBERS = "pool_members_noised"
+#: the result's `info` key under which a Test-Client's kept copy holds the noise sd (members;
+#: 0: exact) of its `n_matched`, the joined count the Tester released (`client_service.results`)
+JOINED_MEMBERS_SD = "joined_members_sd"
 
 
 @dataclass(frozen=True)

@@ -159,17 +159,17 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
         factor, widest = max([f for f in ((factor, widest), _equivalence_factor(rule, est, bands, banded & ~within,
                                                                                  labels, tau))
                               if f[0] is not None], default=(None, None), key=lambda f: f[0])
-        factor = _with_excluded(factor, excluded)
         if factor is not None and factor <= 1.0:  # inconclusive with the members it has: how many more is unknown
             factor = None
     pick, severity = _compared_pick(significant, adverse, banded, strict, tau, conclusive)
     needed = (wording.FLAT_NEEDED if flat and factor is None and not left_out and not excluded
               else wording.needed_words(factor, noisy, widest))
+    far = far_end(rule, est[pick], bands.band_low[pick], bands.band_high[pick])
     message = _message(severity, rule, labels[pick], est[pick], bands, pick, confidence, tau, span,
                        mdd=mdd, beyond_range=beyond_range, significant=significant, compared=len(labels),
                        left_out=left_out, strict_significance=strict_significance, excluded_words=excluded_words,
                        needed=needed, flat=flat, banded=int(banded.sum()), not_ruled_out=not_ruled_out,
-                       noisy=noisy)
+                       noisy=noisy, far=far)
     message += wording.non_overlapping_words(non_overlap, bool(significant.any()))
     return Verdict(rule, tau, severity, bool(significant.any()), severity in ("moderate", "high"),
                    _compared_entry(labels, est, bands, pick, tau, span),
@@ -177,8 +177,7 @@ def verdict_from(rule: str, labels: Sequence[str], values: np.ndarray, confidenc
                    excluded_groups=tuple(excluded), mdd=_detectable(mdd, span),
                    members_factor=_round_factor(factor) if severity == "inconclusive" else None,
                    uninformative=tuple(left_out), equivalent=equivalent,
-                   may_reach_tau=severity == "low" and _far_end(rule, est[pick], bands.band_low[pick],
-                                                                bands.band_high[pick]) >= tau)
+                   may_reach_tau=severity == "low" and far >= tau)
 
 
 def _within_tau(rule: str, bands: Bands, tau: float) -> np.ndarray:
@@ -319,10 +318,11 @@ def _message(severity: str, rule: str, label: str, estimate: float, bands: Bands
              tau: float, span: tuple[float, float] | None, *, mdd: float | None, beyond_range: bool,
              significant: np.ndarray, compared: int, left_out: Sequence[str], strict_significance: bool,
              excluded_words: str, needed: str, flat: Sequence[str] = (), banded: int = 0,
-             not_ruled_out: Sequence[str] = (), noisy: bool | None = None) -> str:
+             not_ruled_out: Sequence[str] = (), noisy: bool | None = None, far: float = math.nan) -> str:
     """The verdict's message for its severity (`common.stats.wording`), the groups left out
     for their size included; `flat`: the banded differences (of `banded`) that do not
-    vary, of which no power is stated; `not_ruled_out`: those whose band reaches ±τ."""
+    vary, of which no power is stated; `not_ruled_out`: those whose band reaches ±τ;
+    `far`: the compared band's far end (`far_end`)."""
     phrase = wording.rule_phrase(rule, estimate)
     band = (bands.band_low[pick], bands.band_high[pick])
     detectable = wording.detectable_words(mdd, beyond_range, span, flat, banded)
@@ -337,7 +337,7 @@ def _message(severity: str, rule: str, label: str, estimate: float, bands: Bands
     return wording.significant_message(severity, phrase, label, estimate, confidence, band, tau,
                                        int(significant.sum()), compared,
                                        _uncertain_size(severity, _nearer_end(rule, estimate, *band), tau)
-                                       + _may_reach(severity, _far_end(rule, estimate, *band), tau),
+                                       + _may_reach(severity, far, tau),
                                        left_out, strict_significance) + excluded_words
 
 
@@ -360,14 +360,15 @@ def _nearer_end(rule: str, estimate: float, band_low: float, band_high: float) -
     return float(band_low) if estimate >= 0 else float(-band_high)
 
 
-def _far_end(rule: str, estimate: float, band_low: float, band_high: float) -> float:
+def far_end(rule: str, estimate: Any, band_low: Any, band_high: Any) -> float:
     """The end of a comparison's band farther from 0, as an adverse magnitude (the largest
-    gap the band allows, in the direction the rule judges)."""
+    gap the band allows, in the direction the rule judges); NaN where that end is undefined."""
+    low, high = (math.nan if x is None else float(x) for x in (band_low, band_high))
     if rule == "below_overall":
-        return float(band_high)
+        return high
     if rule == "negative_cells":
-        return float(-band_low)
-    return float(band_high) if estimate >= 0 else float(-band_low)
+        return -low
+    return high if estimate is not None and estimate >= 0 else -low
 
 
 def _may_reach(severity: str, far: float, tau: float) -> str:
@@ -574,7 +575,7 @@ def with_attenuation(verdict: Verdict, corrected, index, confidence, method, bou
              "factor": None if factor is None else round(factor, 3),
              "up_to": None if up_to is None else round(up_to, 12),
              "own_race_share": {g: round(shares[g], 4) for g in (a, b) if g in shares},
-             "reported": bool(getattr(corrected, "reported", True))}
+             "reported": corrected.reported}
     # the corrected gap where identifiable (the better estimate), else the factor's allowance
     reaches = [x for x in ((gap,) if gap is not None else (up_to,)) if x is not None and abs(x) >= verdict.tau
                and (weighted is None or x * weighted >= 0)]
@@ -593,7 +594,7 @@ def _corrected_gap(corrected, a: str, b: str, index, confidence, method, bounds,
     corrected value: not identifiable, dropped)."""
     width = corrected.values.shape[1]
     col = {g: c for g, c in index.items() if c < width}
-    unidentifiable = set(getattr(corrected, "unidentifiable", ()))
+    unidentifiable = set(corrected.unidentifiable)
     by_name = {g.group: g for g in groups}
     if a in unidentifiable or b in unidentifiable:
         return None, None, None
@@ -625,16 +626,15 @@ def attenuation_factor(corrected, a: str, b: str) -> float | None:
     (``overall − b``: weighted ``(s_b − M̃_bb)·Δ``, true ``(s_b − 1)·Δ``, s_b the group's
     share) ``(1 − s_b)/(M̃_bb − s_b)``. None where the mixing is unknown or a divisor is
     not positive (the weighted gap does not follow the true one at all)."""
-    mixing, names = getattr(corrected, "mixing", None), tuple(getattr(corrected, "groups", ()))
+    mixing, names = corrected.mixing, corrected.groups
     if mixing is None or b not in names or (a != "overall" and a not in names):
         return None
     sd = _mixing_sd(corrected)
     j = names.index(b)
     if a == "overall":
-        share = getattr(corrected, "shares", None)
-        if share is None:
+        if corrected.shares is None:
             return None
-        s_b = float(share[j])
+        s_b = float(corrected.shares[j])
         divisor, over = float(mixing[j, j]) - s_b, 1.0 - s_b
         if not _readable(divisor, sd[j, j]):
             return None
@@ -657,11 +657,9 @@ MAX_SHARE_SD = 0.05
 
 def _mixing_sd(corrected) -> np.ndarray:
     """`Corrected.mixing_sd`, zeros where unknown (no noise)."""
-    sd = getattr(corrected, "mixing_sd", None)
-    mixing = getattr(corrected, "mixing", None)
-    if sd is None:
-        return np.zeros(np.shape(mixing))
-    return np.where(np.isfinite(sd), sd, np.inf)
+    if corrected.mixing_sd is None:
+        return np.zeros(np.shape(corrected.mixing))
+    return np.where(np.isfinite(corrected.mixing_sd), corrected.mixing_sd, np.inf)
 
 
 def _readable(divisor: float, sd: float) -> bool:
@@ -678,7 +676,7 @@ SEEN_LITTLE = 0.5
 def _own_race_shares(corrected) -> dict[str, float]:
     """Each group's share of its weight on members of its own race, ``M̃_jj``, where known
     and the release noise leaves it within MAX_SHARE_SD (a noised 0% is no finding)."""
-    mixing, names = getattr(corrected, "mixing", None), tuple(getattr(corrected, "groups", ()))
+    mixing, names = corrected.mixing, corrected.groups
     if mixing is None:
         return {}
     sd = _mixing_sd(corrected)

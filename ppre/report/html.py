@@ -16,7 +16,8 @@ from ppre.report.escape import esc
 from ppre.report.model import (
     AGGREGATES_ONLY, PHASE_TOTAL, PREPARATION_WORDS, PROVENANCE, PROVENANCE_TABLE, RULE_WORDS, ci_text,
     attenuation_text, clipped_text, correction_words, count_text, finite, intervals_words, joined_rows_text,
-    left_out_reason, members_heading, metric_description, metric_title, result_notes, num, plain_words, rank_order, receipt_line, release_words, signed_text, verdict_words,
+    left_out_reason, members_heading, metric_description, metric_title, num, plain_words, rank_order, receipt_line,
+    release_words, result_notes, signed_text, verdict_words,
 )
 from ppre.report.plots import CORRECTED_COLOUR, OVERALL_COLOUR, WEIGHTED_COLOUR, curve_charts, forest_legend, forest_plot
 

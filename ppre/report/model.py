@@ -14,7 +14,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from common.stats.declared_range import clipped_facts
-from common.stats.results import DELIVERED, NOISED_MEMBERS
+from common.stats.results import DELIVERED, JOINED_MEMBERS_SD, NOISED_MEMBERS
+from common.stats.verdict import far_end
 from common.stats.wording import (FLAT_WORDS, clipped_warning, clipped_words, correction_summary, left_out_words,
                                   range_advice, release_summary, result_notes, score_bins_words)
 
@@ -251,18 +252,10 @@ def verdict_words(report: "AuditReport") -> tuple[str, str]:
 
 def _may_reach_tau(v, tau: float) -> bool:
     """Whether a "low" verdict's gap may be τ or more: its flag, or (a result kept before
-    the flag existed) its compared band's far end in the direction the rule judges."""
-    if v.may_reach_tau:
-        return True
+    the flag existed) its compared band's far end (`common.stats.verdict.far_end`)."""
     c = v.compared or {}
-    low, high, estimate = finite(c.get("band_low")), finite(c.get("band_high")), finite(c.get("estimate"))
-    if v.rule == "negative_cells":
-        far = None if low is None else -low
-    elif v.rule == "below_overall" or (estimate is not None and estimate >= 0):
-        far = high
-    else:
-        far = None if low is None else -low
-    return far is not None and far >= tau
+    return v.may_reach_tau or far_end(v.rule, finite(c.get("estimate")), finite(c.get("band_low")),
+                                      finite(c.get("band_high"))) >= tau
 
 
 def attenuation_text(a: dict) -> str:
@@ -333,18 +326,17 @@ def receipt_line(report: "AuditReport") -> str:
             f"in DIR/{report.audit_id}.json")
 
 
+def _client_copy(report: "AuditReport") -> bool:
+    """Whether `report` is a Test-Client's copy of its result (result recipient `client`:
+    it carries the audit id and is no receipt)."""
+    return bool(report.audit_id) and not report.is_receipt and report.result_recipient == "client"
+
+
 def is_client_copy(report: "AuditReport") -> bool:
-    """Whether `report` is a Test-Client's copy of its result (result recipient
-    `client`: it carries the audit id and is no receipt), which holds no joined-row
+    """Whether `report` is a Test-Client's copy of its result that holds no joined-row
     count: the intersection's size is the Tester's, on its receipt (design §9.2, §9.3;
     `client_service.results`)."""
-    return bool(report.audit_id) and not report.is_receipt and report.result_recipient == "client" \
-        and not report.n_matched
-
-
-#: the fact under which a Test-Client's copy holds the noise sd of the joined count the
-#: Tester released (`client_service.results.JOINED_MEMBERS_SD`; 0: an exact count)
-JOINED_MEMBERS_SD = "joined_members_sd"
+    return _client_copy(report) and not report.n_matched
 
 
 def released_joined_sd(report: "AuditReport") -> float | None:
@@ -353,7 +345,7 @@ def released_joined_sd(report: "AuditReport") -> float | None:
     (design §8.2, §9.2; `client_service.results`), 0 where it is exact (no release
     controls); None where the report holds no such count (the Tester's own, a receipt, a
     local run's result, a copy from a Tester that sent none)."""
-    if not (report.audit_id and not report.is_receipt and report.result_recipient == "client"):
+    if not _client_copy(report):
         return None
     sd = finite(report.info.get(JOINED_MEMBERS_SD))
     return None if sd is None or sd < 0 else float(sd)
